@@ -1,0 +1,439 @@
+"""Launch real torch.distributed workers from a notebook cell.
+
+Lecture: "Parallel computing for machine learning", slides part 1 (message passing between
+processes). Every lesson that says "workers run in parallel" starts them here.
+
+``launch(fn, world_size)`` starts ``world_size`` fresh Python interpreters (never ``fork``),
+joins them into one process group and returns what each rank's ``fn`` returned. It is written
+against the ways notebook launchers fail elsewhere:
+
+* ``fn`` travels by value (cloudpickle), so a function defined in a notebook cell works and the
+  workers never re-import ``__main__``;
+* the rendezvous store is created here, on loopback, on a port the kernel picks: nothing to
+  collide with when a cell is re-run or two launches overlap;
+* one thread budget is shared out, so workers x threads <= cores;
+* worker output is printed in the calling cell, each line prefixed with its rank;
+* this process watches every worker: the first failure, a timeout or Ctrl-C stops them all, and
+  the error says which rank, what happened and what to do.
+"""
+
+from __future__ import annotations
+
+import datetime
+import linecache
+import os
+import pickle
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import types
+import warnings
+from collections import ChainMap
+from io import BytesIO
+from pathlib import Path
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+BACKENDS = ("auto", "gloo", "nccl")
+LOOPBACK = "127.0.0.1"
+_POLL_S = 0.02  # how often the supervisor looks at the workers
+_GRACE_S = 0.3  # after a first failure, how long to wait for the root cause to surface
+
+
+class WorkerError(RuntimeError):
+    """A worker raised, exited non-zero or died from a signal.
+
+    Attributes: ``rank``; ``exc_type`` and ``exc_message`` (when it raised); ``worker_traceback``
+    (the worker's traceback text); ``exitcode`` (when it exited); ``signal_name`` (when killed).
+    """
+
+    def __init__(self, message, *, rank, exc_type=None, exc_message=None,
+                 worker_traceback=None, exitcode=None, signal_name=None):
+        super().__init__(message)
+        self.rank = rank
+        self.exc_type = exc_type
+        self.exc_message = exc_message
+        self.worker_traceback = worker_traceback
+        self.exitcode = exitcode
+        self.signal_name = signal_name
+
+
+class LaunchTimeout(TimeoutError):
+    """The workers did not all finish within ``timeout`` seconds; ``ranks`` were still running."""
+
+    def __init__(self, message, *, ranks, timeout, stacks=None):
+        super().__init__(message)
+        self.ranks = ranks
+        self.timeout = timeout
+        self.stacks = stacks or {}
+
+
+# -- choices made before any process starts ------------------------------------------------------
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (respects taskset / container limits)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def threads_per_worker(world_size: int, cores: int | None = None) -> int:
+    """Threads each worker may use so that workers x threads <= cores (at least 1)."""
+    cores = usable_cores() if cores is None else cores
+    return max(1, cores // world_size)
+
+
+def choose_backend(backend: str, world_size: int) -> str:
+    """Resolve ``"auto"``: NCCL with one GPU per rank when there are enough GPUs, else gloo."""
+    if backend not in BACKENDS:
+        choices = ", ".join(map(repr, BACKENDS))
+        raise ValueError(f"unknown backend {backend!r}: use one of {choices}")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        return "nccl" if dist.is_nccl_available() and 0 < world_size <= gpus else "gloo"
+    if backend == "nccl":
+        if not dist.is_nccl_available():
+            raise ValueError("backend='nccl' asked for, but this PyTorch build has no NCCL "
+                             "(a CPU build?). Use backend='gloo' or 'auto'.")
+        if world_size > gpus:
+            raise ValueError(f"backend='nccl' needs one GPU per rank: world_size={world_size} but "
+                             f"{gpus} GPU(s) found. Use backend='gloo' (CPU) or fewer ranks.")
+    return backend
+
+
+def loopback_interface() -> str | None:
+    """Name of the loopback network interface ('lo' on Linux, 'lo0' on macOS), if one is found."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except (OSError, AttributeError):
+        return None
+    for name in ("lo", "lo0"):
+        if name in names:
+            return name
+    return None
+
+
+def _check_arguments(fn, world_size, args, kwargs, timeout):
+    if not callable(fn):
+        raise TypeError(f"fn must be callable (a function to run on every rank), got "
+                        f"{type(fn).__name__}: {fn!r}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int (the number of worker processes), "
+                         f"got {world_size!r}")
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args must be a tuple of positional arguments, got {type(args).__name__}"
+                        f" (for one argument write args=(x,))")
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise TypeError(f"kwargs must be a dict with str keys, got {kwargs!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or timeout <= 0):
+        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+
+
+def _code_with_filename(code_args, filename):
+    return types.CodeType(*code_args).replace(co_filename=filename)
+
+
+def _reduce_code_keeping_filename(code):
+    ctor, code_args = cloudpickle.Pickler.dispatch_table[types.CodeType](code)
+    if ctor is not types.CodeType:  # pragma: no cover - a cloudpickle we do not know
+        return ctor, code_args
+    return _code_with_filename, (code_args, code.co_filename)
+
+
+class _JobPickler(cloudpickle.Pickler):
+    """cloudpickle, keeping the file name of code sent by value: a worker's traceback then points
+    at the notebook cell, and the launcher can show the cell's source line."""
+
+    dispatch_table = ChainMap({types.CodeType: _reduce_code_keeping_filename},
+                              cloudpickle.Pickler.dispatch_table)
+
+
+def _dumps(obj) -> bytes:
+    buffer = BytesIO()
+    _JobPickler(buffer).dump(obj)
+    return buffer.getvalue()
+
+
+def _pickle_job(fn, args, kwargs) -> bytes:
+    """Pickle (fn, args, kwargs) by value; on failure, name the piece that can't travel."""
+    try:
+        return _dumps((fn, tuple(args), kwargs))
+    except Exception:  # find the culprit below
+        pass
+    pieces = [("fn", fn)] + [(f"args[{i}]", a) for i, a in enumerate(args)]
+    pieces += [(f"kwargs[{k!r}]", v) for k, v in kwargs.items()]
+    for name, value in pieces:
+        try:
+            _dumps(value)
+        except Exception as err:
+            raise TypeError(
+                f"{name} ({type(value).__name__}) can't be sent to the workers: "
+                f"{type(err).__name__}: {err}. Everything passed to launch is pickled and copied "
+                f"into each worker process; pass plain data (numbers, tensors, lists, dicts) and "
+                f"create locks, open files, sockets or process groups inside fn.") from err
+    raise TypeError("the job (fn, args, kwargs) can't be pickled for the workers")
+
+
+# -- the workers ---------------------------------------------------------------------------------
+
+def _worker_env(rank, world_size, port, threads):
+    env = dict(os.environ)
+    env.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", ROLE_RANK=str(rank),
+        ROLE_WORLD_SIZE=str(world_size), MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port),
+        OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+        PYTHONUNBUFFERED="1", MPLBACKEND="Agg",
+    )
+    iface = loopback_interface()
+    if iface and "GLOO_SOCKET_IFNAME" not in os.environ:
+        env["GLOO_SOCKET_IFNAME"] = iface  # gloo must not pick an interface from the hostname
+    # the worker must import this very course_lib, installed or not
+    package_parent = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
+    return env
+
+
+def _start_worker(rank, jobdir, env):
+    return subprocess.Popen(
+        [sys.executable, "-m", "course_lib._worker", str(jobdir), str(rank)],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, encoding="utf-8", errors="replace", bufsize=1,
+        # own process group: Ctrl-C in the notebook reaches us, not them, and stopping the group
+        # also stops anything a worker started (DataLoader workers, ...)
+        start_new_session=(os.name == "posix"),
+    )
+
+
+def _pump(rank, stream_name, stream, lines):
+    for line in stream:
+        lines.put((rank, stream_name, line))
+    stream.close()
+
+
+def _print_lines(lines: queue.Queue):
+    """Print queued worker lines from the calling thread, so they land in the calling cell."""
+    while True:
+        try:
+            rank, stream_name, line = lines.get_nowait()
+        except queue.Empty:
+            return
+        out = sys.stdout if stream_name == "stdout" else sys.stderr
+        out.write(f"[rank {rank}] {line if line.endswith(chr(10)) else line + chr(10)}")
+        out.flush()
+
+
+def _stop(procs):
+    """Kill every worker (and its process group) and reap it: nothing is left behind."""
+    for proc in procs:
+        try:
+            if os.name == "posix":
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process that ignores SIGKILL
+            pass
+        if proc.stdin:
+            proc.stdin.close()
+
+
+# -- what went wrong, in words -------------------------------------------------------------------
+
+def _format_worker_traceback(record) -> str:
+    """The worker's traceback, with source lines filled in from this process when the worker had
+    none (a function defined in a notebook cell: only the kernel knows the cell's text)."""
+    lines = ["Traceback (most recent call last):\n"]
+    for filename, lineno, name, line in record["frames"]:
+        line = line or linecache.getline(filename, lineno).strip()
+        lines.append(f'  File "{filename}", line {lineno}, in {name}\n')
+        if line:
+            lines.append(f"    {line}\n")
+    return "".join(lines) + "".join(record["exception_only"])
+
+
+def _signal_name(returncode):
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+_SIGNAL_HINTS = {
+    "SIGSEGV": "a crash in native code (segmentation fault)",
+    "SIGKILL": "killed from outside; often the out-of-memory killer: use less memory per worker",
+    "SIGABRT": "aborted by native code (a failed C++ check or 'terminate called ...')",
+    "SIGBUS": "a memory access error in native code (is /dev/shm full?)",
+}
+
+
+def _describe_failure(rank, proc, jobdir):
+    """Build the WorkerError for a worker that is not running and did not succeed."""
+    error_file = Path(jobdir, f"error-{rank}.pkl")
+    if error_file.exists():
+        record = pickle.loads(error_file.read_bytes())
+        tb = _format_worker_traceback(record)
+        return record["time"], WorkerError(
+            f"rank {rank} raised {record['type']}: {record['message']}\n\n"
+            f"Worker traceback (rank {rank}):\n{tb.rstrip()}",
+            rank=rank, exc_type=record["type"], exc_message=record["message"],
+            worker_traceback=tb, exitcode=proc.returncode)
+    now = time.time()
+    rc = proc.returncode
+    if rc is not None and rc < 0:
+        name = _signal_name(rc)
+        hint = _SIGNAL_HINTS.get(name, "stopped by a signal")
+        return now, WorkerError(f"rank {rank} died from signal {name} ({-rc}): {hint}.",
+                                rank=rank, exitcode=rc, signal_name=name)
+    what = ("exited with code 0 without returning a result" if rc == 0
+            else f"exited with code {rc}")
+    return now, WorkerError(
+        f"rank {rank} {what}: fn (or code it called) ended the process with sys.exit or "
+        f"os._exit before returning. Return from fn instead of exiting.",
+        rank=rank, exitcode=rc)
+
+
+def _dump_stacks(procs, running, jobdir):
+    """Ask each stuck worker where it is (faulthandler on SIGUSR1) and read the answers."""
+    if not hasattr(signal, "SIGUSR1"):
+        return {}
+    for rank in running:
+        try:
+            os.kill(procs[rank].pid, signal.SIGUSR1)
+        except OSError:
+            pass
+    time.sleep(0.5)
+    stacks = {}
+    for rank in running:
+        path = Path(jobdir, f"stack-{rank}.txt")
+        text = path.read_text(errors="replace") if path.exists() else ""
+        if text.strip():
+            stacks[rank] = _main_thread_stack(text)
+    return stacks
+
+
+def _main_thread_stack(dump: str) -> str:
+    """From a faulthandler dump keep the thread that runs fn, without the launcher's frames."""
+    block = dump.split("Current thread", 1)[-1].splitlines()[1:]
+    keep = [line for line in block if line.strip() and "course_lib/_worker.py" not in line
+            and "<frozen runpy>" not in line]
+    return "\n".join(keep) or dump.strip()
+
+
+def _timeout_error(timeout, running, returned, world_size, stacks):
+    ranks = ", ".join(map(str, running))
+    done = sorted(set(range(world_size)) - set(running))
+    finished = f"rank(s) {', '.join(map(str, done))} had finished" if done else "none had finished"
+    where = ""
+    for r in running:
+        if r in returned:
+            where += (f"\n\nRank {r} had returned from fn and was waiting for the other ranks "
+                      f"in the launcher's closing barrier.")
+        elif r in stacks:
+            where += f"\n\nWhere rank {r} was (most recent call first):\n{stacks[r]}"
+    return LaunchTimeout(
+        f"launch timed out after {timeout:g} s: rank(s) {ranks} still running ({finished}). "
+        f"A rank waiting in a collective usually means another rank never called the same "
+        f"collective, or called a different one; a rank in an endless loop never returns. If the "
+        f"work is simply long, pass a larger timeout=.{where}",
+        ranks=list(running), timeout=timeout, stacks=stacks)
+
+
+# -- the supervisor ------------------------------------------------------------------------------
+
+def _supervise(procs, jobdir, timeout, lines):
+    world_size = len(procs)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    first_failure = None
+    while True:
+        _print_lines(lines)
+        codes = [p.poll() for p in procs]
+        failed = [r for r, c in enumerate(codes)
+                  if c is not None and (c != 0 or not Path(jobdir, f"result-{r}.pkl").exists())]
+        if failed and first_failure is None:
+            first_failure = time.monotonic()
+        if failed and (time.monotonic() - first_failure > _GRACE_S or all(
+                c is not None for c in codes)):
+            # the earliest error is the cause; later ones are usually peers losing their link
+            described = sorted((_describe_failure(r, procs[r], jobdir) for r in failed),
+                               key=lambda pair: pair[0])
+            error = described[0][1]
+            others = [e.rank for _, e in described[1:]]
+            if others:
+                error.args = (error.args[0] + f"\n\n(rank(s) {', '.join(map(str, others))} "
+                              f"failed after it, most likely as a consequence.)",)
+            raise error
+        if all(c == 0 for c in codes):
+            return [cloudpickle.loads(Path(jobdir, f"result-{r}.pkl").read_bytes())
+                    for r in range(world_size)]
+        if deadline is not None and time.monotonic() > deadline:
+            running = [r for r, c in enumerate(codes) if c is None]
+            returned = [r for r in running if Path(jobdir, f"result-{r}.pkl").exists()]
+            raise _timeout_error(timeout, running, returned, world_size,
+                                 _dump_stacks(procs, running, jobdir))
+        time.sleep(_POLL_S)
+
+
+def launch(fn, world_size: int = 2, args=(), kwargs=None, backend: str = "auto",
+           timeout: float | None = 300):
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` worker processes; return their results.
+
+    Inside ``fn`` the default process group is initialised (``dist.get_rank()``,
+    ``dist.get_world_size()`` work) and RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
+    are set as torchrun sets them. With NCCL, rank r uses GPU r (``torch.cuda.current_device()``).
+
+    Returns the list of return values, index = rank. Raises ``WorkerError`` when a rank raises,
+    exits or dies, ``LaunchTimeout`` when ranks are still running after ``timeout`` seconds
+    (``None``: no limit) and re-raises ``KeyboardInterrupt``; in every case all workers are
+    stopped first.
+    """
+    kwargs = {} if kwargs is None else kwargs
+    _check_arguments(fn, world_size, args, kwargs, timeout)
+    backend = choose_backend(backend, world_size)
+    job = _pickle_job(fn, args, kwargs)
+    threads = threads_per_worker(world_size)
+    if world_size > usable_cores():
+        warnings.warn(f"{world_size} workers on {usable_cores()} CPU core(s): oversubscribed. "
+                      f"Results are correct, but times measure contention, not speedup.",
+                      RuntimeWarning, stacklevel=2)
+    store_timeout = datetime.timedelta(seconds=timeout if timeout is not None else 24 * 3600)
+    # The store lives here, on a port the kernel chose, until every worker is gone: no race
+    # between "find a free port" and "use it", and no fixed port to collide with.
+    store = dist.TCPStore(LOOPBACK, 0, world_size, is_master=True, wait_for_workers=False,
+                          timeout=store_timeout)
+    with tempfile.TemporaryDirectory(prefix="course_lib-launch-") as jobdir:
+        settings = dict(sys_path=list(sys.path), cwd=os.getcwd(), backend=backend,
+                        threads=threads, timeout_s=store_timeout.total_seconds())
+        Path(jobdir, "settings.pkl").write_bytes(pickle.dumps(settings))
+        Path(jobdir, "job.pkl").write_bytes(job)
+        procs, pumps = [], []
+        lines: queue.Queue = queue.Queue()
+        try:
+            for rank in range(world_size):
+                proc = _start_worker(rank, jobdir, _worker_env(rank, world_size, store.port,
+                                                               threads))
+                procs.append(proc)
+                for name in ("stdout", "stderr"):
+                    pump = threading.Thread(target=_pump, daemon=True,
+                                            args=(rank, name, getattr(proc, name), lines))
+                    pump.start()
+                    pumps.append(pump)
+            return _supervise(procs, jobdir, timeout, lines)
+        finally:
+            _stop(procs)
+            for pump in pumps:  # the workers are gone: their last lines are on the way
+                pump.join(timeout=2)
+            _print_lines(lines)
+            del store

@@ -1,0 +1,35 @@
+import os
+import time
+
+import psutil
+import pytest
+
+os.environ.setdefault("MPLBACKEND", "Agg")  # figures in tests never need a display
+
+
+def _live_children():
+    return [p for p in psutil.Process().children(recursive=True)
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+    """Every test must leave no worker process behind, whatever it did."""
+    yield
+    deadline = time.monotonic() + 5  # a test's own short-lived helpers may still be exiting
+    while _live_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _live_children()
+    assert not left, f"processes left behind: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+def pids_alive(pids):
+    """The pids (of workers that reported them) that are still running and not zombies."""
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
