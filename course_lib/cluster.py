@@ -1,0 +1,82 @@
+"""The same experiment through ``launch`` on one machine, or under ``torchrun`` on a cluster.
+
+Lecture: "Parallel computing for machine learning", slides part 1 (message passing, one program
+on many processors) and the article's workflow: prepare the environment, then run the same code
+from a laptop to a cluster.
+
+An experiment is a plain function meant to run on every rank. ``run_experiment`` runs it:
+
+* ``python -m course_lib.<module> --world-size 2``: through :func:`course_lib.launch`;
+* ``torchrun --nproc-per-node=N [--nnodes=...] -m course_lib.<module>``: torchrun started the
+  processes, so each one joins the process group from the environment torchrun set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+
+from course_lib.launching import choose_backend, launch, loopback_interface, threads_per_worker
+
+
+def launched_by_torchrun() -> bool:
+    """True in a process started by torchrun (or any launcher that sets RANK and WORLD_SIZE)
+    that has not joined a process group yet."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and not dist.is_initialized()
+
+
+def init_from_environment(backend: str = "auto") -> str:
+    """Join the process group described by torchrun's variables; return the backend used.
+
+    With NCCL each process takes the GPU of its LOCAL_RANK. CPU threads are shared out among the
+    processes of this node, as :func:`launch` does.
+    """
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    backend = choose_backend(backend, local_world_size)
+    if os.environ.get("WORLD_SIZE") == os.environ.get("LOCAL_WORLD_SIZE"):
+        # one node: keep gloo on loopback, whatever the hostname resolves to
+        iface = loopback_interface()
+        if iface:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
+    torch.set_num_threads(threads_per_worker(local_world_size))
+    device_id = None
+    if backend == "nccl":
+        device_id = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device_id)
+    dist.init_process_group(backend, device_id=device_id)
+    return backend
+
+
+def run_experiment(fn, *, world_size: int = 2, kwargs=None, backend: str = "auto",
+                   timeout: float | None = 300):
+    """Run ``fn(**kwargs)`` on every rank; return the list of results (index = rank).
+
+    Under torchrun this process is one of the ranks: it joins the group, runs ``fn``, gathers
+    every rank's result and returns the list on rank 0 (``None`` on the others). Otherwise it
+    starts ``world_size`` workers with :func:`launch`.
+    """
+    kwargs = {} if kwargs is None else kwargs
+    if not launched_by_torchrun():
+        return launch(fn, world_size=world_size, kwargs=kwargs, backend=backend, timeout=timeout)
+    init_from_environment(backend)
+    try:
+        result = fn(**kwargs)
+        gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(result, gathered, dst=0)
+        dist.barrier()
+        return gathered
+    finally:
+        dist.destroy_process_group()
+
+
+def experiment_parser(description: str) -> argparse.ArgumentParser:
+    """Command-line options every experiment module shares (its own are added to the parser)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--world-size", type=int, default=2,
+                        help="workers to launch (ignored under torchrun, which decides)")
+    parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
+    parser.add_argument("--timeout", type=float, default=300, help="seconds before giving up")
+    return parser

@@ -1,0 +1,112 @@
+"""Datasets for the lessons: the handwritten digits that ship with scikit-learn, offline.
+
+Lecture: "Parallel computing for empirical risk minimization", section 1 (n samples x_j, y_j to
+minimise the empirical risk over). Every default path of the course uses :func:`load_digits`,
+which needs no network. MNIST and Fashion-MNIST are optional, through torchvision, cached under
+``data/`` and never downloaded unless asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+
+
+class DatasetUnavailable(RuntimeError):
+    """An optional dataset can't be loaded here; the message says what to do instead."""
+
+
+@dataclass
+class Split:
+    """A train/test split as float features and integer labels."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    name: str
+
+    def __repr__(self):
+        return (f"Split({self.name}: train {tuple(self.x_train.shape)}, "
+                f"test {tuple(self.x_test.shape)}, {self.num_classes} classes)")
+
+
+def _normalise(x_train, x_test):
+    # statistics of the training set only: the test set must not leak into training
+    mean, std = x_train.mean(), x_train.std()
+    return (x_train - mean) / std, (x_test - mean) / std
+
+
+def load_digits(seed: int = 0, test_fraction: float = 0.25, images: bool = False,
+                dtype: torch.dtype = torch.float32) -> Split:
+    """The 1,797 8x8 handwritten digits bundled with scikit-learn, split and normalised.
+
+    Features are standardised with the training set's mean and standard deviation. ``images``
+    gives tensors of shape (n, 1, 8, 8) for convolutions instead of (n, 64). The split is
+    stratified by label and the same for the same ``seed``.
+    """
+    from sklearn.datasets import load_digits as sklearn_digits
+    from sklearn.model_selection import train_test_split
+
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction}")
+    bunch = sklearn_digits()
+    x = bunch.data.astype(np.float64) / 16.0
+    y = bunch.target.astype(np.int64)
+    x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=test_fraction, stratify=y,
+                                              random_state=seed)
+    x_tr, x_te = _normalise(torch.from_numpy(x_tr), torch.from_numpy(x_te))
+    if images:
+        x_tr, x_te = x_tr.reshape(-1, 1, 8, 8), x_te.reshape(-1, 1, 8, 8)
+    return Split(x_tr.to(dtype), torch.from_numpy(y_tr), x_te.to(dtype), torch.from_numpy(y_te),
+                 num_classes=10, name="digits")
+
+
+_TORCHVISION = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}
+
+
+def load_mnist(name: str = "mnist", root: str | Path = DATA_DIR, download: bool = False,
+               images: bool = False, limit: int | None = None,
+               dtype: torch.dtype = torch.float32) -> Split:
+    """MNIST or Fashion-MNIST (60,000 train / 10,000 test 28x28 images) through torchvision.
+
+    Looks for the files under ``root`` (``data/`` by default); downloads them only with
+    ``download=True``. ``limit`` keeps the first ``limit`` training and test examples.
+    Raises :class:`DatasetUnavailable` with what to do when torchvision is missing, the files are
+    not there, or the download fails (offline).
+    """
+    if name not in _TORCHVISION:
+        raise ValueError(f"unknown dataset {name!r}: use one of {sorted(_TORCHVISION)}")
+    try:
+        import torchvision.datasets
+    except ImportError as err:
+        raise DatasetUnavailable(
+            f"{name} needs torchvision, which is not installed ({err}). Install the torchvision "
+            f"release that matches your torch (pip install torchvision), or use "
+            f"course_lib.data.load_digits(), which ships with scikit-learn.") from None
+    cls = getattr(torchvision.datasets, _TORCHVISION[name])
+    try:
+        parts = [cls(str(root), train=train, download=download) for train in (True, False)]
+    except RuntimeError as err:  # torchvision: "Dataset not found. You can use download=True"
+        raise DatasetUnavailable(
+            f"{name} is not under {root} ({err}). Call load_mnist({name!r}, download=True) once "
+            f"while online, or copy the files there; offline, use load_digits().") from None
+    except OSError as err:  # URLError, socket errors: no network
+        raise DatasetUnavailable(
+            f"could not download {name} into {root}: {err}. This machine looks offline: copy "
+            f"the files there from a machine that is online, or use load_digits().") from None
+    tensors = []
+    for part in parts:
+        x = part.data[:limit].to(torch.float64) / 255.0
+        tensors.append((x, part.targets[:limit].to(torch.int64)))
+    (x_tr, y_tr), (x_te, y_te) = tensors
+    x_tr, x_te = _normalise(x_tr, x_te)
+    shape = (-1, 1, 28, 28) if images else (-1, 28 * 28)
+    return Split(x_tr.reshape(shape).to(dtype), y_tr, x_te.reshape(shape).to(dtype), y_te,
+                 num_classes=10, name=name)

@@ -1,0 +1,50 @@
+"""The first launch: every rank says hello, then all ranks take part in one all-reduce.
+
+Lecture: slides part 3, "all-reduce: every node gets the reduced result". Runs as
+
+    python -m course_lib.hello --world-size 2
+    torchrun --standalone --nproc-per-node=2 -m course_lib.hello
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from course_lib.cluster import experiment_parser, run_experiment
+
+
+def hello_all_reduce() -> dict:
+    """Say hello from this rank, then all-reduce (sum) the tensor [rank + 1]."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    backend = dist.get_backend()
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else "cpu"
+    print(f"hello from rank {rank} of {world_size} on {socket.gethostname()} "
+          f"(pid {os.getpid()}, backend {backend}, device {device})")
+    value = torch.tensor([float(rank + 1)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return dict(rank=rank, world_size=world_size, host=socket.gethostname(), pid=os.getpid(),
+                backend=backend, device=str(device), all_reduce_sum=value.item())
+
+
+def expected_sum(world_size: int) -> float:
+    """What the all-reduce must give: 1 + 2 + ... + world_size."""
+    return world_size * (world_size + 1) / 2
+
+
+def main(argv=None):
+    args = experiment_parser(__doc__.splitlines()[0]).parse_args(argv)
+    results = run_experiment(hello_all_reduce, world_size=args.world_size,
+                             backend=args.backend, timeout=args.timeout)
+    if results is not None:  # the launcher, or rank 0 under torchrun
+        n = len(results)
+        print(f"all-reduce over {n} ranks gave {[r['all_reduce_sum'] for r in results]}; "
+              f"expected {expected_sum(n):g} on every rank")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""What this machine offers for parallel training: cores, GPUs, distributed backends.
+
+Lecture: slides part 1 ("why parallel": processors, memory, communication). The first notebook
+starts here so every measurement that follows can be read against the hardware it ran on.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from course_lib.launching import choose_backend, threads_per_worker, usable_cores
+
+
+def describe_machine() -> dict:
+    """Cores, memory, GPUs and the backends torch.distributed can use here."""
+    gpus = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            gpus.append(dict(index=i, name=props.name, memory_gib=props.total_memory / 2**30))
+    return dict(
+        python=platform.python_version(),
+        torch=torch.__version__,
+        system=f"{platform.system()} {platform.machine()}",
+        logical_cores=os.cpu_count(),
+        physical_cores=psutil.cpu_count(logical=False),
+        usable_cores=usable_cores(),
+        memory_gib=psutil.virtual_memory().total / 2**30,
+        gpus=gpus,
+        backends={name: available() for name, available in (
+            ("gloo", dist.is_gloo_available), ("nccl", dist.is_nccl_available),
+            ("mpi", dist.is_mpi_available))},
+        launch_backend_for_2=choose_backend("auto", 2),
+        threads_per_worker_for_2=threads_per_worker(2),
+    )
+
+
+def format_machine(info: dict) -> str:
+    """A short human-readable report of :func:`describe_machine`."""
+    gpus = ", ".join(f"cuda:{g['index']} {g['name']} ({g['memory_gib']:.0f} GiB)"
+                     for g in info["gpus"]) or "none"
+    backends = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in info["backends"].items())
+    return "\n".join([
+        f"Python {info['python']}, PyTorch {info['torch']}, {info['system']}",
+        f"CPU cores: {info['usable_cores']} usable ({info['logical_cores']} logical, "
+        f"{info['physical_cores']} physical); memory {info['memory_gib']:.1f} GiB",
+        f"GPUs: {gpus}",
+        f"torch.distributed backends: {backends}",
+        f"launch(fn, world_size=2) would use {info['launch_backend_for_2']} with "
+        f"{info['threads_per_worker_for_2']} thread(s) per worker",
+    ])

@@ -1,0 +1,152 @@
+"""Figures every lesson shares: speedup and efficiency, convergence by step and by wall-clock.
+
+Lecture: "Parallel computing for empirical risk minimization", section 3 (speedup ratio: ideal
+m, actual lower and flattening as m grows) and slides part 1 (speedup against processors).
+Each function returns a matplotlib Figure, draws the theory next to the measurement and works
+without a display.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+
+from course_lib.timing import Timing
+
+STYLE = {
+    "figure.figsize": (9.0, 3.6),
+    "figure.dpi": 100,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.titlesize": 11,
+    "axes.labelsize": 10,
+    "legend.fontsize": 9,
+    "lines.linewidth": 1.8,
+    "lines.markersize": 6,
+    "axes.prop_cycle": matplotlib.cycler(color=["#1f77b4", "#d62728", "#2ca02c", "#9467bd",
+                                                "#ff7f0e", "#8c564b", "#17becf"]),
+}
+THEORY = dict(color="0.45", linestyle="--", linewidth=1.2)  # ideal lines and fitted models
+
+
+def amdahl_speedup(workers, parallel_fraction: float):
+    """Amdahl's law S(p) = 1 / ((1 - f) + f / p) for a parallel fraction f."""
+    p = np.asarray(workers, dtype=float)
+    return 1.0 / ((1.0 - parallel_fraction) + parallel_fraction / p)
+
+
+def fit_amdahl(workers, speedups) -> float:
+    """Least-squares f in [0, 1] for Amdahl's law; 1/S = 1 - f (1 - 1/p) is linear in f."""
+    p = np.asarray(workers, dtype=float)
+    s = np.asarray(speedups, dtype=float)
+    if p.shape != s.shape or p.size == 0:
+        raise ValueError("workers and speedups must be non-empty and of the same length")
+    x = 1.0 - 1.0 / p
+    if not np.any(x > 0):
+        return 1.0  # one worker only: nothing to fit
+    f = float(np.dot(x, 1.0 - 1.0 / s) / np.dot(x, x))
+    return min(1.0, max(0.0, f))
+
+
+def _medians_and_errors(times):
+    """Medians and (low, high) error bars from Timings, lists of runs, or plain numbers."""
+    medians, low, high = [], [], []
+    for t in times:
+        if isinstance(t, Timing):
+            q1, q3 = t.quartiles
+            medians.append(t.median)
+            low.append(q1)
+            high.append(q3)
+        elif isinstance(t, Sequence):
+            timing = Timing(list(t))
+            q1, q3 = timing.quartiles
+            medians.append(timing.median)
+            low.append(q1)
+            high.append(q3)
+        else:
+            medians += [float(t)]
+            low += [float(t)]
+            high += [float(t)]
+    return np.array(medians), np.array(low), np.array(high)
+
+
+def plot_speedup(workers, times, *, title: str = "Speedup", label: str = "measured",
+                 scaling: str = "strong", cores: int | None = None):
+    """Speedup and efficiency against the number of workers, with the ideal line and an Amdahl
+    fit. ``times[i]`` is the time with ``workers[i]`` workers (a Timing, a list of runs or a
+    number); ``workers`` must include 1, the baseline. ``scaling="weak"`` reads times of a
+    problem that grows with p (speedup = p T(1) / T(p)). Counts above ``cores`` are marked as
+    oversubscribed.
+    """
+    p = np.asarray(workers, dtype=float)
+    if 1 not in list(workers):
+        raise ValueError("workers must include 1: speedup is measured against one worker")
+    if scaling not in ("strong", "weak"):
+        raise ValueError(f"scaling must be 'strong' or 'weak', got {scaling!r}")
+    med, low, high = _medians_and_errors(times)
+    t1 = med[list(workers).index(1)]
+    work = p if scaling == "weak" else np.ones_like(p)
+    speedup = work * t1 / med
+    # a slower run (high time) gives a lower speedup: error bars swap ends
+    err = np.vstack([speedup - work * t1 / high, work * t1 / low - speedup])
+    f = fit_amdahl(p, speedup)
+    grid = np.linspace(1, p.max(), 100)
+    with plt.style.context(STYLE):
+        fig, (ax_s, ax_e) = plt.subplots(1, 2)
+        ax_s.plot(grid, grid, label="ideal (S = p)", **THEORY)
+        ax_s.plot(grid, amdahl_speedup(grid, f), label=f"Amdahl fit, f = {f:.2f}",
+                  color="0.2", linestyle=":")
+        ax_s.errorbar(p, speedup, yerr=np.abs(err), marker="o", capsize=3, label=label)
+        ax_s.set(xlabel="workers p", ylabel="speedup S = T(1) / T(p)" if scaling == "strong"
+                 else "scaled speedup p T(1) / T(p)", title=f"{title} ({scaling} scaling)")
+        ax_e.axhline(1.0, label="ideal", **THEORY)
+        ax_e.plot(grid, amdahl_speedup(grid, f) / grid, color="0.2", linestyle=":",
+                  label="Amdahl fit")
+        ax_e.plot(p, speedup / p, marker="o", label=label)
+        ax_e.set(xlabel="workers p", ylabel="efficiency E = S / p", title="Efficiency",
+                 ylim=(0, 1.15 * max(1.0, float(np.max(speedup / p)))))
+        if cores is not None and p.max() > cores:
+            for ax in (ax_s, ax_e):
+                ax.axvspan(cores + 0.5, p.max() + 0.5, color="0.9", zorder=0,
+                           label=f"oversubscribed (> {cores} cores)")
+        for ax in (ax_s, ax_e):
+            ax.set_xticks(p)
+            ax.legend()
+        fig.tight_layout()
+    return fig
+
+
+def plot_convergence(runs: Mapping[str, Mapping[str, Sequence[float]]], *,
+                     metric: str = "loss", title: str = "Convergence", log_y: bool = False):
+    """One curve per run against step (left) and against wall-clock seconds (right).
+
+    ``runs`` maps a label to ``{"step": [...], "time": [...], metric: [...]}``; a run without
+    "time" appears on the left only.
+    """
+    if not runs:
+        raise ValueError("runs is empty: pass {label: {'step': [...], 'time': [...], "
+                         f"'{metric}': [...]}}")
+    for label, run in runs.items():
+        if metric not in run or "step" not in run:
+            raise ValueError(f"run {label!r} needs 'step' and '{metric}' (it has {sorted(run)})")
+        if len(run["step"]) != len(run[metric]):
+            raise ValueError(f"run {label!r}: 'step' and '{metric}' differ in length")
+    with plt.style.context(STYLE):
+        fig, (ax_step, ax_time) = plt.subplots(1, 2, sharey=True)
+        for label, run in runs.items():
+            line, = ax_step.plot(run["step"], run[metric], label=label)
+            if "time" in run:
+                ax_time.plot(run["time"], run[metric], label=label, color=line.get_color())
+        ax_step.set(xlabel="step", ylabel=metric, title=f"{title}: by step")
+        ax_time.set(xlabel="wall-clock time (s)", title=f"{title}: by wall-clock")
+        for ax in (ax_step, ax_time):
+            if log_y:
+                ax.set_yscale("log")
+            ax.legend()
+        fig.tight_layout()
+    return fig

@@ -1,0 +1,51 @@
+"""The same experiment through launch and under torchrun (course_lib.cluster, course_lib.hello)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from course_lib import cluster, hello
+
+
+def test_run_experiment_outside_torchrun_uses_launch():
+    results = cluster.run_experiment(hello.hello_all_reduce, world_size=2)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["all_reduce_sum"] == hello.expected_sum(2) for r in results)
+
+
+def test_this_process_was_not_started_by_torchrun(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    assert not cluster.launched_by_torchrun()
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cluster.launched_by_torchrun()
+
+
+def test_module_runs_with_python_dash_m(capfd):
+    hello.main(["--world-size", "2"])
+    out = capfd.readouterr().out
+    assert "[rank 1] hello from rank 1 of 2" in out
+    assert "all-reduce over 2 ranks gave [3.0, 3.0]" in out
+
+
+def test_same_experiment_runs_under_torchrun():
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "-m", "course_lib.hello"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "all-reduce over 2 ranks gave [3.0, 3.0]" in done.stdout
+    assert "hello from rank 0 of 2" in done.stdout and "hello from rank 1 of 2" in done.stdout
+
+
+def test_experiment_parser_has_the_shared_options():
+    args = cluster.experiment_parser("x").parse_args(["--world-size", "3", "--backend", "gloo"])
+    assert (args.world_size, args.backend, args.timeout) == (3, "gloo", 300)
+    with pytest.raises(SystemExit):
+        cluster.experiment_parser("x").parse_args(["--backend", "mpi"])
+
+
+def test_expected_sum():
+    assert hello.expected_sum(4) == 10

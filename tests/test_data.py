@@ -1,0 +1,94 @@
+"""Datasets (course_lib.data): the bundled digits, and optional MNIST failing clearly."""
+
+import sys
+import types
+import urllib.error
+
+import pytest
+import torch
+
+from course_lib import data
+
+
+def test_digits_split_shapes_and_types():
+    split = data.load_digits()
+    assert split.x_train.shape == (1347, 64) and split.x_test.shape == (450, 64)
+    assert split.x_train.dtype == torch.float32 and split.y_train.dtype == torch.int64
+    assert split.num_classes == 10 and set(split.y_train.tolist()) == set(range(10))
+    assert "digits" in repr(split)
+
+
+def test_digits_are_normalised_with_training_statistics():
+    split = data.load_digits(dtype=torch.float64)
+    assert abs(split.x_train.mean().item()) < 1e-9
+    assert abs(split.x_train.std().item() - 1) < 1e-9
+
+
+def test_digits_are_deterministic_for_a_seed_and_differ_across_seeds():
+    a, b, c = data.load_digits(seed=3), data.load_digits(seed=3), data.load_digits(seed=4)
+    torch.testing.assert_close(a.x_train, b.x_train)
+    assert torch.equal(a.y_test, b.y_test)
+    assert not torch.equal(a.y_test, c.y_test)
+
+
+def test_digits_split_is_stratified():
+    split = data.load_digits(test_fraction=0.5)
+    counts = torch.bincount(split.y_test, minlength=10)
+    assert counts.min() >= 85  # about 180 of each digit, half of them in the test set
+
+
+def test_digits_as_images():
+    split = data.load_digits(images=True)
+    assert split.x_train.shape[1:] == (1, 8, 8)
+
+
+def test_bad_test_fraction():
+    with pytest.raises(ValueError, match="test_fraction"):
+        data.load_digits(test_fraction=1.5)
+
+
+def test_mnist_without_torchvision_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # import fails
+    monkeypatch.setitem(sys.modules, "torchvision.datasets", None)
+    with pytest.raises(data.DatasetUnavailable, match="pip install torchvision"):
+        data.load_mnist()
+
+
+def _fake_torchvision(monkeypatch, dataset_class):
+    tv = types.ModuleType("torchvision")
+    tv.datasets = types.ModuleType("torchvision.datasets")
+    tv.datasets.MNIST = tv.datasets.FashionMNIST = dataset_class
+    monkeypatch.setitem(sys.modules, "torchvision", tv)
+    monkeypatch.setitem(sys.modules, "torchvision.datasets", tv.datasets)
+
+
+def test_mnist_not_downloaded_says_how_to_get_it(monkeypatch, tmp_path):
+    def missing(root, train, download):
+        raise RuntimeError("Dataset not found. You can use download=True to download it")
+    _fake_torchvision(monkeypatch, missing)
+    with pytest.raises(data.DatasetUnavailable, match="download=True"):
+        data.load_mnist(root=tmp_path)
+
+
+def test_mnist_offline_download_says_so(monkeypatch, tmp_path):
+    def offline(root, train, download):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+    _fake_torchvision(monkeypatch, offline)
+    with pytest.raises(data.DatasetUnavailable, match="offline"):
+        data.load_mnist("fashion-mnist", root=tmp_path, download=True)
+
+
+def test_mnist_from_files_is_normalised_and_limited(monkeypatch, tmp_path):
+    def present(root, train, download):
+        n = 50 if train else 20
+        return types.SimpleNamespace(data=torch.randint(0, 256, (n, 28, 28), dtype=torch.uint8),
+                                     targets=torch.arange(n) % 10)
+    _fake_torchvision(monkeypatch, present)
+    split = data.load_mnist(root=tmp_path, limit=30, images=True)
+    assert split.x_train.shape == (30, 1, 28, 28) and split.x_test.shape == (20, 1, 28, 28)
+    assert abs(split.x_train.mean().item()) < 1e-5
+
+
+def test_unknown_dataset_name():
+    with pytest.raises(ValueError, match="unknown dataset"):
+        data.load_mnist("cifar")

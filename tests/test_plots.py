@@ -1,0 +1,57 @@
+"""Plots (course_lib.plots): speedup with ideal and Amdahl, convergence by step and time."""
+
+import numpy as np
+import pytest
+
+from course_lib import plots
+from course_lib.timing import Timing
+
+
+def test_amdahl_speedup_formula():
+    assert plots.amdahl_speedup(1, 0.9) == pytest.approx(1.0)
+    assert plots.amdahl_speedup(4, 1.0) == pytest.approx(4.0)
+    assert plots.amdahl_speedup(2, 0.5) == pytest.approx(1 / 0.75)
+
+
+def test_fit_amdahl_recovers_the_parallel_fraction():
+    p = np.array([1, 2, 4, 8])
+    assert plots.fit_amdahl(p, plots.amdahl_speedup(p, 0.8)) == pytest.approx(0.8)
+    assert plots.fit_amdahl([1], [1.0]) == 1.0
+    with pytest.raises(ValueError):
+        plots.fit_amdahl([1, 2], [1.0])
+
+
+def test_plot_speedup_draws_measured_ideal_and_fit():
+    fig = plots.plot_speedup([1, 2, 4], [Timing([1.0, 1.1]), [0.55, 0.6], 0.4], cores=2)
+    speedup_ax, efficiency_ax = fig.axes
+    labels = [t.get_text() for t in speedup_ax.get_legend().get_texts()]
+    assert any("ideal" in x for x in labels) and any("Amdahl" in x for x in labels)
+    assert any("oversubscribed" in x for x in labels)
+    assert "speedup" in speedup_ax.get_ylabel() and "efficiency" in efficiency_ax.get_ylabel()
+
+
+def test_plot_speedup_weak_scaling_and_errors():
+    fig = plots.plot_speedup([1, 2], [1.0, 1.0], scaling="weak")
+    assert "weak" in fig.axes[0].get_title()
+    with pytest.raises(ValueError, match="include 1"):
+        plots.plot_speedup([2, 4], [1.0, 0.5])
+    with pytest.raises(ValueError, match="scaling"):
+        plots.plot_speedup([1, 2], [1.0, 0.5], scaling="medium")
+
+
+def test_plot_convergence_by_step_and_wall_clock():
+    runs = {"sync": {"step": [0, 1, 2], "time": [0, 0.1, 0.2], "loss": [2, 1, 0.5]},
+            "async": {"step": [0, 1, 2], "loss": [2, 1.2, 0.7]}}
+    fig = plots.plot_convergence(runs, log_y=True)
+    by_step, by_time = fig.axes
+    assert len(by_step.get_lines()) == 2 and len(by_time.get_lines()) == 1
+    assert by_time.get_xlabel() == "wall-clock time (s)"
+
+
+def test_plot_convergence_rejects_malformed_runs():
+    with pytest.raises(ValueError, match="empty"):
+        plots.plot_convergence({})
+    with pytest.raises(ValueError, match="needs 'step' and 'loss'"):
+        plots.plot_convergence({"a": {"step": [0]}})
+    with pytest.raises(ValueError, match="differ in length"):
+        plots.plot_convergence({"a": {"step": [0, 1], "loss": [1.0]}})
