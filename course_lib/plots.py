@@ -150,3 +150,30 @@ def plot_convergence(runs: Mapping[str, Mapping[str, Sequence[float]]], *,
             ax.legend()
         fig.tight_layout()
     return fig
+
+
+def plot_times(timings: Mapping[str, Timing], *, title: str = "Wall time",
+               predicted: Mapping[str, float] | None = None, unit: str = "s"):
+    """Median time of each variant as a bar with its interquartile range, and, when given, the
+    time a model predicts for it as a grey tick: measurement next to theory."""
+    if not timings:
+        raise ValueError("timings is empty")
+    scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
+    names = list(timings)
+    med = np.array([timings[n].median for n in names]) * scale
+    q = np.array([timings[n].quartiles for n in names]) * scale
+    with plt.style.context(STYLE):
+        fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(names), 3.4))
+        ax.bar(names, med, yerr=np.abs([med - q[:, 0], q[:, 1] - med]), capsize=4,
+               color=[STYLE["axes.prop_cycle"].by_key()["color"][i % 7]
+                      for i in range(len(names))], label="measured median (IQR)")
+        if predicted:
+            xs = [names.index(n) for n in predicted if n in timings]
+            ys = [predicted[n] * scale for n in predicted if n in timings]
+            ax.scatter(xs, ys, marker="_", s=900, linewidths=2.5, color="0.3", zorder=3,
+                       label="predicted")
+        ax.set(ylabel=f"time ({unit})", title=title)
+        ax.grid(axis="x", visible=False)
+        ax.legend()
+        fig.tight_layout()
+    return fig

@@ -55,3 +55,15 @@ def test_plot_convergence_rejects_malformed_runs():
         plots.plot_convergence({"a": {"step": [0]}})
     with pytest.raises(ValueError, match="differ in length"):
         plots.plot_convergence({"a": {"step": [0, 1], "loss": [1.0]}})
+
+
+def test_plot_times_draws_bars_with_spread_and_predictions():
+    timings = {"launch": Timing([2.0, 2.2, 2.1]), "torchrun": Timing([7.0, 7.5])}
+    fig = plots.plot_times(timings, predicted={"launch": 2.5, "torchrun": 6.0}, unit="ms")
+    ax = fig.axes[0]
+    heights = [bar.get_height() for bar in ax.patches]
+    assert heights == pytest.approx([2100.0, 7250.0])
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["predicted",
+                                                                 "measured median (IQR)"]
+    with pytest.raises(ValueError):
+        plots.plot_times({})

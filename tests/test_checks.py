@@ -1,0 +1,32 @@
+"""Exercise checks (course_lib.checks) explain what is wrong, rank by rank."""
+
+import pytest
+import torch
+
+from course_lib.checks import ExerciseFailed, check_rank_results
+
+
+def test_correct_results_pass():
+    assert "all 2 ranks" in check_rank_results([3.0, 3.0], 3.0, "the sum")
+    check_rank_results([torch.tensor([1.0]), torch.tensor([2.0])],
+                       [torch.tensor([1.0]), torch.tensor([2.0])], per_rank=True)
+    check_rank_results([[0, 1], [0, 1]], [0, 1])
+
+
+def test_wrong_rank_is_named_with_what_it_held_and_what_was_expected():
+    with pytest.raises(ExerciseFailed, match=r"rank 1 ended with 2\.0 but the sum is 3\.0"):
+        check_rank_results([3.0, 2.0], 3.0, "the sum")
+
+
+def test_per_rank_expectations_name_the_wrong_rank():
+    with pytest.raises(ExerciseFailed, match="rank 0 ended with 1 but the rank is 0"):
+        check_rank_results([1, 1], [0, 1], "the rank", per_rank=True)
+
+
+def test_wrong_number_of_ranks_and_wrong_type():
+    with pytest.raises(ExerciseFailed, match="world_size"):
+        check_rank_results([1, 1, 1], [1, 1], per_rank=True)
+    with pytest.raises(ExerciseFailed, match="one entry per rank"):
+        check_rank_results(3.0, 3.0)
+    with pytest.raises(ExerciseFailed):
+        check_rank_results([torch.ones(2)], torch.ones(3))
