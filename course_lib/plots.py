@@ -172,8 +172,8 @@ def plot_times(timings: Mapping[str, Timing], *, title: str = "Wall time",
             ys = [predicted[n] * scale for n in predicted if n in timings]
             ax.scatter(xs, ys, marker="_", s=900, linewidths=2.5, color="0.3", zorder=3,
                        label="predicted")
-        ax.set(ylabel=f"time ({unit})", title=title)
+        ax.set(ylabel=f"time ({unit})", title=title, ylim=(0, 1.3 * float(q[:, 1].max())))
         ax.grid(axis="x", visible=False)
-        ax.legend()
+        ax.legend(loc="upper left", ncols=2)
         fig.tight_layout()
     return fig
