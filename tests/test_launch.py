@@ -345,3 +345,9 @@ def test_argument_that_cannot_be_sent_is_named():
 def test_malformed_args_kwargs_timeout_are_rejected(bad):
     with pytest.raises((TypeError, ValueError)):
         launch(workers.echo, 2, **bad)
+
+
+def test_usable_cores_and_loopback_interface():
+    assert 1 <= L.usable_cores() <= (os.cpu_count() or 1)
+    if sys.platform.startswith("linux"):
+        assert L.loopback_interface() == "lo"
