@@ -42,3 +42,28 @@ def check_rank_results(results, expected, what: str = "the result", *,
     if wrong:
         raise ExerciseFailed("; ".join(wrong))
     return f"correct: all {len(results)} ranks hold {what}"
+
+
+def check_gradient(name: str, got, expected, *, tol: float = 1e-8, case: str = "") -> str:
+    """Compare a student's gradient with the right one; say how it is wrong.
+
+    Names a missing return, a wrong shape (with the shape it should have), or the largest
+    difference and where it is. ``case`` describes the input (e.g. "batch 1, stride 2").
+    """
+    where = f" for {case}" if case else ""
+    if got is None:
+        raise ExerciseFailed(f"{name} is None{where}: did the function forget to return it?")
+    got = torch.as_tensor(got)
+    if got.shape != expected.shape:
+        raise ExerciseFailed(f"{name} has shape {tuple(got.shape)}{where} but must have the "
+                             f"shape of what it differentiates, {tuple(expected.shape)}")
+    diff = torch.nan_to_num((got.double() - expected.double()).abs(), nan=float("inf"))
+    worst = diff.max().item() if diff.numel() else 0.0
+    if worst > tol:
+        flat = int(diff.argmax())
+        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
+        raise ExerciseFailed(
+            f"{name} is wrong{where}: largest difference {worst:.3g} at index {index} "
+            f"(yours {got.reshape(-1)[flat].item():.6g}, right "
+            f"{expected.reshape(-1)[flat].item():.6g})")
+    return f"{name}: correct{where} (largest difference {worst:.1e})"

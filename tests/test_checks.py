@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from course_lib.checks import ExerciseFailed, check_rank_results
+from course_lib.checks import ExerciseFailed, check_gradient, check_rank_results
 
 
 def test_correct_results_pass():
@@ -30,3 +30,22 @@ def test_wrong_number_of_ranks_and_wrong_type():
         check_rank_results(3.0, 3.0)
     with pytest.raises(ExerciseFailed):
         check_rank_results([torch.ones(2)], torch.ones(3))
+
+
+def test_check_gradient_accepts_the_right_gradient():
+    g = torch.randn(3, 4, dtype=torch.float64)
+    assert "correct" in check_gradient("dW", g.clone(), g)
+
+
+def test_check_gradient_names_missing_return_shape_and_worst_entry():
+    g = torch.zeros(2, 3, dtype=torch.float64)
+    with pytest.raises(ExerciseFailed, match="forget to return"):
+        check_gradient("dK", None, g)
+    with pytest.raises(ExerciseFailed, match=r"shape \(3, 2\).*\(2, 3\)"):
+        check_gradient("dK", g.T, g, case="batch 1")
+    wrong = g.clone()
+    wrong[1, 2] = 0.5
+    with pytest.raises(ExerciseFailed, match=r"largest difference 0.5 at index \(1, 2\)"):
+        check_gradient("dK", wrong, g)
+    with pytest.raises(ExerciseFailed):
+        check_gradient("dK", g * float("nan"), g)
