@@ -32,6 +32,7 @@ STYLE = {
                                                 "#ff7f0e", "#8c564b", "#17becf"]),
 }
 THEORY = dict(color="0.45", linestyle="--", linewidth=1.2)  # ideal lines and fitted models
+RUN_STYLES = ["-", "--", ":", "-."]  # runs that coincide (as they should, often) stay visible
 
 
 def amdahl_speedup(workers, parallel_fraction: float):
@@ -138,16 +139,19 @@ def plot_convergence(runs: Mapping[str, Mapping[str, Sequence[float]]], *,
             raise ValueError(f"run {label!r}: 'step' and '{metric}' differ in length")
     with plt.style.context(STYLE):
         fig, (ax_step, ax_time) = plt.subplots(1, 2, sharey=True)
-        for label, run in runs.items():
-            line, = ax_step.plot(run["step"], run[metric], label=label)
+        for i, (label, run) in enumerate(runs.items()):
+            style = RUN_STYLES[i % len(RUN_STYLES)]
+            line, = ax_step.plot(run["step"], run[metric], label=label, linestyle=style)
             if "time" in run:
-                ax_time.plot(run["time"], run[metric], label=label, color=line.get_color())
+                ax_time.plot(run["time"], run[metric], label=label, color=line.get_color(),
+                             linestyle=style)
         ax_step.set(xlabel="step", ylabel=metric, title=f"{title}: by step")
         ax_time.set(xlabel="wall-clock time (s)", title=f"{title}: by wall-clock")
         for ax in (ax_step, ax_time):
             if log_y:
                 ax.set_yscale("log")
-            ax.legend()
+            if ax.get_lines():
+                ax.legend()
         fig.tight_layout()
     return fig
 

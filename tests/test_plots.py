@@ -67,3 +67,9 @@ def test_plot_times_draws_bars_with_spread_and_predictions():
                                                                  "measured median (IQR)"]
     with pytest.raises(ValueError):
         plots.plot_times({})
+
+
+def test_plot_convergence_gives_each_run_its_own_line_style():
+    runs = {name: {"step": [0, 1], "loss": [1.0, 0.5]} for name in ("a", "b")}
+    styles = [line.get_linestyle() for line in plots.plot_convergence(runs).axes[0].get_lines()]
+    assert len(set(styles)) == 2  # identical curves must not hide each other
