@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import matplotlib
+import matplotlib.patches
 import matplotlib.pyplot as plt
 import numpy as np
 
@@ -179,5 +180,37 @@ def plot_times(timings: Mapping[str, Timing], *, title: str = "Wall time",
         ax.set(ylabel=f"time ({unit})", title=title, ylim=(0, 1.3 * float(q[:, 1].max())))
         ax.grid(axis="x", visible=False)
         ax.legend(loc="upper left", ncols=2)
+        fig.tight_layout()
+    return fig
+
+
+GANTT_COLORS = {"compute": "#1f77b4", "forward": "#1f77b4", "backward": "#2ca02c",
+                "communicate / wait": "#ff7f0e", "idle (waiting for the straggler)": "0.85",
+                "idle": "0.85"}
+
+
+def plot_gantt(spans, *, title: str = "Timeline", worker_label: str = "worker",
+               unit: str = "ms"):
+    """A timeline: one row per worker, one bar per (worker, start, duration, kind) span, a
+    colour per kind — the lectures' pictures of who computes, talks or waits when."""
+    if not spans:
+        raise ValueError("spans is empty: pass (worker, start, duration, kind) tuples")
+    scale = {"s": 1.0, "ms": 1e3}[unit]
+    workers = sorted({s[0] for s in spans})
+    kinds = list(dict.fromkeys(s[3] for s in spans))
+    palette = STYLE["axes.prop_cycle"].by_key()["color"]
+    colors = {k: GANTT_COLORS.get(k, palette[i % len(palette)]) for i, k in enumerate(kinds)}
+    with plt.style.context(STYLE):
+        fig, ax = plt.subplots(figsize=(9.0, 0.6 + 0.45 * len(workers)))
+        for worker, start, duration, kind in spans:
+            ax.barh(worker, duration * scale, left=start * scale, height=0.7,
+                    color=colors[kind], edgecolor="white", linewidth=0.5)
+        handles = [matplotlib.patches.Patch(color=colors[k], label=k) for k in kinds]
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.35),
+                  ncols=len(kinds), frameon=False)
+        ax.set_yticks(workers, [f"{worker_label} {w}" for w in workers])
+        ax.invert_yaxis()
+        ax.set(xlabel=f"time ({unit})", title=title)
+        ax.grid(axis="y", visible=False)
         fig.tight_layout()
     return fig

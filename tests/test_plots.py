@@ -73,3 +73,14 @@ def test_plot_convergence_gives_each_run_its_own_line_style():
     runs = {name: {"step": [0, 1], "loss": [1.0, 0.5]} for name in ("a", "b")}
     styles = [line.get_linestyle() for line in plots.plot_convergence(runs).axes[0].get_lines()]
     assert len(set(styles)) == 2  # identical curves must not hide each other
+
+
+def test_plot_gantt_draws_one_row_per_worker_and_a_legend_per_kind():
+    spans = [(0, 0.0, 0.01, "compute"), (1, 0.0, 0.02, "compute"),
+             (0, 0.01, 0.01, "idle"), (0, 0.02, 0.005, "communicate / wait")]
+    ax = plots.plot_gantt(spans).axes[0]
+    assert len(ax.patches) == 4
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["worker 0", "worker 1"]
+    assert len(ax.get_legend().get_texts()) == 3
+    with pytest.raises(ValueError):
+        plots.plot_gantt([])

@@ -1,0 +1,139 @@
+"""Empirical risk minimisation, and accelerated gradient descent on one process.
+
+Lecture note "Parallel computing for empirical risk minimization", section 1:
+min_w (1/n) sum_j L(w; x_j, y_j) + R(w), with least squares and l2-regularised logistic
+regression as the examples, and accelerated gradient descent v <- beta v + g(w), w <- w - alpha v.
+The gradient is a sum over samples: that is what lets section 2 split it over workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+KINDS = ("logistic", "least_squares")
+
+
+@dataclass
+class ERMProblem:
+    """Data X (n x d), targets y, l2 weight ``lam``; ``kind`` is "logistic" (y in {-1, +1}) or
+    "least_squares"."""
+
+    X: torch.Tensor
+    y: torch.Tensor
+    lam: float
+    kind: str
+    name: str = ""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown kind {self.kind!r}: use one of {KINDS}")
+        if self.X.shape[0] != self.y.shape[0]:
+            raise ValueError(f"X has {self.X.shape[0]} rows but y has {self.y.shape[0]}")
+
+    @property
+    def n(self) -> int:
+        return self.X.shape[0]
+
+    @property
+    def d(self) -> int:
+        return self.X.shape[1]
+
+    def loss(self, w) -> float:
+        """(1/n) sum_j L(w; x_j, y_j) + (lam/2) ||w||^2."""
+        margin = self.X @ w
+        if self.kind == "logistic":
+            data = torch.nn.functional.softplus(-self.y * margin).mean()
+        else:
+            data = 0.5 * ((margin - self.y) ** 2).mean()
+        return (data + 0.5 * self.lam * w @ w).item()
+
+    def gradient_sum(self, w, rows=None):
+        """sum over the rows j of grad L(w; x_j, y_j): a worker's local gradient g~_k, not yet
+        divided by n and without the regulariser."""
+        X, y = (self.X, self.y) if rows is None else (self.X[rows], self.y[rows])
+        margin = X @ w
+        if self.kind == "logistic":
+            return X.T @ (-y * torch.sigmoid(-y * margin))
+        return X.T @ (margin - y)
+
+    def gradient(self, w):
+        """g(w) = (1/n) sum_k g~_k(w) + dR/dw."""
+        return self.gradient_sum(w) / self.n + self.lam * w
+
+    def smoothness(self) -> float:
+        """An upper bound L on the gradient's Lipschitz constant; alpha = 1/L is a safe step."""
+        top = torch.linalg.matrix_norm(self.X, ord=2).item() ** 2 / self.n
+        return (top / 4 if self.kind == "logistic" else top) + self.lam
+
+
+def _standardise(X):
+    std = X.std(axis=0)
+    return (X - X.mean(axis=0)) / np.where(std > 0, std, 1.0)
+
+
+def _with_intercept(X):
+    return np.hstack([X, np.ones((X.shape[0], 1))])
+
+
+def breast_cancer_problem(lam: float = 1e-3) -> ERMProblem:
+    """Logistic regression on scikit-learn's breast cancer data: n = 569, d = 31 (with an
+    intercept). Small d: communication dominates a parallel step."""
+    from sklearn.datasets import load_breast_cancer
+
+    data = load_breast_cancer()
+    X = _with_intercept(_standardise(data.data))
+    y = np.where(data.target == 1, 1.0, -1.0)
+    return ERMProblem(torch.from_numpy(X), torch.from_numpy(y), lam, "logistic",
+                      "breast cancer, logistic")
+
+
+def diabetes_problem(lam: float = 1e-3) -> ERMProblem:
+    """Least squares on scikit-learn's diabetes data: n = 442, d = 11 (with an intercept)."""
+    from sklearn.datasets import load_diabetes
+
+    data = load_diabetes()
+    X = _with_intercept(_standardise(data.data))
+    y = (data.target - data.target.mean()) / data.target.std()
+    return ERMProblem(torch.from_numpy(X), torch.from_numpy(y), lam, "least_squares",
+                      "diabetes, least squares")
+
+
+def digits_quadratic_problem(lam: float = 1e-3) -> ERMProblem:
+    """Logistic regression "even vs odd digit" on the bundled digits with all pairwise products
+    of pixels as features: n = 1797, d = 1953 (with an intercept). Large n d: computation
+    dominates a parallel step."""
+    from sklearn.datasets import load_digits
+    from sklearn.preprocessing import PolynomialFeatures
+
+    data = load_digits()
+    pixels = data.data[:, data.data.std(axis=0) > 0] / 16.0  # drop the always-blank pixels
+    X = PolynomialFeatures(degree=2, include_bias=False).fit_transform(pixels)
+    X = _with_intercept(_standardise(X))
+    y = np.where(data.target % 2 == 0, 1.0, -1.0)
+    return ERMProblem(torch.from_numpy(X), torch.from_numpy(y), lam, "logistic",
+                      "digits quadratic features, logistic")
+
+
+def partition_rows(n: int, m: int) -> list[torch.Tensor]:
+    """Split rows 0..n-1 into m contiguous blocks whose sizes differ by at most one."""
+    if not 1 <= m <= n:
+        raise ValueError(f"need 1 <= m <= n to give every worker data, got m={m}, n={n}")
+    return list(torch.arange(n).tensor_split(m))
+
+
+def agd(problem: ERMProblem, alpha: float, beta: float, iterations: int, w0=None):
+    """Accelerated (momentum) gradient descent, sequentially: v <- beta v + g(w), w <- w - alpha v.
+
+    Returns the iterates w_0, ..., w_T as a (T+1) x d tensor.
+    """
+    w = torch.zeros(problem.d, dtype=problem.X.dtype) if w0 is None else w0.clone()
+    v = torch.zeros_like(w)
+    iterates = [w.clone()]
+    for _ in range(iterations):
+        v = beta * v + problem.gradient(w)
+        w = w - alpha * v
+        iterates.append(w.clone())
+    return torch.stack(iterates)

@@ -1,0 +1,72 @@
+"""ERM problems and sequential AGD (course_lib.erm)."""
+
+import pytest
+import torch
+
+from course_lib import erm
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return [erm.breast_cancer_problem(), erm.diabetes_problem()]
+
+
+def test_problems_ship_with_scikit_learn_and_have_the_documented_shapes(problems):
+    cancer, diabetes = problems
+    assert (cancer.n, cancer.d) == (569, 31) and set(cancer.y.tolist()) == {-1.0, 1.0}
+    assert (diabetes.n, diabetes.d) == (442, 11)
+    quad = erm.digits_quadratic_problem()
+    assert (quad.n, quad.d) == (1797, 1953)
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_gradient_equals_autograd_of_the_loss(problems, index):
+    problem = problems[index]
+    w = torch.randn(problem.d, dtype=torch.float64, requires_grad=True)
+    margin = problem.X @ w
+    if problem.kind == "logistic":
+        loss = torch.nn.functional.softplus(-problem.y * margin).mean()
+    else:
+        loss = 0.5 * ((margin - problem.y) ** 2).mean()
+    (loss + 0.5 * problem.lam * w @ w).backward()
+    torch.testing.assert_close(problem.gradient(w.detach()), w.grad)
+    assert problem.loss(w.detach()) == pytest.approx((loss + 0.5 * problem.lam * w @ w).item())
+
+
+def test_local_gradient_sums_add_up_to_the_full_gradient(problems):
+    problem = problems[0]
+    w = torch.randn(problem.d, dtype=torch.float64)
+    parts = erm.partition_rows(problem.n, 3)
+    total = sum(problem.gradient_sum(w, rows) for rows in parts)
+    torch.testing.assert_close(total / problem.n + problem.lam * w, problem.gradient(w))
+
+
+def test_partition_rows_covers_every_row_once_in_balanced_blocks():
+    parts = erm.partition_rows(10, 3)
+    assert [len(p) for p in parts] == [4, 3, 3]
+    assert torch.equal(torch.cat(parts), torch.arange(10))
+    with pytest.raises(ValueError):
+        erm.partition_rows(2, 3)
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_agd_with_step_one_over_L_decreases_the_loss(problems, index):
+    problem = problems[index]
+    iterates = erm.agd(problem, 1 / problem.smoothness(), 0.9, 50)
+    assert iterates.shape == (51, problem.d)
+    assert problem.loss(iterates[-1]) < 0.5 * problem.loss(iterates[0])
+
+
+def test_smoothness_bounds_the_curvature(problems):
+    problem = problems[1]  # least squares: the Hessian is X^T X / n + lam I
+    hessian = problem.X.T @ problem.X / problem.n + problem.lam * torch.eye(problem.d,
+                                                                            dtype=torch.float64)
+    assert torch.linalg.eigvalsh(hessian).max().item() <= problem.smoothness() + 1e-9
+
+
+def test_bad_problem_definitions():
+    X = torch.zeros(3, 2)
+    with pytest.raises(ValueError, match="unknown kind"):
+        erm.ERMProblem(X, torch.zeros(3), 0.0, "hinge")
+    with pytest.raises(ValueError, match="rows"):
+        erm.ERMProblem(X, torch.zeros(4), 0.0, "logistic")
