@@ -1,0 +1,85 @@
+"""Simulators for the lecture's two problems (course_lib.erm_simulators) and their checks."""
+
+import pytest
+import torch
+
+from course_lib import erm
+from course_lib import erm_simulators as sim
+from course_lib.checks import ExerciseFailed, check_decentralized_step, check_fedavg_round
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return erm.diabetes_problem()
+
+
+def test_fedavg_with_one_local_step_is_one_gradient_step(problem):
+    rows = list(torch.arange(problem.n).split([100, 42, 300]))
+    w = torch.randn(problem.d, dtype=torch.float64)
+    torch.testing.assert_close(sim.fedavg_round(problem, w, rows, q=1, lr=0.1),
+                               w - 0.1 * problem.gradient(w))
+
+
+def test_fedavg_with_more_local_steps_lowers_the_loss_faster_per_round(problem):
+    rows = erm.partition_rows(problem.n, 4)
+    w1 = w5 = torch.zeros(problem.d, dtype=torch.float64)
+    for _ in range(5):
+        w1 = sim.fedavg_round(problem, w1, rows, q=1, lr=0.1)
+        w5 = sim.fedavg_round(problem, w5, rows, q=5, lr=0.1)
+    assert problem.loss(w5) < problem.loss(w1)
+
+
+def test_gossip_preserves_the_mean_on_a_regular_graph_and_reaches_consensus(problem):
+    ring = {i: [(i - 1) % 7, (i + 1) % 7] for i in range(7)}  # regular: weights doubly stochastic
+    rows = erm.partition_rows(problem.n, 7)
+    params = [torch.randn(problem.d, dtype=torch.float64) for _ in range(7)]
+    mean = torch.stack(params).mean(dim=0)
+    for _ in range(200):
+        params = sim.decentralized_step(problem, params, rows, ring, lr=0.0)
+    torch.testing.assert_close(torch.stack(params).mean(dim=0), mean)
+    assert sim.consensus_distance(params) < 1e-8
+
+
+def test_seven_node_graph_reaches_consensus_and_the_disconnected_one_does_not(problem):
+    rows = erm.partition_rows(problem.n, 7)
+    start = [torch.full((problem.d,), float(i), dtype=torch.float64) for i in range(7)]
+    for graph, agrees in ((sim.SEVEN_NODE_GRAPH, True), (sim.DISCONNECTED_GRAPH, False)):
+        params = start
+        for _ in range(300):
+            params = sim.decentralized_step(problem, params, rows, graph, lr=0.0)
+        assert (sim.consensus_distance(params) < 1e-6) is agrees
+
+
+def test_graphs_are_undirected():
+    for graph in (sim.SEVEN_NODE_GRAPH, sim.DISCONNECTED_GRAPH):
+        assert all(i in graph[j] for i in graph for j in graph[i])
+
+
+def test_consensus_distance():
+    assert sim.consensus_distance([torch.ones(3), torch.ones(3)]) == 0.0
+    assert sim.consensus_distance([torch.zeros(1), torch.full((1,), 2.0)]) == pytest.approx(1.0)
+
+
+def test_checks_accept_the_reference_and_explain_wrong_answers(problem):
+    assert "correct" in check_fedavg_round(sim.fedavg_round)
+    assert "correct" in check_decentralized_step(sim.decentralized_step)
+
+    def unweighted(problem, w, client_rows, q, lr):
+        models = []
+        for rows in client_rows:
+            w_k = w.clone()
+            for _ in range(q):
+                w_k = w_k - lr * sim.local_gradient(problem, rows, w_k)
+            models.append(w_k)
+        return torch.stack(models).mean(dim=0)
+
+    with pytest.raises(ExerciseFailed, match="weight each client"):
+        check_fedavg_round(unweighted)
+    with pytest.raises(ExerciseFailed, match="None"):
+        check_fedavg_round(lambda *a: None)
+
+    def no_self(problem, params, client_rows, graph, lr):
+        return [torch.stack([params[j] for j in graph[i]]).mean(dim=0) for i in range(7)]
+
+    with pytest.raises(ExerciseFailed, match="node 0 is wrong after pure averaging"):
+        check_decentralized_step(no_self)
