@@ -101,20 +101,39 @@ def diabetes_problem(lam: float = 1e-3) -> ERMProblem:
                       "diabetes, least squares")
 
 
-def digits_quadratic_problem(lam: float = 1e-3) -> ERMProblem:
+def shifted_digits(images, labels):
+    """The images and their copies moved by one pixel up, down, left and right (a standard
+    augmentation: a digit moved by a pixel is still the same digit). Five times the data."""
+    copies = [images]
+    for axis, step in ((1, 1), (1, -1), (2, 1), (2, -1)):
+        moved = np.roll(images, step, axis=axis)
+        edge = [slice(None)] * 3
+        edge[axis] = 0 if step == 1 else -1
+        moved[tuple(edge)] = 0.0  # what rolled over the border is blank, not wrapped
+        copies.append(moved)
+    return np.concatenate(copies), np.tile(labels, len(copies))
+
+
+def digits_quadratic_problem(lam: float = 1e-3, shifted: bool = False) -> ERMProblem:
     """Logistic regression "even vs odd digit" on the bundled digits with all pairwise products
-    of pixels as features: n = 1797, d = 1953 (with an intercept). Large n d: computation
-    dominates a parallel step."""
+    of pixels as features: n = 1797, d = 1953 (with an intercept); with ``shifted`` also the
+    one-pixel shifts of every image, n = 8985. Large n d: computation dominates a parallel
+    step."""
     from sklearn.datasets import load_digits
     from sklearn.preprocessing import PolynomialFeatures
 
     data = load_digits()
-    pixels = data.data[:, data.data.std(axis=0) > 0] / 16.0  # drop the always-blank pixels
+    images, labels = data.images, data.target
+    if shifted:
+        images, labels = shifted_digits(images, labels)
+    keep = data.data.std(axis=0) > 0  # drop the pixels that are blank in every original digit
+    pixels = images.reshape(len(images), -1)[:, keep] / 16.0
     X = PolynomialFeatures(degree=2, include_bias=False).fit_transform(pixels)
     X = _with_intercept(_standardise(X))
-    y = np.where(data.target % 2 == 0, 1.0, -1.0)
+    y = np.where(labels % 2 == 0, 1.0, -1.0)
+    name = "shifted digits" if shifted else "digits"
     return ERMProblem(torch.from_numpy(X), torch.from_numpy(y), lam, "logistic",
-                      "digits quadratic features, logistic")
+                      f"{name} quadratic features, logistic")
 
 
 def partition_rows(n: int, m: int) -> list[torch.Tensor]:

@@ -83,7 +83,7 @@ def plot_speedup(workers, times, *, title: str = "Speedup", label: str = "measur
     fit. ``times[i]`` is the time with ``workers[i]`` workers (a Timing, a list of runs or a
     number); ``workers`` must include 1, the baseline. ``scaling="weak"`` reads times of a
     problem that grows with p (speedup = p T(1) / T(p)). Counts above ``cores`` are marked as
-    oversubscribed.
+    oversubscribed and left out of the Amdahl fit: they measure contention, not speedup.
     """
     p = np.asarray(workers, dtype=float)
     if 1 not in list(workers):
@@ -96,7 +96,8 @@ def plot_speedup(workers, times, *, title: str = "Speedup", label: str = "measur
     speedup = work * t1 / med
     # a slower run (high time) gives a lower speedup: error bars swap ends
     err = np.vstack([speedup - work * t1 / high, work * t1 / low - speedup])
-    f = fit_amdahl(p, speedup)
+    real = p <= cores if cores is not None else np.ones_like(p, dtype=bool)
+    f = fit_amdahl(p[real], speedup[real])
     grid = np.linspace(1, p.max(), 100)
     with plt.style.context(STYLE):
         fig, (ax_s, ax_e) = plt.subplots(1, 2)
@@ -201,13 +202,12 @@ def plot_gantt(spans, *, title: str = "Timeline", worker_label: str = "worker",
     palette = STYLE["axes.prop_cycle"].by_key()["color"]
     colors = {k: GANTT_COLORS.get(k, palette[i % len(palette)]) for i, k in enumerate(kinds)}
     with plt.style.context(STYLE):
-        fig, ax = plt.subplots(figsize=(9.0, 0.6 + 0.45 * len(workers)))
+        fig, ax = plt.subplots(figsize=(9.0, 1.1 + 0.4 * len(workers)))
         for worker, start, duration, kind in spans:
             ax.barh(worker, duration * scale, left=start * scale, height=0.7,
                     color=colors[kind], edgecolor="white", linewidth=0.5)
         handles = [matplotlib.patches.Patch(color=colors[k], label=k) for k in kinds]
-        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.35),
-                  ncols=len(kinds), frameon=False)
+        ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
         ax.set_yticks(workers, [f"{worker_label} {w}" for w in workers])
         ax.invert_yaxis()
         ax.set(xlabel=f"time ({unit})", title=title)

@@ -1,5 +1,6 @@
 """ERM problems and sequential AGD (course_lib.erm)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -70,3 +71,17 @@ def test_bad_problem_definitions():
         erm.ERMProblem(X, torch.zeros(3), 0.0, "hinge")
     with pytest.raises(ValueError, match="rows"):
         erm.ERMProblem(X, torch.zeros(4), 0.0, "logistic")
+
+
+def test_shifted_digits_move_every_image_by_one_pixel_without_wrapping():
+    images = np.zeros((1, 8, 8))
+    images[0, 0, 7] = 1.0  # top-right corner
+    shifted, labels = erm.shifted_digits(images, np.array([3]))
+    assert shifted.shape == (5, 8, 8) and labels.tolist() == [3] * 5
+    assert shifted[1, 1, 7] == 1.0          # moved down
+    assert shifted[2].sum() == 0.0          # moved up, over the border: gone, not wrapped
+    assert shifted[4, 0, 6] == 1.0          # moved left
+
+
+def test_shifted_quadratic_problem_has_five_times_the_rows():
+    assert erm.digits_quadratic_problem(shifted=True).n == 5 * 1797

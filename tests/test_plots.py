@@ -84,3 +84,10 @@ def test_plot_gantt_draws_one_row_per_worker_and_a_legend_per_kind():
     assert len(ax.get_legend().get_texts()) == 3
     with pytest.raises(ValueError):
         plots.plot_gantt([])
+
+
+def test_amdahl_fit_ignores_oversubscribed_points():
+    p = [1, 2, 3]
+    times = [1.0, 1.0 / plots.amdahl_speedup(2, 0.9), 5.0]  # p = 3 on 2 cores: contention
+    legend = plots.plot_speedup(p, times, cores=2).axes[0].get_legend().get_texts()
+    assert any("f = 0.90" in t.get_text() for t in legend)
