@@ -134,3 +134,18 @@ def test_unknown_activation():
 
 def test_accuracy():
     assert bp.accuracy(torch.tensor([[0.0, 1.0], [2.0, 1.0]]), torch.tensor([1, 1])) == 0.5
+
+
+@pytest.mark.parametrize("name", ["relu", "sigmoid", "tanh"])
+def test_activation_backward_matches_finite_differences(name):
+    forward, backward = bp.Activation.PAIRS[name]
+    Z, dXp = randn(3, 4), randn(3, 4)
+    Z[Z.abs() < 1e-3] = 0.5  # keep ReLU's kink away from the finite-difference stencil
+    fd = bp.finite_difference_gradient(lambda z: (forward(z) * dXp).sum(), Z.clone())
+    torch.testing.assert_close(backward(dXp, Z), fd, atol=1e-7, rtol=1e-6)
+
+
+def test_softmax_cross_entropy_backward_matches_finite_differences():
+    Z, y = randn(2, 5), torch.tensor([4, 0])
+    fd = bp.finite_difference_gradient(lambda z: bp.softmax_cross_entropy_forward(z, y), Z.clone())
+    torch.testing.assert_close(bp.softmax_cross_entropy_backward(Z, y), fd, atol=1e-8, rtol=1e-6)
