@@ -1,0 +1,112 @@
+"""All-reduce four ways (course_lib.collectives) against dist.all_reduce, with 2 and 3 ranks."""
+
+import contextlib
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from course_lib import collectives as C
+from course_lib import launch
+from course_lib.launching import usable_cores
+
+LENGTHS = [1, 2, 5, 7, 12, 1001]  # not all multiples of the world size, some shorter than it
+
+
+def oversubscribed(world_size):
+    """Three ranks on a two-core machine warn; that is expected here."""
+    if world_size > usable_cores():
+        return pytest.warns(RuntimeWarning, match="oversubscribed")
+    return contextlib.nullcontext()
+
+
+def rank_input(rank, numel, dtype):
+    g = torch.Generator().manual_seed(1000 * rank + numel)
+    return torch.randn(numel, generator=g, dtype=dtype)
+
+
+def every_variant():
+    """On every rank: each all-reduce (and the library's) of this rank's input vectors."""
+    out = {}
+    for dtype in (torch.float32, torch.float64):
+        for numel in LENGTHS:
+            x = rank_input(dist.get_rank(), numel, dtype)
+            for name, fn in {**C.ALL_REDUCES, "gloo": C.gloo_all_reduce}.items():
+                out[name, dtype, numel] = fn(x)
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_all_reduce_equals_dist_all_reduce_for_any_length_and_dtype(world_size):
+    with oversubscribed(world_size):
+        results = launch(every_variant, world_size)
+    for dtype in (torch.float32, torch.float64):
+        for numel in LENGTHS:
+            expected = sum(rank_input(r, numel, dtype) for r in range(world_size))
+            for rank, res in enumerate(results):
+                library = res["gloo", dtype, numel][0]
+                torch.testing.assert_close(library, expected)
+                for name in C.ALL_REDUCES:
+                    got = res[name, dtype, numel][0]
+                    assert got.dtype == dtype and got.shape == (numel,)
+                    torch.testing.assert_close(got, library, msg=f"{name}, rank {rank}, n={numel}")
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_bytes_sent_by_the_busiest_rank_match_the_formulas(world_size):
+    with oversubscribed(world_size):
+        results = launch(every_variant, world_size)
+    numel = 12  # a multiple of 2 and 3: the ring's chunks are equal
+    n_bytes = numel * 4
+    for name in C.ALL_REDUCES:
+        busiest = max(res[name, torch.float32, numel][1] for res in results)
+        assert busiest == C.bytes_formula(name, n_bytes, world_size), name
+
+
+def trace_ring():
+    trace = []
+    x = torch.full((8,), float(dist.get_rank() + 1))
+    C.ring_all_reduce(x, trace=trace)
+    return [(phase, step, [c.tolist() for c in chunks]) for phase, step, chunks in trace]
+
+
+def test_efficient_ring_trace_on_four_ranks_matches_the_lectures_pictures():
+    with pytest.warns(RuntimeWarning, match="oversubscribed"):
+        traces = launch(trace_ring, 4)
+    p, total = 4, 1 + 2 + 3 + 4
+    for rank, trace in enumerate(traces):
+        phases = [("start", 0)] + [("reduce-scatter", s) for s in (1, 2, 3)]
+        assert [t[:2] for t in trace] == phases + [("all-gather", s) for s in (1, 2, 3)]
+        after_reduce_scatter = trace[3][2]
+        # rank r now owns the full sum of chunk (r + 1) mod p
+        assert after_reduce_scatter[(rank + 1) % p] == [float(total)] * 2
+        assert trace[-1][2] == [[float(total)] * 2] * p
+
+
+def test_ring_chunks_cover_the_vector_in_near_equal_parts():
+    chunks = C.ring_chunks(torch.arange(10.0), 4)
+    assert [len(c) for c in chunks] == [3, 3, 2, 2]
+    assert [len(c) for c in C.ring_chunks(torch.arange(2.0), 3)] == [1, 1, 0]
+
+
+def test_fit_alpha_beta_recovers_a_linear_cost():
+    n = torch.tensor([8.0, 1e3, 1e5, 1e7])
+    alpha, beta = C.fit_alpha_beta(n, 5e-4 + n * 1e-9)
+    assert alpha == pytest.approx(5e-4, rel=1e-6) and beta == pytest.approx(1e-9, rel=1e-6)
+
+
+def test_ring_time_and_bus_bandwidth():
+    assert C.ring_time(1000, 2, 1.0, 0.001).item() == pytest.approx(2 + 1.0)
+    assert C.bus_bandwidth(1e9, 1.0, 4) == pytest.approx(1.5e9)
+    assert C.bus_bandwidth(1e9, 1.0, 4, "all_gather") == pytest.approx(0.75e9)
+    with pytest.raises(ValueError):
+        C.bus_bandwidth(1, 1, 2, "broadcast")
+
+
+def time_two_sizes():
+    return C.time_all_reduce(C.ring_all_reduce, [4, 4096], repeats=2, warmup=1)
+
+
+def test_time_all_reduce_returns_repeats_per_size():
+    times = launch(time_two_sizes, 2)
+    assert set(times[0]) == {4, 4096} and all(len(v) == 2 for v in times[0].values())
