@@ -202,3 +202,11 @@ def bus_bandwidth(n_bytes: float, seconds: float, p: int, op: str = "all_reduce"
     if op not in factor:
         raise ValueError(f"unknown op {op!r}: use one of {sorted(factor)}")
     return n_bytes / seconds * factor[op]
+
+
+def median_of_slowest(runs_per_rank) -> float:
+    """A collective ends when its last rank does: for each repeat take the slowest rank's time,
+    then the median over repeats. ``runs_per_rank[r][i]`` is rank r's time of repeat i."""
+    import statistics
+
+    return statistics.median(max(runs) for runs in zip(*runs_per_rank, strict=True))

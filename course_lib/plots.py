@@ -9,6 +9,7 @@ without a display.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 
 import matplotlib
 import matplotlib.patches
@@ -33,6 +34,22 @@ STYLE = {
                                                 "#ff7f0e", "#8c564b", "#17becf"]),
 }
 THEORY = dict(color="0.45", linestyle="--", linewidth=1.2)  # ideal lines and fitted models
+
+
+@contextmanager
+def course_style():
+    """The course's look for the figures made inside the block.
+
+    Unlike ``plt.style.context`` it restores only the keys it set: the first figure of a
+    notebook switches pyplot to the inline backend and turns interactive mode on, and restoring
+    every rcParam afterwards would turn it off again — and later figures would not show.
+    """
+    saved = {key: matplotlib.rcParams[key] for key in STYLE}
+    matplotlib.rcParams.update(STYLE)
+    try:
+        yield
+    finally:
+        matplotlib.rcParams.update(saved)
 RUN_STYLES = ["-", "--", ":", "-."]  # runs that coincide (as they should, often) stay visible
 
 
@@ -99,7 +116,7 @@ def plot_speedup(workers, times, *, title: str = "Speedup", label: str = "measur
     real = p <= cores if cores is not None else np.ones_like(p, dtype=bool)
     f = fit_amdahl(p[real], speedup[real])
     grid = np.linspace(1, p.max(), 100)
-    with plt.style.context(STYLE):
+    with course_style():
         fig, (ax_s, ax_e) = plt.subplots(1, 2)
         ax_s.plot(grid, grid, label="ideal (S = p)", **THEORY)
         ax_s.plot(grid, amdahl_speedup(grid, f), label=f"Amdahl fit, f = {f:.2f}",
@@ -139,7 +156,7 @@ def plot_convergence(runs: Mapping[str, Mapping[str, Sequence[float]]], *,
             raise ValueError(f"run {label!r} needs 'step' and '{metric}' (it has {sorted(run)})")
         if len(run["step"]) != len(run[metric]):
             raise ValueError(f"run {label!r}: 'step' and '{metric}' differ in length")
-    with plt.style.context(STYLE):
+    with course_style():
         fig, (ax_step, ax_time) = plt.subplots(1, 2, sharey=True)
         for i, (label, run) in enumerate(runs.items()):
             style = RUN_STYLES[i % len(RUN_STYLES)]
@@ -168,7 +185,7 @@ def plot_times(timings: Mapping[str, Timing], *, title: str = "Wall time",
     names = list(timings)
     med = np.array([timings[n].median for n in names]) * scale
     q = np.array([timings[n].quartiles for n in names]) * scale
-    with plt.style.context(STYLE):
+    with course_style():
         fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(names), 3.4))
         ax.bar(names, med, yerr=np.abs([med - q[:, 0], q[:, 1] - med]), capsize=4,
                color=[STYLE["axes.prop_cycle"].by_key()["color"][i % 7]
@@ -201,7 +218,7 @@ def plot_gantt(spans, *, title: str = "Timeline", worker_label: str = "worker",
     kinds = list(dict.fromkeys(s[3] for s in spans))
     palette = STYLE["axes.prop_cycle"].by_key()["color"]
     colors = {k: GANTT_COLORS.get(k, palette[i % len(palette)]) for i, k in enumerate(kinds)}
-    with plt.style.context(STYLE):
+    with course_style():
         fig, ax = plt.subplots(figsize=(9.0, 1.1 + 0.4 * len(workers)))
         for worker, start, duration, kind in spans:
             ax.barh(worker, duration * scale, left=start * scale, height=0.7,
@@ -212,5 +229,35 @@ def plot_gantt(spans, *, title: str = "Timeline", worker_label: str = "worker",
         ax.invert_yaxis()
         ax.set(xlabel=f"time ({unit})", title=title)
         ax.grid(axis="y", visible=False)
+        fig.tight_layout()
+    return fig
+
+
+def plot_rank_chunks(grids, titles, *, labels=None, suptitle: str = ""):
+    """Panels of rank x chunk tables, the slides' pictures of collectives: row = rank, column =
+    chunk, the number (or ``labels[i][rank][chunk]`` text) written in each cell. Empty cells
+    (None or NaN) are left white: that rank holds nothing useful there."""
+    if len(grids) != len(titles):
+        raise ValueError(f"{len(grids)} grids but {len(titles)} titles")
+    with course_style():
+        fig, axes = plt.subplots(1, len(grids), figsize=(2.3 * len(grids), 2.6), squeeze=False)
+        for i, (grid, ax) in enumerate(zip(grids, axes[0], strict=True)):
+            values = np.array([[np.nan if v is None else float(v) for v in row] for row in grid])
+            ax.imshow(np.ma.masked_invalid(values), cmap="Blues", vmin=0,
+                      vmax=np.nanmax(values) * 1.6 if np.isfinite(values).any() else 1)
+            for r in range(values.shape[0]):
+                for c in range(values.shape[1]):
+                    text = labels[i][r][c] if labels is not None else (
+                        "" if np.isnan(values[r, c]) else f"{values[r, c]:g}")
+                    ax.text(c, r, text, ha="center", va="center", fontsize=8)
+            ax.set_xticks(range(values.shape[1]), [f"c{c}" for c in range(values.shape[1])])
+            ax.set_yticks(range(values.shape[0]), [f"rank {r}" for r in range(values.shape[0])])
+            ax.tick_params(length=0)
+            ax.grid(False)
+            for spine in ax.spines.values():
+                spine.set_visible(False)
+            ax.set_title(titles[i], fontsize=9)
+        if suptitle:
+            fig.suptitle(suptitle)
         fig.tight_layout()
     return fig

@@ -110,3 +110,7 @@ def time_two_sizes():
 def test_time_all_reduce_returns_repeats_per_size():
     times = launch(time_two_sizes, 2)
     assert set(times[0]) == {4, 4096} and all(len(v) == 2 for v in times[0].values())
+
+
+def test_median_of_slowest_takes_the_last_rank_of_each_repeat():
+    assert C.median_of_slowest([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == 3.0

@@ -1,5 +1,7 @@
 """Plots (course_lib.plots): speedup with ideal and Amdahl, convergence by step and time."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -91,3 +93,40 @@ def test_amdahl_fit_ignores_oversubscribed_points():
     times = [1.0, 1.0 / plots.amdahl_speedup(2, 0.9), 5.0]  # p = 3 on 2 cores: contention
     legend = plots.plot_speedup(p, times, cores=2).axes[0].get_legend().get_texts()
     assert any("f = 0.90" in t.get_text() for t in legend)
+
+
+def test_plot_rank_chunks_writes_every_cell_and_leaves_empty_ones_blank():
+    before = [[1, 2], [3, 4]]
+    after = [[4, 6], [None, None]]
+    fig = plots.plot_rank_chunks([before, after], ["before", "after reduce"])
+    texts = [[t.get_text() for t in ax.texts] for ax in fig.axes]
+    assert texts[0] == ["1", "2", "3", "4"] and texts[1] == ["4", "6", "", ""]
+    labelled = plots.plot_rank_chunks([before], ["x"], labels=[[["a", "b"], ["c", "d"]]])
+    assert [t.get_text() for t in labelled.axes[0].texts] == ["a", "b", "c", "d"]
+    with pytest.raises(ValueError):
+        plots.plot_rank_chunks([before], [])
+
+
+def test_course_style_restores_only_its_own_settings():
+    import matplotlib
+
+    before = matplotlib.rcParams["axes.grid"], matplotlib.rcParams["interactive"]
+    with plots.course_style():
+        assert matplotlib.rcParams["axes.grid"] is True
+        matplotlib.rcParams["interactive"] = not before[1]  # as a backend switch would
+    assert matplotlib.rcParams["axes.grid"] == before[0]
+    assert matplotlib.rcParams["interactive"] == (not before[1])  # left as the switch set it
+    matplotlib.rcParams["interactive"] = before[1]
+
+
+def test_every_figure_of_a_notebook_is_shown(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.v4.new_notebook()
+    make = "plots.plot_rank_chunks([[[1, 2], [3, 4]]], ['a'])\nassert True"
+    nb.cells = [nbformat.v4.new_code_cell("from course_lib import plots"),
+                nbformat.v4.new_code_cell(make), nbformat.v4.new_code_cell(make)]
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}  # as in a real notebook
+    nbclient.NotebookClient(nb, timeout=60, kernel_name="python3").execute(env=env)
+    shown = [any("image/png" in o.get("data", {}) for o in cell.outputs) for cell in nb.cells[1:]]
+    assert shown == [True, True]
