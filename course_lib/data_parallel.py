@@ -1,0 +1,210 @@
+"""Data parallelism: from scratch (broadcast, all-reduce the gradients) to DDP.
+
+Slides "Parallel computing for machine learning", part 3: training a small CNN with a mirrored
+(all-reduce) strategy, per-replica batch b, global batch b x m; and the DDP paper's mechanics
+(Li et al., VLDB 2020: gradient buckets, overlap, ``no_sync`` for accumulation).
+
+Every training function runs on every rank (through ``launch``) and returns the final
+parameters, so tests and notebooks can compare them with one process on the global batch.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+def digits_cnn(seed: int = 0, width: int = 16, dtype=torch.float32) -> torch.nn.Module:
+    """The lesson's small CNN for 8x8 digits: two 3x3 convolutions (width, 2 width channels),
+    ReLU, then a linear layer to 10 classes. ``width`` sets how much computation a step costs."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, width, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(width, 2 * width, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(2 * width * 64, 10)).to(dtype)
+
+
+def sampler_global_batches(n: int, world_size: int, local_batch: int, seed: int = 0,
+                           epoch: int = 0) -> list[torch.Tensor]:
+    """The global batches that ``DistributedSampler(shuffle=True, drop_last=True)`` and a
+    DataLoader of ``local_batch`` on each of ``world_size`` ranks feed in one epoch.
+
+    The sampler permutes all indices with seed + epoch and gives rank r every world_size-th one
+    starting at r; so step t of all ranks together covers one contiguous block of the
+    permutation — exactly what one process would use with the global batch.
+    """
+    g = torch.Generator().manual_seed(seed + epoch)
+    perm = torch.randperm(n, generator=g)
+    per_rank = n // world_size
+    steps = per_rank // local_batch
+    return [perm[t * world_size * local_batch:(t + 1) * world_size * local_batch]
+            for t in range(steps)]
+
+
+def parameters_vector(model) -> torch.Tensor:
+    """All parameters as one flat vector (to compare two models)."""
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def train_single_process(model, x, y, global_batches, lr: float):
+    """The baseline: plain SGD on one process, one step per global batch."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for idx in global_batches:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def average_gradients(model) -> None:
+    """The heart of data parallelism: sum every gradient over the ranks, divide by their
+    number. Afterwards every rank holds the gradient of the mean loss over the global batch."""
+    world_size = dist.get_world_size()
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad /= world_size
+
+
+def train_from_scratch(model_fn, x, y, local_batch: int, lr: float, epochs: int = 1,
+                       seed: int = 0) -> dict:
+    """Data parallelism by hand: broadcast rank 0's initial weights, then per step: forward and
+    backward on this rank's part of the global batch, average the gradients, step."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model = model_fn()
+    for p in model.parameters():  # every replica starts from rank 0's weights
+        dist.broadcast(p.data, src=0)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for epoch in range(epochs):
+        for idx in sampler_global_batches(len(y), world_size, local_batch, seed, epoch):
+            mine = idx[rank::world_size]  # this rank's share, as DistributedSampler deals it
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x[mine]), y[mine])
+            loss.backward()
+            average_gradients(model)
+            opt.step()
+            losses.append(loss.item())
+    return dict(params=parameters_vector(model), losses=losses)
+
+
+def ddp_loader(x, y, local_batch: int, seed: int = 0):
+    """A DataLoader over this rank's share: DistributedSampler deals the indices out."""
+    dataset = TensorDataset(x, y)
+    sampler = DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)
+    return DataLoader(dataset, batch_size=local_batch, sampler=sampler, drop_last=True), sampler
+
+
+def train_ddp(model_fn, x, y, local_batch: int, lr: float, epochs: int = 1, seed: int = 0,
+              accumulate: int = 1, comm_hook=None, bucket_cap_mb: float | None = None) -> dict:
+    """The same with DistributedDataParallel and DistributedSampler.
+
+    ``accumulate`` > 1 sums gradients over that many local batches inside ``no_sync`` (no
+    all-reduce) and synchronises on the last one: one optimizer step for a batch that many times
+    larger. ``comm_hook`` is registered on the model (e.g. fp16 compression).
+    """
+    options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    model = DDP(model_fn(), **options)  # broadcasts rank 0's weights itself
+    if comm_hook is not None:
+        model.register_comm_hook(None, comm_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    loader, sampler = ddp_loader(x, y, local_batch, seed)
+    losses = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
+        batches = list(loader)
+        for start in range(0, len(batches) - accumulate + 1, accumulate):
+            opt.zero_grad()
+            for i, (xb, yb) in enumerate(batches[start:start + accumulate]):
+                last = i == accumulate - 1
+                context = model.no_sync() if not last else _nullcontext()
+                with context:  # no all-reduce until the last micro-batch
+                    loss = torch.nn.functional.cross_entropy(model(xb), yb) / accumulate
+                    loss.backward()
+            opt.step()
+            losses.append(loss.item() * accumulate)
+    return dict(params=parameters_vector(model.module), losses=losses, model=model.module)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def time_ddp_steps(model_fn, x, y, local_batch: int, steps: int = 10, warmup: int = 2,
+                   threads: int = 1, bucket_cap_mb: float | None = None) -> dict:
+    """Per-step wall times of DDP training on every rank, with and without communication.
+
+    ``with_sync``: normal steps (forward, backward with all-reduce overlapped, optimizer);
+    ``no_sync``: the same steps inside ``no_sync`` (no all-reduce), so the difference estimates
+    what communication adds. Each rank uses ``threads`` threads (m workers use m cores).
+    """
+    torch.set_num_threads(threads)
+    options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    model = DDP(model_fn(), **options)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    out = {}
+    for mode in ("with_sync", "no_sync"):
+        times = []
+        for step in range(warmup + steps):
+            idx = torch.randint(0, len(y), (local_batch,), generator=g)
+            dist.barrier()
+            start = time.perf_counter()
+            opt.zero_grad()
+            context = model.no_sync() if mode == "no_sync" else _nullcontext()
+            with context:
+                torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+            if step >= warmup:
+                times.append(time.perf_counter() - start)
+        out[mode] = times
+    return out
+
+
+def compression_hook(dtype, log: list | None = None):
+    """A DDP communication hook that all-reduces each gradient bucket in ``dtype`` (e.g.
+    torch.float16 or torch.bfloat16; None sends float32 as is) and records the bytes it sends.
+
+    What torch's ``fp16_compress_hook`` does, written out: cast the bucket down, divide by the
+    world size (so the sum cannot overflow as easily), all-reduce, cast back into the bucket.
+    """
+
+    def hook(state, bucket):
+        buffer = bucket.buffer()
+        message = buffer if dtype is None else buffer.to(dtype)
+        message.div_(dist.get_world_size())
+        if log is not None:
+            log.append(message.numel() * message.element_size())
+        future = dist.all_reduce(message, async_op=True).get_future()
+
+        def unpack(fut):
+            buffer.copy_(fut.value()[0])
+            return buffer
+
+        return future.then(unpack)
+
+    return hook
+
+
+def linear_scaling_lr(base_lr: float, base_batch: int, batch: int) -> float:
+    """Goyal et al. 2017: multiply the batch by k, multiply the learning rate by k."""
+    return base_lr * batch / base_batch
+
+
+def warmup_lr(step: int, target_lr: float, warmup_steps: int, start_lr: float) -> float:
+    """Gradual warm-up: rise linearly from ``start_lr`` to ``target_lr`` over ``warmup_steps``,
+    then stay at ``target_lr``."""
+    if step >= warmup_steps:
+        return target_lr
+    return start_lr + (target_lr - start_lr) * step / warmup_steps

@@ -1,0 +1,111 @@
+"""Data parallelism from scratch and with DDP (course_lib.data_parallel) against one process."""
+
+import functools
+
+import pytest
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.utils.data import DistributedSampler, TensorDataset
+
+from course_lib import data_parallel as dp
+from course_lib import launch
+from course_lib.data import load_digits
+
+LR, LOCAL_BATCH, N = 0.1, 16, 256
+
+
+@pytest.fixture(scope="module")
+def digits():
+    split = load_digits(images=True, dtype=torch.float64)
+    return split.x_train[:N], split.y_train[:N]
+
+
+model_fn = functools.partial(dp.digits_cnn, seed=3, width=4, dtype=torch.float64)
+
+
+def baseline(x, y, world_size, local_batch, epochs=1):
+    model = model_fn()
+    for epoch in range(epochs):
+        batches = dp.sampler_global_batches(len(y), world_size, local_batch, seed=0, epoch=epoch)
+        dp.train_single_process(model, x, y, batches, LR)
+    return dp.parameters_vector(model)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_sampler_global_batches_are_what_distributed_sampler_deals_out(world_size):
+    dataset = TensorDataset(torch.arange(50))
+    local = [list(DistributedSampler(dataset, world_size, r, shuffle=True, seed=7,
+                                     drop_last=True)) for r in range(world_size)]
+    for t, block in enumerate(dp.sampler_global_batches(50, world_size, 4, seed=7)):
+        dealt = sorted(i for r in range(world_size) for i in local[r][4 * t:4 * (t + 1)])
+        assert dealt == sorted(block.tolist())
+
+
+def test_from_scratch_data_parallelism_equals_one_process_on_the_global_batch(digits):
+    x, y = digits
+    results = launch(dp.train_from_scratch, 2, args=(model_fn, x, y, LOCAL_BATCH, LR),
+                     kwargs=dict(epochs=2))
+    expected = baseline(x, y, 2, LOCAL_BATCH, epochs=2)
+    for r in results:
+        torch.testing.assert_close(r["params"], expected, atol=1e-6, rtol=0)
+
+
+def test_ddp_equals_one_process_on_the_global_batch(digits):
+    x, y = digits
+    results = launch(dp.train_ddp, 2, args=(model_fn, x, y, LOCAL_BATCH, LR),
+                     kwargs=dict(epochs=2))
+    expected = baseline(x, y, 2, LOCAL_BATCH, epochs=2)
+    for r in results:
+        torch.testing.assert_close(r["params"], expected, atol=1e-6, rtol=0)
+
+
+def test_accumulation_with_no_sync_equals_the_larger_batch(digits):
+    x, y = digits
+    results = launch(dp.train_ddp, 2, args=(model_fn, x, y, LOCAL_BATCH, LR),
+                     kwargs=dict(accumulate=2))
+    expected = baseline(x, y, 2, 2 * LOCAL_BATCH)  # twice the batch, half the steps
+    torch.testing.assert_close(results[0]["params"], expected, atol=1e-6, rtol=0)
+
+
+def compressed_runs(x, y):
+    logs = {}
+    out = {}
+    for name, dtype in (("float32", None), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        logs[name] = []
+        out[name] = dp.train_ddp(model_fn, x, y, LOCAL_BATCH, LR,
+                                 comm_hook=dp.compression_hook(dtype, logs[name]))["params"]
+    out["torch fp16"] = dp.train_ddp(model_fn, x, y, LOCAL_BATCH, LR,
+                                     comm_hook=default_hooks.fp16_compress_hook)["params"]
+    out["plain"] = dp.train_ddp(model_fn, x, y, LOCAL_BATCH, LR)["params"]
+    return out, {k: sum(v) for k, v in logs.items()}
+
+
+def test_compression_hooks_halve_the_bytes_and_match_torchs_hook(digits):
+    x, y = digits
+    results = launch(compressed_runs, 2, args=(x, y))
+    params, sent = results[0]
+    assert sent["fp16"] * 4 == sent["float32"]  # float64 model: 8 bytes -> 2
+    assert sent["bf16"] == sent["fp16"]
+    torch.testing.assert_close(params["float32"], params["plain"], atol=1e-12, rtol=0)
+    torch.testing.assert_close(params["fp16"], params["torch fp16"], atol=1e-12, rtol=0)
+    assert (params["fp16"] - params["plain"]).abs().max() < 1e-2  # rounding, not divergence
+
+
+def test_time_ddp_steps_times_both_modes(digits):
+    x, y = digits
+    times = launch(dp.time_ddp_steps, 2, args=(model_fn, x, y, 8), kwargs=dict(steps=3))
+    assert all(len(t["with_sync"]) == 3 and len(t["no_sync"]) == 3 for t in times)
+
+
+def test_linear_scaling_rule_and_warmup():
+    assert dp.linear_scaling_lr(0.1, 32, 256) == pytest.approx(0.8)
+    assert dp.warmup_lr(0, 0.8, 10, 0.1) == pytest.approx(0.1)
+    assert dp.warmup_lr(5, 0.8, 10, 0.1) == pytest.approx(0.45)
+    assert dp.warmup_lr(10, 0.8, 10, 0.1) == dp.warmup_lr(99, 0.8, 10, 0.1) == 0.8
+
+
+def test_average_gradients_runs_only_under_a_process_group():
+    with pytest.raises((RuntimeError, ValueError)):
+        model = model_fn()
+        model(torch.zeros(1, 1, 8, 8, dtype=torch.float64)).sum().backward()
+        dp.average_gradients(model)
