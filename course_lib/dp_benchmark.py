@@ -1,0 +1,73 @@
+"""Benchmark for lessons 3-4: our ring against gloo, and DDP's speedup on two workers.
+
+Slides part 3 (ring all-reduce; data-parallel training of a small CNN). Prints, asserts nothing:
+
+    python -m course_lib.dp_benchmark [--repeats 5] [--steps 10]
+
+1. Bus bandwidth of the hand-written efficient ring and of gloo's all-reduce at 16 MiB on two
+   ranks, and their ratio.
+2. Time per DDP training step of a compute-bound CNN (global batch fixed: strong scaling) on 1
+   and on 2 workers of one thread each, in the same run, and the speedup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+
+from course_lib import collectives as C
+from course_lib import data_parallel as dp
+from course_lib.data import load_digits
+from course_lib.launching import launch
+
+MIB = 2**20
+
+
+def _ring_and_gloo(numel, repeats):
+    return {name: C.time_all_reduce(fn, [numel], repeats=repeats)[numel]
+            for name, fn in (("gloo", C.gloo_all_reduce), ("efficient ring", C.ring_all_reduce))}
+
+
+def ring_vs_gloo(size_bytes: int = 16 * MIB, repeats: int = 5) -> dict[str, float]:
+    """Bus bandwidth (bytes/s) of each all-reduce at ``size_bytes`` (float32) on two ranks."""
+    runs = launch(_ring_and_gloo, world_size=2, args=(size_bytes // 4, repeats))
+    return {name: C.bus_bandwidth(size_bytes, C.median_of_slowest([r[name] for r in runs]), 2)
+            for name in runs[0]}
+
+
+def ddp_step_times(world_sizes=(1, 2), global_batch: int = 256, width: int = 32,
+                   steps: int = 10, warmup: int = 3) -> dict[int, list[float]]:
+    """Per-step seconds (slowest rank, with communication) of DDP on each world size, with the
+    global batch fixed and one thread per worker."""
+    split = load_digits(images=True)
+    model_fn = functools.partial(dp.digits_cnn, seed=0, width=width)
+    times = {}
+    for world_size in world_sizes:
+        runs = launch(dp.time_ddp_steps, world_size=world_size,
+                      args=(model_fn, split.x_train, split.y_train, global_batch // world_size),
+                      kwargs=dict(steps=steps, warmup=warmup))
+        times[world_size] = [max(step) for step in zip(*(r["with_sync"] for r in runs),
+                                                       strict=True)]
+    return times
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args(argv)
+    bw = ring_vs_gloo(repeats=args.repeats)
+    print(f"all-reduce of 16 MiB on 2 ranks, bus bandwidth (median of {args.repeats}): "
+          f"gloo {bw['gloo'] / 1e9:.2f} GB/s, hand-written ring {bw['efficient ring'] / 1e9:.2f} "
+          f"GB/s; ratio ring / gloo = {bw['efficient ring'] / bw['gloo']:.2f}")
+    times = ddp_step_times(steps=args.steps)
+    t1, t2 = statistics.median(times[1]), statistics.median(times[2])
+    print(f"DDP step, digits CNN (width 32), global batch 256, one thread per worker, median of "
+          f"{args.steps}: 1 worker {t1 * 1e3:.1f} ms, 2 workers {t2 * 1e3:.1f} ms; "
+          f"speedup {t1 / t2:.2f}x (ideal 2)")
+    return bw, times
+
+
+if __name__ == "__main__":
+    main()
