@@ -28,6 +28,16 @@ def digits_cnn(seed: int = 0, width: int = 16, dtype=torch.float32) -> torch.nn.
         torch.nn.Flatten(), torch.nn.Linear(2 * width * 64, 10)).to(dtype)
 
 
+def deep_mlp(depth: int = 24, width: int = 128, seed: int = 0) -> torch.nn.Module:
+    """An MLP for flattened digits with many small weight tensors (2 per layer): what DDP's
+    gradient bucketing is for."""
+    torch.manual_seed(seed)
+    layers = [torch.nn.Flatten(), torch.nn.Linear(64, width), torch.nn.ReLU()]
+    for _ in range(depth - 2):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+
+
 def sampler_global_batches(n: int, world_size: int, local_batch: int, seed: int = 0,
                            epoch: int = 0) -> list[torch.Tensor]:
     """The global batches that ``DistributedSampler(shuffle=True, drop_last=True)`` and a

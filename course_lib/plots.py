@@ -142,11 +142,13 @@ def plot_speedup(workers, times, *, title: str = "Speedup", label: str = "measur
 
 
 def plot_convergence(runs: Mapping[str, Mapping[str, Sequence[float]]], *,
-                     metric: str = "loss", title: str = "Convergence", log_y: bool = False):
+                     metric: str = "loss", title: str = "Convergence", log_y: bool = False,
+                     step_label: str = "step"):
     """One curve per run against step (left) and against wall-clock seconds (right).
 
-    ``runs`` maps a label to ``{"step": [...], "time": [...], metric: [...]}``; a run without
-    "time" appears on the left only.
+    ``runs`` maps a label to ``{"step": [...], "time": [...], metric: [...]}``. Runs without
+    "time" appear on the left only; when no run has one, there is only the left panel.
+    ``step_label`` names the x axis of the left panel (e.g. "epoch").
     """
     if not runs:
         raise ValueError("runs is empty: pass {label: {'step': [...], 'time': [...], "
@@ -156,17 +158,26 @@ def plot_convergence(runs: Mapping[str, Mapping[str, Sequence[float]]], *,
             raise ValueError(f"run {label!r} needs 'step' and '{metric}' (it has {sorted(run)})")
         if len(run["step"]) != len(run[metric]):
             raise ValueError(f"run {label!r}: 'step' and '{metric}' differ in length")
+    timed = any("time" in run for run in runs.values())
     with course_style():
-        fig, (ax_step, ax_time) = plt.subplots(1, 2, sharey=True)
+        if timed:
+            fig, (ax_step, ax_time) = plt.subplots(1, 2, sharey=True)
+        else:
+            fig, ax_step = plt.subplots(figsize=(6.0, 3.6))
+            ax_time = None
         for i, (label, run) in enumerate(runs.items()):
             style = RUN_STYLES[i % len(RUN_STYLES)]
             line, = ax_step.plot(run["step"], run[metric], label=label, linestyle=style)
             if "time" in run:
                 ax_time.plot(run["time"], run[metric], label=label, color=line.get_color(),
                              linestyle=style)
-        ax_step.set(xlabel="step", ylabel=metric, title=f"{title}: by step")
-        ax_time.set(xlabel="wall-clock time (s)", title=f"{title}: by wall-clock")
-        for ax in (ax_step, ax_time):
+        ax_step.set(xlabel=step_label, ylabel=metric,
+                    title=f"{title}: by {step_label}" if timed else title)
+        axes = [ax_step]
+        if timed:
+            ax_time.set(xlabel="wall-clock time (s)", title=f"{title}: by wall-clock")
+            axes.append(ax_time)
+        for ax in axes:
             if log_y:
                 ax.set_yscale("log")
             if ax.get_lines():

@@ -109,3 +109,13 @@ def test_average_gradients_runs_only_under_a_process_group():
         model = model_fn()
         model(torch.zeros(1, 1, 8, 8, dtype=torch.float64)).sum().backward()
         dp.average_gradients(model)
+
+
+def test_deep_mlp_has_many_parameter_tensors_and_classifies_digits():
+    model = dp.deep_mlp(depth=10, width=16)
+    assert len(list(model.parameters())) == 20
+    assert model(torch.zeros(3, 1, 8, 8)).shape == (3, 10)
+
+
+def test_digits_cnn_width_sets_the_channels():
+    assert dp.digits_cnn(width=8)[2].out_channels == 16

@@ -130,3 +130,8 @@ def test_every_figure_of_a_notebook_is_shown(tmp_path):
     nbclient.NotebookClient(nb, timeout=60, kernel_name="python3").execute(env=env)
     shown = [any("image/png" in o.get("data", {}) for o in cell.outputs) for cell in nb.cells[1:]]
     assert shown == [True, True]
+
+
+def test_plot_convergence_without_times_has_one_panel_with_its_own_x_label():
+    fig = plots.plot_convergence({"a": {"step": [1, 2], "loss": [1.0, 0.5]}}, step_label="epoch")
+    assert len(fig.axes) == 1 and fig.axes[0].get_xlabel() == "epoch"
