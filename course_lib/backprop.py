@@ -175,7 +175,17 @@ class Conv2d:
         return [self.dK, self.db]
 
 
-class Activation:
+class ParameterFree:
+    """A layer with nothing to learn: no parameters, no gradients."""
+
+    def parameters(self):
+        return []
+
+    def gradients(self):
+        return []
+
+
+class Activation(ParameterFree):
     """ReLU, sigmoid or tanh as a layer without parameters."""
 
     PAIRS = {"relu": (relu_forward, relu_backward), "sigmoid": (sigmoid_forward, sigmoid_backward),
@@ -194,26 +204,14 @@ class Activation:
     def backward(self, dXp):
         return self._backward(dXp, self.Z)
 
-    def parameters(self):
-        return []
 
-    def gradients(self):
-        return []
-
-
-class Flatten:
+class Flatten(ParameterFree):
     def forward(self, X):
         self.shape = X.shape
         return X.reshape(X.shape[0], -1)
 
     def backward(self, dX):
         return dX.reshape(self.shape)
-
-    def parameters(self):
-        return []
-
-    def gradients(self):
-        return []
 
 
 class Network:

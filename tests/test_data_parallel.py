@@ -41,19 +41,11 @@ def test_sampler_global_batches_are_what_distributed_sampler_deals_out(world_siz
         assert dealt == sorted(block.tolist())
 
 
-def test_from_scratch_data_parallelism_equals_one_process_on_the_global_batch(digits):
+@pytest.mark.parametrize("train", [dp.train_from_scratch, dp.train_ddp],
+                         ids=["from scratch", "DDP"])
+def test_data_parallelism_equals_one_process_on_the_global_batch(digits, train):
     x, y = digits
-    results = launch(dp.train_from_scratch, 2, args=(model_fn, x, y, LOCAL_BATCH, LR),
-                     kwargs=dict(epochs=2))
-    expected = baseline(x, y, 2, LOCAL_BATCH, epochs=2)
-    for r in results:
-        torch.testing.assert_close(r["params"], expected, atol=1e-6, rtol=0)
-
-
-def test_ddp_equals_one_process_on_the_global_batch(digits):
-    x, y = digits
-    results = launch(dp.train_ddp, 2, args=(model_fn, x, y, LOCAL_BATCH, LR),
-                     kwargs=dict(epochs=2))
+    results = launch(train, 2, args=(model_fn, x, y, LOCAL_BATCH, LR), kwargs=dict(epochs=2))
     expected = baseline(x, y, 2, LOCAL_BATCH, epochs=2)
     for r in results:
         torch.testing.assert_close(r["params"], expected, atol=1e-6, rtol=0)
