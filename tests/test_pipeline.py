@@ -1,0 +1,105 @@
+"""Layer split and hand-written pipelines (course_lib.pipeline) against one process."""
+
+import pytest
+import torch
+
+from course_lib import launch
+from course_lib import pipeline as pp
+
+
+@pytest.fixture(scope="module")
+def batch():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 64, generator=g, dtype=torch.float64)
+    return x, torch.randint(0, 10, (16,), generator=g)
+
+
+def test_one_f_one_b_order_has_named_phases():
+    assert pp.one_f_one_b_schedule(0, 4, 6) == [
+        ("forward", 0), ("forward", 1), ("forward", 2),                      # warm-up
+        ("forward", 3), ("backward", 0), ("forward", 4), ("backward", 1),     # steady 1F1B
+        ("forward", 5), ("backward", 2),
+        ("backward", 3), ("backward", 4), ("backward", 5)]                   # cool-down
+    last = pp.one_f_one_b_schedule(3, 4, 3)
+    assert last == [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1),
+                    ("forward", 2), ("backward", 2)]
+
+
+@pytest.mark.parametrize("name", ["GPipe", "1F1B"])
+@pytest.mark.parametrize("p, m", [(2, 1), (2, 4), (4, 8), (4, 2), (3, 5)])
+def test_every_schedule_runs_each_micro_batch_forward_then_backward_once(name, p, m):
+    for stage in range(p):
+        schedule = pp.SCHEDULES[name](stage, p, m)
+        assert sorted(schedule) == sorted([("forward", i) for i in range(m)]
+                                          + [("backward", i) for i in range(m)])
+        for i in range(m):
+            assert schedule.index(("forward", i)) < schedule.index(("backward", i))
+
+
+@pytest.mark.parametrize("p, m", [(2, 8), (4, 8), (4, 2)])
+def test_gpipe_holds_m_activations_and_1f1b_at_most_p(p, m):
+    for stage in range(p):
+        assert pp.peak_live_activations(pp.gpipe_schedule(stage, p, m)) == m
+        one_f_one_b = pp.one_f_one_b_schedule(stage, p, m)
+        assert pp.peak_live_activations(one_f_one_b) == min(p - stage, m)
+
+
+def test_bubble_fraction_formula():
+    assert pp.bubble_fraction(2, 1) == pytest.approx(0.5)
+    assert pp.bubble_fraction(4, 8) == pytest.approx(3 / 11)
+
+
+def test_stages_compose_to_the_whole_model():
+    pieces = pp.mlp_stages(3, width=8)
+    x = torch.randn(2, 64, dtype=torch.float64)
+    out = x
+    for piece in pieces:
+        out = piece(out)
+    assert out.shape == (2, 10)
+
+
+@pytest.mark.parametrize("schedule, m", [("GPipe", 1), ("GPipe", 4), ("1F1B", 4), ("1F1B", 8)])
+def test_pipeline_on_two_ranks_gives_the_single_process_loss_and_gradients(batch, schedule, m):
+    x, y = batch
+    pieces = pp.mlp_stages(2, width=16)
+    loss, grads = pp.reference_gradients(pieces, x, y)
+    results = launch(pp.run_pipeline, 2, args=(pieces, x, y, m, schedule))
+    assert results[1]["loss"] == pytest.approx(loss, abs=1e-12)
+    got = results[0]["grads"] + results[1]["grads"]
+    assert len(got) == len(grads)
+    for g, want in zip(got, grads, strict=True):
+        torch.testing.assert_close(g, want, atol=1e-10, rtol=0)
+    for r in results:
+        assert r["order"] == pp.SCHEDULES[schedule](r["stage"], 2, m)
+        assert r["peak_activations"] == pp.peak_live_activations(r["order"])
+
+
+def test_measured_bubble_and_spans_from_a_timeline():
+    results = [{"stage": 0, "timeline": [("forward", 0, 0.0, 1.0), ("idle", 0, 1.0, 3.0),
+                                         ("backward", 0, 3.0, 4.0)]},
+               {"stage": 1, "timeline": [("idle", 0, -5.0, 1.0), ("forward", 0, 1.0, 2.0),
+                                         ("backward", 0, 2.0, 3.0)]}]
+    # rank 1's wait before the pipeline started (from -5) is not bubble
+    assert pp.measured_bubble(results) == pytest.approx(1 - 4 / 8)
+    assert pp.pipeline_spans(results)[0] == (0, 0.0, 1.0, "forward")
+
+
+def test_wrong_number_of_pieces_and_unknown_schedule(batch):
+    from course_lib import WorkerError
+    x, y = batch
+    with pytest.raises(WorkerError, match="one piece per rank"):
+        launch(pp.run_pipeline, 2, args=(pp.mlp_stages(3), x, y, 2))
+    with pytest.raises(WorkerError, match="unknown schedule"):
+        launch(pp.run_pipeline, 2, args=(pp.mlp_stages(2), x, y, 2, "zero-bubble"))
+
+
+def test_warmup_rounds_do_not_change_the_gradients(batch):
+    x, y = batch
+    pieces = pp.mlp_stages(2, width=16)
+    _, grads = pp.reference_gradients(pieces, x, y)
+    results = launch(pp.run_pipeline, 2, args=(pieces, x, y, 4, "1F1B"),
+                     kwargs=dict(warmup_rounds=2, forward_seconds=0.001))
+    for g, want in zip(results[0]["grads"] + results[1]["grads"], grads, strict=True):
+        torch.testing.assert_close(g, want, atol=1e-10, rtol=0)
+    kinds = {kind for kind, *_ in results[1]["timeline"]}
+    assert kinds <= {"forward", "backward", "idle"}
