@@ -1,0 +1,133 @@
+"""Tensor parallelism: the Megatron-LM MLP, split across ranks inside each layer.
+
+Course article: model parallelism; Megatron-LM (Shoeybi et al. 2019). The MLP Y = GeLU(X A) B
+is split so that no communication is needed between its two matrix products: A by columns
+(each rank computes a slice of the hidden units), B by rows (each rank's slice of hidden units
+gives a partial output). Two operators glue it together:
+
+* f: identity in the forward pass, all-reduce of the gradient in the backward pass;
+* g: all-reduce in the forward pass, identity in the backward pass.
+
+One all-reduce per MLP forward (g), one per backward (f). In PyTorch's convention Z = X W^T, so
+"columns of A" are rows of ``fc1.weight`` and "rows of B" are columns of ``fc2.weight``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+class _F(torch.autograd.Function):
+    """f: forward identity, backward all-reduce."""
+
+    @staticmethod
+    def forward(ctx, x, counter):
+        ctx.counter = counter
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        ctx.counter["backward"] += 1
+        return grad, None
+
+
+class _G(torch.autograd.Function):
+    """g: forward all-reduce, backward identity."""
+
+    @staticmethod
+    def forward(ctx, x, counter):
+        x = x.clone()
+        dist.all_reduce(x)
+        counter["forward"] += 1
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def f_operator(x, counter: dict):
+    """Identity now; all-reduce the gradient on the way back (counted in counter["backward"])."""
+    return _F.apply(x, counter)
+
+
+def g_operator(x, counter: dict):
+    """All-reduce now (counted in counter["forward"]); identity on the way back."""
+    return _G.apply(x, counter)
+
+
+def new_counter() -> dict:
+    return {"forward": 0, "backward": 0}
+
+
+def mlp(d_model: int = 16, d_hidden: int = 64, seed: int = 0, dtype=torch.float64):
+    """The unsplit MLP: fc1 (d_model -> d_hidden), GeLU, fc2 (d_hidden -> d_model)."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential()
+    model.add_module("fc1", torch.nn.Linear(d_model, d_hidden, dtype=dtype))
+    model.add_module("act", torch.nn.GELU())
+    model.add_module("fc2", torch.nn.Linear(d_hidden, d_model, dtype=dtype))
+    return model
+
+
+def shard_mlp(model, rank: int, world_size: int) -> dict:
+    """This rank's pieces of the unsplit MLP: a block of fc1's rows (columns of A) with its bias
+    slice, the matching block of fc2's columns (rows of B), and fc2's bias (added once)."""
+    hidden = model.fc1.out_features
+    if hidden % world_size:
+        raise ValueError(f"{hidden} hidden units do not split evenly over {world_size} ranks")
+    rows = slice(rank * hidden // world_size, (rank + 1) * hidden // world_size)
+    take = lambda t: torch.nn.Parameter(t.detach()[rows].clone())  # noqa: E731
+    return dict(w1=take(model.fc1.weight), b1=take(model.fc1.bias),
+                w2=torch.nn.Parameter(model.fc2.weight.detach()[:, rows].clone()),
+                b2=torch.nn.Parameter(model.fc2.bias.detach().clone()))
+
+
+def megatron_mlp(x, shard: dict, counter: dict):
+    """Y = g( GeLU( f(X) W1_r^T + b1_r ) W2_r^T ) + b2 on every rank r."""
+    x = f_operator(x, counter)  # the input's gradient is summed over ranks on the way back
+    hidden = torch.nn.functional.gelu(x @ shard["w1"].T + shard["b1"])  # this rank's units
+    partial = hidden @ shard["w2"].T  # a partial sum of the output
+    return g_operator(partial, counter) + shard["b2"]
+
+
+def run_megatron_mlp(model, x, target) -> dict:
+    """On every rank: forward and backward of the split MLP on the whole batch x (replicated).
+
+    Returns the output, the gradients of this rank's shard and of x, and how many all-reduces
+    the forward and the backward pass made.
+    """
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    shard = shard_mlp(model, rank, world_size)
+    counter = new_counter()
+    x = x.clone().requires_grad_(True)
+    out = megatron_mlp(x, shard, counter)
+    torch.nn.functional.mse_loss(out, target).backward()
+    return dict(out=out.detach(), x_grad=x.grad, counter=counter,
+                grads={k: p.grad for k, p in shard.items()})
+
+
+def run_dtensor_mlp(model, x) -> dict:
+    """The same split with DTensor: fc1 ColwiseParallel, fc2 RowwiseParallel on a 1-D mesh.
+    Returns the output and the shape of this rank's fc1 and fc2 weight shards."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    split = parallelize_module(copy.deepcopy(model).to(device), mesh,
+                               {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    out = split(x.to(device))
+    out = out.wait() if hasattr(out, "wait") else out  # an async collective's result
+    return dict(out=out.detach().cpu(),
+                fc1_shard=tuple(split.fc1.weight.to_local().shape),
+                fc2_shard=tuple(split.fc2.weight.to_local().shape))
