@@ -138,7 +138,7 @@ def _one_round(module, pieces, x, y, micro_batches, actions, forward_seconds,
     width = _activation_width(pieces, stage)
     saved = {}  # micro-batch -> (input, output): the activations kept for the backward pass
     pending, timeline, order = [], [], []
-    loss_total, live, peak = 0.0, 0, 0
+    loss_total, live, peak, micro_losses = 0.0, 0, 0, []
     for kind, i in actions:
         order.append((kind, i))
         if kind == "forward":
@@ -153,7 +153,9 @@ def _one_round(module, pieces, x, y, micro_batches, actions, forward_seconds,
             t0 = time.time()
             out = module(inp)
             if last:
-                out = torch.nn.functional.cross_entropy(out, ys[i]) / micro_batches
+                loss = torch.nn.functional.cross_entropy(out, ys[i])
+                micro_losses.append(loss.item())
+                out = loss / micro_batches  # the mean over micro-batches is the batch's loss
                 loss_total += out.item()
             _hold(forward_seconds, t0)
             if not last:
@@ -180,8 +182,8 @@ def _one_round(module, pieces, x, y, micro_batches, actions, forward_seconds,
     for request in pending:
         request.wait()
     return dict(stage=stage, grads=[p.grad.clone() for p in module.parameters()],
-                loss=loss_total if last else None, order=order, timeline=timeline,
-                peak_activations=peak)
+                loss=loss_total if last else None, micro_losses=micro_losses, order=order,
+                timeline=timeline, peak_activations=peak)
 
 
 def _activation_width(pieces, stage):
@@ -210,3 +212,28 @@ def pipeline_spans(results) -> list[tuple]:
     t0 = min(start for r in results for kind, _, start, _ in r["timeline"] if kind != "idle")
     return [(r["stage"], start - t0, end - start, kind)
             for r in results for kind, _, start, end in r["timeline"] if kind != "idle"]
+
+
+def run_torch_pipeline(pieces, x, y, micro_batches: int, schedule: str = "1F1B") -> dict:
+    """The same pipeline with ``torch.distributed.pipelining``: a ``PipelineStage`` per rank and
+    ``ScheduleGPipe`` or ``Schedule1F1B``. Returns the per-micro-batch losses (last stage) and
+    this stage's gradients, to compare with :func:`run_pipeline`."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    stage, stages = dist.get_rank(), dist.get_world_size()
+    module = pieces[stage]
+    module.zero_grad()
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
+        else torch.device("cpu")
+    pipe_stage = PipelineStage(module.to(device), stage, stages, device)
+    kind = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}[schedule]
+    runner = kind(pipe_stage, micro_batches, loss_fn=torch.nn.functional.cross_entropy)
+    losses = []
+    if stage == 0:
+        runner.step(x.to(device))
+    elif stage == stages - 1:
+        runner.step(target=y.to(device), losses=losses)
+    else:
+        runner.step()
+    return dict(stage=stage, micro_losses=[loss.item() for loss in losses],
+                grads=[p.grad.detach().cpu().clone() for p in module.parameters()])

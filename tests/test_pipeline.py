@@ -103,3 +103,17 @@ def test_warmup_rounds_do_not_change_the_gradients(batch):
         torch.testing.assert_close(g, want, atol=1e-10, rtol=0)
     kinds = {kind for kind, *_ in results[1]["timeline"]}
     assert kinds <= {"forward", "backward", "idle"}
+
+
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
+def test_torch_pipelining_gives_the_same_losses_and_gradients_as_the_hand_written(batch,
+                                                                                  schedule):
+    x, y = batch
+    pieces = pp.mlp_stages(2, width=16)
+    ours = launch(pp.run_pipeline, 2, args=(pieces, x, y, 4, schedule))
+    theirs = launch(pp.run_torch_pipeline, 2, args=(pieces, x, y, 4, schedule))
+    assert len(theirs[1]["micro_losses"]) == 4
+    assert theirs[1]["micro_losses"] == pytest.approx(ours[1]["micro_losses"], abs=1e-10)
+    for a, b in zip(ours[0]["grads"] + ours[1]["grads"], theirs[0]["grads"] + theirs[1]["grads"],
+                    strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
