@@ -22,41 +22,43 @@ class _F(torch.autograd.Function):
     """f: forward identity, backward all-reduce."""
 
     @staticmethod
-    def forward(ctx, x, counter):
-        ctx.counter = counter
+    def forward(ctx, x, counter, group):
+        ctx.counter, ctx.group = counter, group
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
         grad = grad.clone()
-        dist.all_reduce(grad)
+        dist.all_reduce(grad, group=ctx.group)
         ctx.counter["backward"] += 1
-        return grad, None
+        return grad, None, None
 
 
 class _G(torch.autograd.Function):
     """g: forward all-reduce, backward identity."""
 
     @staticmethod
-    def forward(ctx, x, counter):
+    def forward(ctx, x, counter, group):
         x = x.clone()
-        dist.all_reduce(x)
+        dist.all_reduce(x, group=group)
         counter["forward"] += 1
         return x
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None
+        return grad, None, None
 
 
-def f_operator(x, counter: dict):
-    """Identity now; all-reduce the gradient on the way back (counted in counter["backward"])."""
-    return _F.apply(x, counter)
+def f_operator(x, counter: dict, group=None):
+    """Identity now; all-reduce the gradient over ``group`` (default: all ranks) on the way
+    back, counted in counter["backward"]."""
+    return _F.apply(x, counter, group)
 
 
-def g_operator(x, counter: dict):
-    """All-reduce now (counted in counter["forward"]); identity on the way back."""
-    return _G.apply(x, counter)
+def g_operator(x, counter: dict, group=None):
+    """All-reduce over ``group`` now (counted in counter["forward"]); identity on the way
+    back."""
+    return _G.apply(x, counter, group)
 
 
 def new_counter() -> dict:
@@ -86,12 +88,12 @@ def shard_mlp(model, rank: int, world_size: int) -> dict:
                 b2=torch.nn.Parameter(model.fc2.bias.detach().clone()))
 
 
-def megatron_mlp(x, shard: dict, counter: dict):
-    """Y = g( GeLU( f(X) W1_r^T + b1_r ) W2_r^T ) + b2 on every rank r."""
-    x = f_operator(x, counter)  # the input's gradient is summed over ranks on the way back
+def megatron_mlp(x, shard: dict, counter: dict, group=None):
+    """Y = g( GeLU( f(X) W1_r^T + b1_r ) W2_r^T ) + b2 on every rank r of ``group``."""
+    x = f_operator(x, counter, group)  # the input's gradient is summed on the way back
     hidden = torch.nn.functional.gelu(x @ shard["w1"].T + shard["b1"])  # this rank's units
     partial = hidden @ shard["w2"].T  # a partial sum of the output
-    return g_operator(partial, counter) + shard["b2"]
+    return g_operator(partial, counter, group) + shard["b2"]
 
 
 def run_megatron_mlp(model, x, target) -> dict:
@@ -131,3 +133,28 @@ def run_dtensor_mlp(model, x) -> dict:
     return dict(out=out.detach().cpu(),
                 fc1_shard=tuple(split.fc1.weight.to_local().shape),
                 fc2_shard=tuple(split.fc2.weight.to_local().shape))
+
+
+def run_hybrid_data_tensor(model, x, target, data: int = 2, tensor: int = 2) -> dict:
+    """Data x tensor parallelism on a ``data`` x ``tensor`` device mesh (4 processes for 2 x 2).
+
+    Ranks in the same row of the mesh form a tensor-parallel group that splits the MLP as
+    Megatron does; the rows are data-parallel replicas, each with its share of the batch, and
+    their shard gradients are averaged over the column (data-parallel) group.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    mesh = init_device_mesh(device, (data, tensor), mesh_dim_names=("data", "tensor"))
+    dp_group, tp_group = mesh.get_group("data"), mesh.get_group("tensor")
+    dp_rank, tp_rank = mesh.get_local_rank("data"), mesh.get_local_rank("tensor")
+    shard = shard_mlp(model, tp_rank, tensor)
+    counter = new_counter()
+    mine = x.tensor_split(data)[dp_rank]
+    out = megatron_mlp(mine, shard, counter, tp_group)
+    torch.nn.functional.mse_loss(out, target.tensor_split(data)[dp_rank]).backward()
+    for p in shard.values():  # data parallelism: average the replicas' gradients
+        dist.all_reduce(p.grad, group=dp_group)
+        p.grad /= data
+    return dict(dp_rank=dp_rank, tp_rank=tp_rank, out=out.detach(), counter=counter,
+                grads={k: p.grad for k, p in shard.items()})

@@ -57,3 +57,19 @@ def test_shard_mlp_needs_an_even_split():
 
 def test_counter_starts_at_zero():
     assert tp.new_counter() == {"forward": 0, "backward": 0}
+
+
+def test_hybrid_two_by_two_mesh_equals_the_unsplit_mlp_on_the_global_batch(problem):
+    model, x, target = problem
+    with pytest.warns(RuntimeWarning, match="oversubscribed"):
+        results = launch(tp.run_hybrid_data_tensor, 4, args=(model, x, target))
+    out, _, full = reference(model, x, target)
+    for r in results:
+        torch.testing.assert_close(r["out"], out.tensor_split(2)[r["dp_rank"]], atol=1e-6,
+                                   rtol=0)
+        rows = slice(r["tp_rank"] * 32, (r["tp_rank"] + 1) * 32)
+        torch.testing.assert_close(r["grads"]["w1"], full.fc1.weight.grad[rows], atol=1e-6,
+                                   rtol=0)
+        torch.testing.assert_close(r["grads"]["w2"], full.fc2.weight.grad[:, rows], atol=1e-6,
+                                   rtol=0)
+    assert {(r["dp_rank"], r["tp_rank"]) for r in results} == {(0, 0), (0, 1), (1, 0), (1, 1)}
