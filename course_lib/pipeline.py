@@ -60,6 +60,47 @@ def peak_live_activations(schedule) -> int:
     return peak
 
 
+def simulate_schedule(stages: int, micro_batches: int, schedule: str = "1F1B",
+                      forward: float = 1.0, backward: float = 2.0) -> list[tuple]:
+    """A model (not a measurement) of a pipeline run: every forward takes ``forward`` time units,
+    every backward ``backward``, messages are free. A stage runs its schedule in order; an
+    action starts when the stage is free and its input is there (forward i on stage s needs
+    forward i on s - 1; backward i needs backward i on s + 1, or on the last stage its own
+    forward i). Returns Gantt spans (stage, start, duration, kind)."""
+    orders = [SCHEDULES[schedule](s, stages, micro_batches) for s in range(stages)]
+    done = {}  # (kind, stage, micro-batch) -> finish time
+    free = [0.0] * stages
+    position = [0] * stages
+    spans = []
+    while any(position[s] < len(orders[s]) for s in range(stages)):
+        progressed = False
+        for s in range(stages):
+            if position[s] == len(orders[s]):
+                continue
+            kind, i = orders[s][position[s]]
+            if kind == "forward":
+                needs = ("forward", s - 1, i) if s > 0 else None
+            else:
+                needs = ("backward", s + 1, i) if s < stages - 1 else ("forward", s, i)
+            if needs is not None and needs not in done:
+                continue  # its input is not there yet
+            start = max(free[s], done.get(needs, 0.0))
+            duration = forward if kind == "forward" else backward
+            done[(kind, s, i)] = free[s] = start + duration
+            spans.append((s, start, duration, kind))
+            position[s] += 1
+            progressed = True
+        if not progressed:  # pragma: no cover - a schedule that waits for itself
+            raise RuntimeError(f"{schedule} deadlocks with p={stages}, m={micro_batches}")
+    return spans
+
+
+def simulated_bubble(spans, stages: int) -> float:
+    """Idle fraction of simulated spans: 1 - busy / (stages x makespan)."""
+    makespan = max(start + duration for _, start, duration, _ in spans)
+    return 1.0 - sum(duration for _, _, duration, _ in spans) / (stages * makespan)
+
+
 # -- a model cut into stages ----------------------------------------------------------------------
 
 

@@ -117,3 +117,11 @@ def test_torch_pipelining_gives_the_same_losses_and_gradients_as_the_hand_writte
     for a, b in zip(ours[0]["grads"] + ours[1]["grads"], theirs[0]["grads"] + theirs[1]["grads"],
                     strict=True):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
+@pytest.mark.parametrize("p, m", [(2, 1), (2, 4), (4, 8), (4, 4), (3, 7)])
+def test_simulated_schedules_have_exactly_the_formulas_bubble(schedule, p, m):
+    spans = pp.simulate_schedule(p, m, schedule, forward=1.0, backward=2.0)
+    assert len(spans) == 2 * p * m
+    assert pp.simulated_bubble(spans, p) == pytest.approx(pp.bubble_fraction(p, m))
