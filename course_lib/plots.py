@@ -221,10 +221,12 @@ GANTT_COLORS = {"compute": "#1f77b4", "forward": "#1f77b4", "backward": "#2ca02c
 def plot_gantt(spans, *, title: str = "Timeline", worker_label: str = "worker",
                unit: str = "ms"):
     """A timeline: one row per worker, one bar per (worker, start, duration, kind) span, a
-    colour per kind — the lectures' pictures of who computes, talks or waits when."""
+    colour per kind — the lectures' pictures of who computes, talks or waits when. Times are
+    seconds shown in ``unit`` ("s" or "ms"); any other unit (e.g. "forward steps") labels
+    times given in that unit as they are."""
     if not spans:
         raise ValueError("spans is empty: pass (worker, start, duration, kind) tuples")
-    scale = {"s": 1.0, "ms": 1e3}[unit]
+    scale = {"s": 1.0, "ms": 1e3}.get(unit, 1.0)
     workers = sorted({s[0] for s in spans})
     kinds = list(dict.fromkeys(s[3] for s in spans))
     palette = STYLE["axes.prop_cycle"].by_key()["color"]

@@ -135,3 +135,9 @@ def test_every_figure_of_a_notebook_is_shown(tmp_path):
 def test_plot_convergence_without_times_has_one_panel_with_its_own_x_label():
     fig = plots.plot_convergence({"a": {"step": [1, 2], "loss": [1.0, 0.5]}}, step_label="epoch")
     assert len(fig.axes) == 1 and fig.axes[0].get_xlabel() == "epoch"
+
+
+def test_plot_gantt_can_label_model_time_units():
+    ax = plots.plot_gantt([(0, 0.0, 1.0, "forward")], unit="forward steps").axes[0]
+    assert ax.get_xlabel() == "time (forward steps)"
+    assert ax.patches[0].get_width() == 1.0  # not rescaled
