@@ -249,10 +249,17 @@ def measured_bubble(results) -> float:
 
 
 def pipeline_spans(results) -> list[tuple]:
-    """(stage, start, duration, kind) spans for ``plots.plot_gantt``, relative to the start."""
+    """(stage, start, duration, kind) spans for ``plots.plot_gantt``, relative to the pipeline's
+    first computation: forward, backward, and "idle" while a stage waits for a message (waits
+    before the pipeline started are cut off)."""
     t0 = min(start for r in results for kind, _, start, _ in r["timeline"] if kind != "idle")
-    return [(r["stage"], start - t0, end - start, kind)
-            for r in results for kind, _, start, end in r["timeline"] if kind != "idle"]
+    spans = []
+    for r in results:
+        for kind, _, start, end in r["timeline"]:
+            start = max(start, t0)
+            if end > start:
+                spans.append((r["stage"], start - t0, end - start, kind))
+    return spans
 
 
 def run_torch_pipeline(pieces, x, y, micro_batches: int, schedule: str = "1F1B") -> dict:

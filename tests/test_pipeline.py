@@ -81,7 +81,10 @@ def test_measured_bubble_and_spans_from_a_timeline():
                                          ("backward", 0, 2.0, 3.0)]}]
     # rank 1's wait before the pipeline started (from -5) is not bubble
     assert pp.measured_bubble(results) == pytest.approx(1 - 4 / 8)
-    assert pp.pipeline_spans(results)[0] == (0, 0.0, 1.0, "forward")
+    spans = pp.pipeline_spans(results)
+    assert spans[0] == (0, 0.0, 1.0, "forward")
+    assert (0, 1.0, 2.0, "idle") in spans
+    assert (1, 0.0, 1.0, "idle") in spans  # the wait from -5 is cut at the pipeline's start
 
 
 def test_wrong_number_of_pieces_and_unknown_schedule(batch):
