@@ -130,11 +130,16 @@ def finite_difference_gradient(f, x, eps: float = 1e-6):
 # -- section 4: a network, keeping each layer's input for the backward pass -----------------------
 
 
+def _uniform(shape, fan_in, generator, dtype):
+    """PyTorch's default initialisation: uniform on [-1/sqrt(fan_in), 1/sqrt(fan_in)]."""
+    bound = 1.0 / fan_in**0.5
+    return (torch.rand(shape, generator=generator, dtype=dtype) * 2 - 1) * bound
+
+
 class Linear:
     def __init__(self, d_in, d_out, generator=None, dtype=torch.float64):
-        bound = 1.0 / d_in**0.5  # PyTorch's default uniform initialisation
-        self.W = (torch.rand(d_out, d_in, generator=generator, dtype=dtype) * 2 - 1) * bound
-        self.b = (torch.rand(d_out, generator=generator, dtype=dtype) * 2 - 1) * bound
+        self.W = _uniform((d_out, d_in), d_in, generator, dtype)
+        self.b = _uniform((d_out,), d_in, generator, dtype)
 
     def forward(self, X):
         self.X = X  # kept for the backward pass
@@ -154,10 +159,9 @@ class Linear:
 class Conv2d:
     def __init__(self, c_in, c_out, kernel, stride=1, padding=0, generator=None,
                  dtype=torch.float64):
-        bound = 1.0 / (c_in * kernel * kernel) ** 0.5
-        shape = (c_out, c_in, kernel, kernel)
-        self.K = (torch.rand(shape, generator=generator, dtype=dtype) * 2 - 1) * bound
-        self.b = (torch.rand(c_out, generator=generator, dtype=dtype) * 2 - 1) * bound
+        fan_in = c_in * kernel * kernel
+        self.K = _uniform((c_out, c_in, kernel, kernel), fan_in, generator, dtype)
+        self.b = _uniform((c_out,), fan_in, generator, dtype)
         self.stride, self.padding = stride, padding
 
     def forward(self, X):
