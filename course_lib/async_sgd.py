@@ -15,8 +15,9 @@ One protocol serves every mode; only the server's rule for "when may a worker go
 * ``"ssp"``   — stale-synchronous parallel (Ho et al. 2013): like async, but a worker that has
   pushed more than ``bound`` gradients more than the slowest worker waits for it.
 
-Rank 0 is the server; ranks 1..m are the workers (worker k = rank k). :func:`simulate_parameter_server`
-replays the same server logic with simulated compute times, in one process, for sweeps.
+Rank 0 is the server; ranks 1..m are the workers (worker k = rank k).
+:func:`simulate_parameter_server` replays the same server logic with simulated compute times, in
+one process, for sweeps.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def batch_rows(shard: torch.Tensor, batch: int, seed: int, worker: int, step: in
     return shard[torch.randperm(len(shard), generator=g)[:batch]]
 
 
-# -- the server's learning rate ---------------------------------------------------------------------
+# -- the server's learning rate --------------------------------------------------------------------
 
 
 def fixed_lr(alpha: float, staleness: int) -> float:
@@ -145,7 +146,7 @@ class ServerState:
         return released
 
 
-# -- the real thing: rank 0 serves, ranks 1..m work -------------------------------------------------
+# -- the real thing: rank 0 serves, ranks 1..m work ------------------------------------------------
 
 
 def parameter_server(problem: ERMProblem, *, mode: str = "async", bound: int | None = None,
@@ -207,7 +208,7 @@ def parameter_server(problem: ERMProblem, *, mode: str = "async", bound: int | N
     return dict(spans=spans, steps=step)
 
 
-# -- the simulator ----------------------------------------------------------------------------------
+# -- the simulator ---------------------------------------------------------------------------------
 
 
 def simulate_parameter_server(problem: ERMProblem, workers: int, *, mode: str = "async",
@@ -252,7 +253,7 @@ def simulate_parameter_server(problem: ERMProblem, workers: int, *, mode: str = 
     return state.log | dict(spans=spans)
 
 
-# -- reading a run ----------------------------------------------------------------------------------
+# -- reading a run ---------------------------------------------------------------------------------
 
 
 def server_log(results) -> dict:
