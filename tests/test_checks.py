@@ -49,3 +49,16 @@ def test_check_gradient_names_missing_return_shape_and_worst_entry():
         check_gradient("dK", wrong, g)
     with pytest.raises(ExerciseFailed):
         check_gradient("dK", g * float("nan"), g)
+
+
+def test_check_staleness_aware_lr_accepts_alpha_over_tau_and_names_mistakes():
+    from course_lib.async_sgd import staleness_aware_lr
+    from course_lib.checks import check_staleness_aware_lr
+
+    assert check_staleness_aware_lr(staleness_aware_lr).startswith("correct")
+    with pytest.raises(ExerciseFailed, match="divides by zero"):
+        check_staleness_aware_lr(lambda alpha, tau: alpha / tau)
+    with pytest.raises(ExerciseFailed, match=r"rule\(0.1, 1\) = 0.05 but should be 0.1"):
+        check_staleness_aware_lr(lambda alpha, tau: alpha / (tau + 1))
+    with pytest.raises(ExerciseFailed, match="return a number"):
+        check_staleness_aware_lr(lambda alpha, tau: None)
