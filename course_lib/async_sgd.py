@@ -267,6 +267,19 @@ def losses(problem: ERMProblem, log) -> list[float]:
     return [problem.loss(w) for w in log["iterates"]]
 
 
+def convergence(problem: ERMProblem, log, best: float = 0.0) -> dict:
+    """A run as ``plot_convergence`` takes it: objective minus ``best`` against gradients applied
+    ("step") and against seconds ("time")."""
+    return dict(step=log["iterate_gradients"], time=log["iterate_times"],
+                loss=[loss - best for loss in losses(problem, log)])
+
+
+def spans_until(log, seconds: float) -> list[tuple]:
+    """The timeline spans of a run that start in its first ``seconds``, cut at ``seconds``."""
+    return [(k, start, min(duration, seconds - start), kind)
+            for k, start, duration, kind in log["spans"] if start < seconds]
+
+
 def staleness_counts(log, largest: int | None = None) -> torch.Tensor:
     """How many applied gradients had staleness 0, 1, 2, ... (up to ``largest``)."""
     tau = torch.tensor(log["staleness"], dtype=torch.long)

@@ -215,7 +215,7 @@ def plot_times(timings: Mapping[str, Timing], *, title: str = "Wall time",
 
 GANTT_COLORS = {"compute": "#1f77b4", "forward": "#1f77b4", "backward": "#2ca02c",
                 "communicate / wait": "#ff7f0e", "idle (waiting for the straggler)": "0.85",
-                "idle": "0.85"}
+                "idle": "0.85", "wait for the server": "0.85"}
 
 
 def plot_gantt(spans, *, title: str = "Timeline", worker_label: str = "worker",

@@ -146,3 +146,16 @@ def test_staleness_counts_histogram():
     counts = a.staleness_counts({"staleness": [0, 1, 1, 3, 9]}, largest=4)
     assert counts.tolist() == [1, 2, 0, 1, 1]
     assert a.staleness_counts({"staleness": [2, 2]}).tolist() == [0, 0, 2]
+
+
+def test_convergence_and_spans_until_read_a_run(problem):
+    log = a.simulate_parameter_server(problem, 2, gradients=6, compute_seconds=0.01,
+                                      slowdown={2: 2.0})
+    run = a.convergence(problem, log, best=0.1)
+    assert run["step"] == list(range(7)) and len(run["time"]) == 7
+    start = problem.loss(torch.zeros(problem.d, dtype=torch.float64))
+    assert run["loss"][0] == pytest.approx(start - 0.1)
+    cut = a.spans_until(log, 0.015)
+    assert cut and all(start < 0.015 and start + length <= 0.015 + 1e-12
+                       for _, start, length, _ in cut)
+    assert (2, 0.0, 0.015, "compute") in cut  # worker 2's first gradient, cut at 15 ms
