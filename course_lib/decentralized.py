@@ -101,14 +101,15 @@ def gossip_average(x: torch.Tensor, graph: dict, W: torch.Tensor) -> torch.Tenso
 
 def decentralized_sgd(problem: ERMProblem, graph: dict, *, steps: int, lr: float,
                       batch: int | None = None, rule: str = "metropolis", x0=None,
-                      seed: int = 0) -> dict:
+                      shards=None, seed: int = 0) -> dict:
     """Run on every rank (through ``launch``): node i = rank i of a graph with world_size nodes.
 
     Each step, node i averages with its neighbours and steps along its own gradient at its
     current parameters (Lian et al.'s D-PSGD; the note's problem):
     x_i <- sum_j W[i, j] x_j - lr g_i(x_i). ``batch=None`` uses node i's whole shard (gradient
     descent), else a mini-batch; ``lr=0`` is pure gossip. ``x0`` is a (nodes x d) tensor of
-    starting points (default zeros). Returns node i's iterates and the time of each step.
+    starting points (default zeros); ``shards`` the rows each node holds (default: shuffled,
+    near-equal shards). Returns node i's iterates and the time of each step.
     """
     torch.set_num_threads(1)
     i, n = dist.get_rank(), dist.get_world_size()
@@ -116,7 +117,7 @@ def decentralized_sgd(problem: ERMProblem, graph: dict, *, steps: int, lr: float
         raise ValueError(f"the graph has {len(graph)} nodes but {n} ranks were launched: "
                          f"launch with world_size={len(graph)}")
     W = mixing_matrix(graph, rule)
-    shard = shard_rows(problem.n, n, seed)[i]
+    shard = (shard_rows(problem.n, n, seed) if shards is None else shards)[i]
     x = (torch.zeros(problem.d, dtype=problem.X.dtype) if x0 is None else x0[i].clone())
     iterates, times = [x.clone()], []
     dist.barrier()
@@ -132,12 +133,12 @@ def decentralized_sgd(problem: ERMProblem, graph: dict, *, steps: int, lr: float
 
 def simulate_decentralized(problem: ERMProblem, graph: dict, *, steps: int, lr: float,
                            batch: int | None = None, rule: str = "metropolis", x0=None,
-                           seed: int = 0) -> torch.Tensor:
+                           shards=None, seed: int = 0) -> torch.Tensor:
     """The same algorithm on one process (a simulator, for checks and sweeps): the iterates as a
     (steps + 1) x nodes x d tensor."""
     n = len(graph)
     W = mixing_matrix(graph, rule)
-    shards = shard_rows(problem.n, n, seed)
+    shards = shard_rows(problem.n, n, seed) if shards is None else shards
     x = (torch.zeros(n, problem.d, dtype=problem.X.dtype) if x0 is None else x0.clone())
     history = [x.clone()]
     for step in range(steps):

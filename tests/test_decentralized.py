@@ -125,3 +125,16 @@ def test_local_sgd_with_more_local_steps_needs_fewer_rounds(problem):
                      kwargs=dict(local_steps=8, rounds=5, lr=0.1, batch=8))
     h1 = async_sgd.sequential_sgd(problem, async_sgd.shard_rows(problem.n, 2), 8, 0.1, 5)
     assert problem.loss(results[0]["averaged"][-1]) < problem.loss(h1[-1])
+
+
+def test_explicit_shards_are_the_rows_each_node_holds(problem):
+    from course_lib.erm_simulators import local_gradient
+
+    shards = [torch.arange(0, 50), torch.arange(50, 442)]
+    graph = {0: [1], 1: [0]}
+    x0 = _start(2, problem.d)
+    x = dec.simulate_decentralized(problem, graph, steps=1, lr=0.1, x0=x0, shards=shards)
+    W = dec.mixing_matrix(graph)
+    for i in range(2):
+        want = W[i] @ x0 - 0.1 * local_gradient(problem, shards[i], x0[i])
+        torch.testing.assert_close(x[1][i], want)
