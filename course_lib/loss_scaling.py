@@ -1,0 +1,81 @@
+"""Loss scaling, written by hand: keep small fp16 gradients from flushing to zero.
+
+Micikevicius et al. 2018 (mixed precision training): multiply the loss by S before the backward
+pass, so every gradient is S times larger while it flows through fp16; divide the weight
+gradients by S (in fp32) before the update. A **static** scaler keeps S fixed; a **dynamic** one
+starts high, halves S and skips the step when a gradient overflows to inf/NaN, and doubles S
+after a run of clean steps. The rules below are ``torch.amp.GradScaler``'s (defaults: S = 2^16,
+growth x2 every 2000 clean steps, back-off x0.5), so the two can be compared step for step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def update_scale(scale: float, growth_tracker: int, found_inf: bool, *,
+                 growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000) -> tuple[float, int]:
+    """The dynamic rule: returns the new (scale, growth_tracker).
+
+    An inf/NaN: back off (scale x backoff_factor) and start counting again. A clean step: count
+    it; after ``growth_interval`` clean steps in a row, grow (scale x growth_factor)."""
+    if found_inf:
+        return scale * backoff_factor, 0
+    if growth_tracker + 1 == growth_interval:
+        return scale * growth_factor, 0
+    return scale, growth_tracker + 1
+
+
+class LossScaler:
+    """Loss scaling around any optimiser, in three calls per step::
+
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)   # unscales the gradients, skips the step on inf/NaN
+        scaler.update()          # dynamic: back off or grow; static: keep the scale
+
+    ``history`` records, per step, the scale used, whether an inf/NaN was found and whether
+    the optimiser stepped.
+    """
+
+    def __init__(self, init_scale: float = 2.0 ** 16, *, dynamic: bool = True,
+                 growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        if init_scale <= 0:
+            raise ValueError(f"init_scale must be positive, got {init_scale}")
+        self.scale_value, self.dynamic = float(init_scale), dynamic
+        self.rule = dict(growth_factor=growth_factor, backoff_factor=backoff_factor,
+                         growth_interval=growth_interval)
+        self.growth_tracker = 0
+        self.found_inf = False
+        self.history: list[dict] = []
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss times S: its backward pass makes every gradient S times larger."""
+        return loss * self.scale_value
+
+    def unscale_(self, optimizer) -> bool:
+        """Divide every gradient by S in place; return whether any is inf or NaN."""
+        inverse = 1.0 / self.scale_value  # S is a power of two: dividing by it is exact
+        self.found_inf = False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.mul_(inverse)
+                    self.found_inf |= not torch.isfinite(p.grad).all().item()
+        return self.found_inf
+
+    def step(self, optimizer) -> bool:
+        """Unscale, then step unless a gradient overflowed. Returns whether it stepped."""
+        stepped = not self.unscale_(optimizer)
+        if stepped:
+            optimizer.step()
+        self.history.append(dict(scale=self.scale_value, found_inf=self.found_inf,
+                                 stepped=stepped))
+        return stepped
+
+    def update(self) -> None:
+        """Dynamic scaling: the new scale for the next step."""
+        if self.dynamic:
+            self.scale_value, self.growth_tracker = update_scale(
+                self.scale_value, self.growth_tracker, self.found_inf, **self.rule)

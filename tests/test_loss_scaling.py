@@ -1,0 +1,76 @@
+"""Loss scaling by hand against torch.amp.GradScaler (course_lib.loss_scaling)."""
+
+import pytest
+import torch
+
+from course_lib.loss_scaling import LossScaler, update_scale
+
+
+def test_update_scale_backs_off_on_inf_and_grows_after_the_interval():
+    assert update_scale(1024.0, 5, True) == (512.0, 0)
+    assert update_scale(1024.0, 0, False, growth_interval=3) == (1024.0, 1)
+    assert update_scale(1024.0, 2, False, growth_interval=3) == (2048.0, 0)
+    assert update_scale(8.0, 0, True, backoff_factor=0.25) == (2.0, 0)
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+@pytest.mark.parametrize("infs_at", [(), (1, 4, 5, 9)])
+def test_hand_written_scaler_matches_grad_scaler_step_for_step(infs_at):
+    ours_model, torch_model = _model(), _model()
+    ours_opt = torch.optim.SGD(ours_model.parameters(), lr=0.1)
+    torch_opt = torch.optim.SGD(torch_model.parameters(), lr=0.1)
+    rule = dict(growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
+    ours = LossScaler(2.0 ** 10, **rule)
+    theirs = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10, **rule)
+    g = torch.Generator().manual_seed(1)
+    scales = []
+    for step in range(12):
+        x, y = torch.randn(32, 8, generator=g), torch.randint(3, (32,), generator=g)
+        for model, opt, scaler in ((ours_model, ours_opt, ours), (torch_model, torch_opt, theirs)):
+            opt.zero_grad()
+            scaler.scale(torch.nn.functional.cross_entropy(model(x), y)).backward()
+            if step in infs_at:  # an overflow in one gradient, as fp16 would produce
+                model[0].weight.grad[0, 0] = float("inf")
+            scaler.step(opt)
+            scaler.update()
+        assert ours.scale_value == theirs.get_scale(), f"step {step}"
+        scales.append(ours.scale_value)
+        for a, b in zip(ours_model.parameters(), torch_model.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert [h["stepped"] for h in ours.history] == [s not in infs_at for s in range(12)]
+    if infs_at:  # back-off at every inf, growth after three clean steps
+        assert scales[:9] == [1024.0, 512.0, 512.0, 512.0, 256.0, 128.0, 128.0, 128.0, 256.0]
+
+
+def test_static_scaler_keeps_its_scale_and_still_skips_an_overflowing_step():
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = LossScaler(128.0, dynamic=False)
+    before = [p.detach().clone() for p in model.parameters()]
+    scaler.scale(model(torch.ones(2, 8)).sum()).backward()
+    model[2].bias.grad[0] = float("nan")
+    assert scaler.step(opt) is False
+    scaler.update()
+    assert scaler.scale_value == 128.0
+    for a, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_unscale_divides_the_gradients_by_the_scale():
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+    model(x).sum().backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    opt.zero_grad()
+    scaler = LossScaler(2.0 ** 12)
+    scaler.scale(model(x).sum()).backward()
+    assert scaler.unscale_(opt) is False
+    for p, g in zip(model.parameters(), plain, strict=True):
+        torch.testing.assert_close(p.grad, g)
+    with pytest.raises(ValueError, match="positive"):
+        LossScaler(0.0)
