@@ -1,0 +1,117 @@
+"""Low-precision communication and compute: fewer bits per number sent or multiplied.
+
+The course article: FP16 and FP8 to cut communication; lower precision (INT8, INT4) as a trend.
+Two pieces, both with a per-tensor scale so that the format's range is used well:
+
+* an **int8 quantised all-reduce**: every rank rounds its tensor to 255 levels of a scale all
+  ranks share, exchanges the int8 codes (1 byte a number instead of 4) and adds them up. With
+  **stochastic rounding** the rounding error is unbiased: it averages out over steps instead of
+  piling up in one direction;
+* **fp8** (e4m3 and e5m2) casts of a matrix product's inputs, as fp8 training does.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from course_lib.collectives import bytes_formula
+
+INT8_LEVELS = 127  # codes -127..127: symmetric, so 0 is exact
+METHODS = ("fp32", "bf16", "fp16", "int8 stochastic", "int8 nearest")
+
+
+def stochastic_round(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Round down or up at random, up with probability equal to the fraction: floor(x + u),
+    u uniform in [0, 1). Unbiased (E[round(x)] = x) and off by less than 1."""
+    u = torch.rand(x.shape, generator=generator, dtype=x.dtype, device=x.device)
+    return torch.floor(x + u)
+
+
+def quantize(x: torch.Tensor, scale: float, *, stochastic: bool = True,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+    """int8 codes q with q * scale ~ x (|x| <= 127 scale for every entry)."""
+    levels = x / scale
+    rounded = stochastic_round(levels, generator) if stochastic else torch.round(levels)
+    return rounded.clamp(-INT8_LEVELS, INT8_LEVELS).to(torch.int8)
+
+
+def error_bound(world_size: int, scale: float, stochastic: bool = True) -> float:
+    """The largest possible error of one entry of the quantised sum: each of the p ranks' codes is
+    off by less than one level (stochastic) or half a level (nearest), a level being ``scale``."""
+    return world_size * scale * (1.0 if stochastic else 0.5)
+
+
+def shared_scale(x: torch.Tensor) -> float:
+    """Run on every rank: the scale all ranks use, max over ranks of max |x| / 127."""
+    amax = x.abs().max().reshape(1).double()
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX)
+    return amax.item() / INT8_LEVELS
+
+
+def quantized_all_reduce(x: torch.Tensor, *, stochastic: bool = True, seed: int = 0) -> dict:
+    """Run on every rank: the sum over ranks of ``x``, sent as int8 codes.
+
+    Each rank quantises with the shared scale (stochastic rounding seeded by seed and rank), the
+    ranks all-gather their codes and every rank adds them in int32. Returns the ``sum``, the
+    ``scale``, the ``bound`` of :func:`error_bound` and the ``bytes_sent`` by this rank: its n
+    codes to each of the p - 1 others (the ring all-reduce of fp32 sends 2 (p-1)/p 4n)."""
+    p = dist.get_world_size()
+    scale = shared_scale(x)
+    if scale == 0.0:  # every rank holds zeros
+        return dict(sum=torch.zeros_like(x), scale=0.0, bound=0.0, bytes_sent=0)
+    generator = torch.Generator().manual_seed(seed * 1009 + dist.get_rank())
+    codes = quantize(x.double(), scale, stochastic=stochastic, generator=generator)
+    gathered = [torch.empty_like(codes) for _ in range(p)]
+    dist.all_gather(gathered, codes)
+    total = torch.stack(gathered).to(torch.int32).sum(dim=0)
+    return dict(sum=(total.double() * scale).to(x.dtype), scale=scale,
+                bound=error_bound(p, scale, stochastic), bytes_sent=codes.numel() * (p - 1))
+
+
+def simulate_quantized_sum(tensors, *, stochastic: bool = True, seed: int = 0) -> torch.Tensor:
+    """What :func:`quantized_all_reduce` computes, on one process from every rank's tensor."""
+    scale = max(t.abs().max().item() for t in tensors) / INT8_LEVELS
+    codes = [quantize(t.double(), scale, stochastic=stochastic,
+                      generator=torch.Generator().manual_seed(seed * 1009 + rank))
+             for rank, t in enumerate(tensors)]
+    return (torch.stack(codes).to(torch.int32).sum(dim=0).double() * scale).to(tensors[0].dtype)
+
+
+def compressed_all_reduce(x: torch.Tensor, method: str, seed: int = 0) -> dict:
+    """Run on every rank: sum ``x`` over ranks by one of ``METHODS``; returns the ``sum`` and the
+    ``bytes_sent`` by one rank (the ring formula for the fp all-reduces, counted for int8)."""
+    if method.startswith("int8"):
+        out = quantized_all_reduce(x, stochastic=method.endswith("stochastic"), seed=seed)
+        return dict(sum=out["sum"], bytes_sent=out["bytes_sent"])
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[method]
+    message = x.to(dtype, copy=True)  # never reduce into the caller's tensor
+    dist.all_reduce(message)
+    n_bytes = message.numel() * message.element_size()
+    return dict(sum=message.to(x.dtype),
+                bytes_sent=bytes_formula("efficient ring", n_bytes, dist.get_world_size()))
+
+
+# -- fp8 ------------------------------------------------------------------------------------------
+
+
+def to_fp8(x: torch.Tensor, dtype, scaled: bool = True) -> tuple[torch.Tensor, float]:
+    """Cast to an fp8 format; with ``scaled``, first multiply by max(format) / max |x| so the
+    tensor's largest entry lands on the format's largest value. Returns (codes, scale)."""
+    scale = torch.finfo(dtype).max / x.abs().max().item() if scaled else 1.0
+    return (x * scale).to(dtype), scale
+
+
+def fp8_matmul(a: torch.Tensor, b: torch.Tensor, dtype, scaled: bool = True) -> torch.Tensor:
+    """a @ b with both inputs cast to fp8 (per-tensor scales), multiplied and accumulated in
+    fp32 and scaled back — what fp8 matrix units do."""
+    a8, sa = to_fp8(a, dtype, scaled)
+    b8, sb = to_fp8(b, dtype, scaled)
+    return (a8.float() @ b8.float()) / (sa * sb)
+
+
+def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
+    """||approx - exact|| / ||exact|| (Frobenius); inf when approx has infs or NaNs."""
+    if not torch.isfinite(approx).all():
+        return float("inf")
+    return ((approx.double() - exact.double()).norm() / exact.double().norm()).item()
