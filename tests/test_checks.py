@@ -62,3 +62,36 @@ def test_check_staleness_aware_lr_accepts_alpha_over_tau_and_names_mistakes():
         check_staleness_aware_lr(lambda alpha, tau: alpha / (tau + 1))
     with pytest.raises(ExerciseFailed, match="return a number"):
         check_staleness_aware_lr(lambda alpha, tau: None)
+
+
+def test_check_update_scale_accepts_the_rule_and_explains_a_missing_reset():
+    from course_lib.checks import check_update_scale
+    from course_lib.loss_scaling import update_scale
+
+    assert check_update_scale(update_scale).startswith("correct")
+
+    def no_reset(scale, tracker, found_inf, growth_factor, backoff_factor, growth_interval):
+        if found_inf:
+            return scale * backoff_factor, tracker  # forgets to restart the count
+        return update_scale(scale, tracker, False, growth_factor=growth_factor,
+                            backoff_factor=backoff_factor, growth_interval=growth_interval)
+
+    with pytest.raises(ExerciseFailed, match="tracker back to 0"):
+        check_update_scale(no_reset)
+    with pytest.raises(ExerciseFailed, match="return \\(scale, growth_tracker\\)"):
+        check_update_scale(lambda *args, **kwargs: 1.0)
+
+
+def test_check_stochastic_round_rejects_deterministic_and_biased_rounding():
+    from course_lib.checks import check_stochastic_round
+    from course_lib.quantization import stochastic_round
+
+    assert check_stochastic_round(stochastic_round).startswith("correct")
+    with pytest.raises(ExerciseFailed, match="deterministic"):
+        check_stochastic_round(lambda x, g: torch.round(x))
+    with pytest.raises(ExerciseFailed, match="biased"):
+        check_stochastic_round(lambda x, g: torch.floor(x + 0.5 * torch.rand(x.shape,
+                                                                            generator=g,
+                                                                            dtype=x.dtype)))
+    with pytest.raises(ExerciseFailed, match="same shape"):
+        check_stochastic_round(lambda x, g: None)

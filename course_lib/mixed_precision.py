@@ -1,0 +1,124 @@
+"""Mixed-precision training with ``torch.amp``: fp32, bf16 and fp16 (with loss scaling).
+
+The course article: FP16 and FP8 to cut compute and communication. Micikevicius et al. 2018:
+keep fp32 **master weights**, run the matrix products in half precision, scale the loss so that
+small gradients survive fp16. ``torch.autocast`` does the middle part: inside it, matrix
+products run in the chosen half-precision type while the parameters stay fp32 and
+precision-sensitive operations (the loss, softmax) stay fp32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from course_lib.loss_scaling import LossScaler
+from course_lib.timing import Timing, measure
+
+PRECISIONS = ("fp32", "bf16", "fp16 + loss scaling", "fp16, no scaling")
+
+
+def digits_mlp(width: int = 128, depth: int = 2, seed: int = 0,
+               inputs: int = 64) -> torch.nn.Sequential:
+    """A fully-connected network for the 8x8 digits: ``depth`` hidden ReLU layers."""
+    torch.manual_seed(seed)
+    layers, size = [], inputs
+    for _ in range(depth):
+        layers += [torch.nn.Linear(size, width), torch.nn.ReLU()]
+        size = width
+    return torch.nn.Sequential(*layers, torch.nn.Linear(size, 10))
+
+
+def autocast(precision: str, device: str = "cpu"):
+    """The context a precision runs its forward pass in: none for fp32, autocast otherwise."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}: use one of {PRECISIONS}")
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+
+
+def train(split, precision: str, *, epochs: int = 3, lr: float = 0.1, batch: int = 64,
+          loss_factor: float = 1.0, init_scale: float = 2.0 ** 16, seed: int = 0,
+          device: str = "cpu", model_fn=digits_mlp) -> dict:
+    """Mini-batch SGD on ``split`` (train/test tensors) in one precision.
+
+    The loss is multiplied by ``loss_factor`` and the learning rate divided by it: in exact
+    arithmetic that changes nothing, in fp16 a small factor makes gradients underflow (a case
+    built to fail without loss scaling). "fp16 + loss scaling" uses :class:`LossScaler`.
+    Returns the training ``loss`` per step (unscaled), the ``scale`` per step, the
+    ``skipped`` steps and the test ``accuracy``.
+    """
+    model = model_fn(seed=seed).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=lr / loss_factor)
+    scaler = LossScaler(init_scale) if precision == "fp16 + loss scaling" else None
+    x, y = split.x_train.to(device), split.y_train.to(device)
+    g = torch.Generator().manual_seed(seed)
+    log = dict(loss=[], scale=[], skipped=0)
+    for _ in range(epochs):
+        for rows in torch.randperm(len(x), generator=g).split(batch):
+            if len(rows) < batch:
+                continue  # drop the short last batch: a step on 3 samples can undo an epoch
+            opt.zero_grad()
+            with autocast(precision, device):
+                loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows]) * loss_factor
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                log["skipped"] += not scaler.step(opt)
+                log["scale"].append(scaler.scale_value)
+                scaler.update()
+            log["loss"].append(loss.item() / loss_factor)
+    with torch.no_grad(), autocast(precision, device):
+        predicted = model(split.x_test.to(device)).argmax(dim=1).cpu()
+    log["accuracy"] = (predicted == split.y_test).double().mean().item()
+    return log
+
+
+def gradient_values(model, x, y) -> dict:
+    """The gradients of one batch, as fp32 vectors: of the ``weights`` (what the optimiser
+    receives) and of the ``activations`` (what flows backwards through every layer)."""
+    activations = []
+
+    def keep_gradient(module, inputs, output):  # a forward hook must return None
+        output.register_hook(activations.append)
+
+    hooks = [m.register_forward_hook(keep_gradient) for m in model
+             if isinstance(m, torch.nn.ReLU)]
+    try:
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return dict(weights=torch.cat([p.grad.flatten() for p in model.parameters()]),
+                activations=torch.cat([a.flatten() for a in activations]))
+
+
+def time_training_step(precision: str, *, device: str = "cpu", width: int = 1024,
+                       depth: int = 4, batch: int = 256, repeats: int = 5,
+                       warmup: int = 2) -> Timing:
+    """Time one forward-backward-update step of a matrix-product-heavy MLP in a precision."""
+    model = digits_mlp(width=width, depth=depth, inputs=width).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(batch, width, device=device)
+    y = torch.randint(10, (batch,), device=device)
+    scaler = LossScaler() if precision.startswith("fp16 +") else None
+
+    def step():
+        opt.zero_grad()
+        with autocast(precision, device):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+    return measure(step, repeats=repeats, warmup=warmup, device=device)
