@@ -45,7 +45,7 @@ def test_a_tiny_loss_underflows_in_fp16_without_loss_scaling(digits):
     scaled = mp.train(digits, "fp16 + loss scaling", epochs=2, loss_factor=tiny)
     assert fp32["accuracy"] == pytest.approx(mp.train(digits, "fp32", epochs=2)["accuracy"],
                                              abs=0.01)
-    assert unscaled["accuracy"] < 0.5 < fp32["accuracy"] - 0.3
+    assert unscaled["accuracy"] < fp32["accuracy"] - 0.3
     assert scaled["accuracy"] == pytest.approx(fp32["accuracy"], abs=0.03)
 
 
