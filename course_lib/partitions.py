@@ -1,0 +1,184 @@
+"""Partitions of a labelled dataset over federated clients: IID and the usual non-IID schemes.
+
+Slides "Parallel computing for machine learning", part 4: in federated learning the data are
+not IID and their amounts are severely imbalanced. The schemes are the published ones (see the
+course's reference numbers): label shards (McMahan et al. 2017), k classes per client, Dirichlet
+in both conventions (per class, as NIID-Bench and Flower; per client, as Hsu et al. 2019), and
+quantity skew. Every function returns one tensor of row indices per client; the clients are
+disjoint, cover every row, and the same seed gives the same partition.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class PartitionError(ValueError):
+    """A partition cannot be drawn with these settings; the message says what to change."""
+
+
+def _rng(seed):
+    return np.random.default_rng(seed)
+
+
+def _as_tensors(parts):
+    return [torch.as_tensor(np.sort(np.asarray(p, dtype=np.int64))) for p in parts]
+
+
+def _check(labels, clients):
+    labels = np.asarray(labels)
+    if not isinstance(clients, int) or not 1 <= clients <= len(labels):
+        raise PartitionError(f"clients must be an int between 1 and {len(labels)} (the number "
+                             f"of rows), got {clients!r}")
+    return labels
+
+
+def iid(labels, clients: int, seed: int = 0) -> list[torch.Tensor]:
+    """Shuffle and deal out: every client gets the same label mix, sizes differ by at most 1."""
+    labels = _check(labels, clients)
+    return _as_tensors(np.array_split(_rng(seed).permutation(len(labels)), clients))
+
+
+def label_shards(labels, clients: int, shards_per_client: int = 2,
+                 seed: int = 0) -> list[torch.Tensor]:
+    """McMahan et al.'s pathological non-IID split: sort by label, cut into
+    clients x shards_per_client shards, deal each client that many random shards.
+
+    Each class is cut on its own (its share of the shards, by its size), so no shard straddles
+    two labels and a client with two shards holds at most two labels."""
+    labels = _check(labels, clients)
+    rng = _rng(seed)
+    classes, counts = np.unique(labels, return_counts=True)
+    total = clients * shards_per_client
+    if total < len(classes):
+        raise PartitionError(f"{total} shards cannot cover {len(classes)} classes without mixing "
+                             f"labels: use more clients or shards_per_client")
+    # shards per class, proportional to its size, at least one each (largest remainders)
+    exact = counts / counts.sum() * total
+    per_class = np.maximum(1, np.floor(exact).astype(int))
+    while per_class.sum() < total:
+        per_class[np.argmax(exact - per_class)] += 1
+    while per_class.sum() > total:
+        per_class[np.argmax(np.where(per_class > 1, per_class - exact, -np.inf))] -= 1
+    shards = []
+    for c, k in zip(classes, per_class, strict=True):
+        rows = rng.permutation(np.flatnonzero(labels == c))
+        shards += np.array_split(rows, k)
+    order = rng.permutation(len(shards))
+    return _as_tensors([np.concatenate([shards[s] for s in order[i::clients]])
+                        for i in range(clients)])
+
+
+def k_classes(labels, clients: int, k: int, seed: int = 0) -> list[torch.Tensor]:
+    """Each client holds exactly k classes (classes dealt round-robin so every class has owners);
+    each class is split evenly among the clients that hold it."""
+    labels = _check(labels, clients)
+    rng = _rng(seed)
+    classes = np.unique(labels)
+    if not 1 <= k <= len(classes):
+        raise PartitionError(f"k must be between 1 and {len(classes)} classes, got {k}")
+    if clients * k < len(classes):
+        raise PartitionError(f"{clients} clients with {k} classes each leave some of the "
+                             f"{len(classes)} classes without an owner: raise clients or k")
+    owners = {c: [] for c in classes}
+    start = rng.permutation(len(classes))
+    for i in range(clients):
+        for j in range(k):
+            owners[classes[start[(i * k + j) % len(classes)]]].append(i)
+    parts = [[] for _ in range(clients)]
+    for c, holders in owners.items():
+        rows = rng.permutation(np.flatnonzero(labels == c))
+        for holder, piece in zip(holders, np.array_split(rows, len(holders)), strict=True):
+            parts[holder].append(piece)
+    return _as_tensors([np.concatenate(p) for p in parts])
+
+
+def dirichlet_per_class(labels, clients: int, alpha: float, min_size: int = 10,
+                        seed: int = 0, retries: int = 100) -> list[torch.Tensor]:
+    """Split every class over the clients with proportions drawn from Dir(alpha) (NIID-Bench,
+    Flower's DirichletPartitioner). Sizes vary; draws are repeated until every client has at
+    least ``min_size`` rows, and after ``retries`` failures a PartitionError says what to change.
+    Small alpha: each class lives on few clients."""
+    labels = _check(labels, clients)
+    if alpha <= 0:
+        raise PartitionError(f"alpha must be positive, got {alpha}")
+    if min_size * clients > len(labels):
+        raise PartitionError(f"{clients} clients x min_size {min_size} exceeds the "
+                             f"{len(labels)} rows")
+    rng = _rng(seed)
+    for _ in range(retries):
+        parts = [[] for _ in range(clients)]
+        for c in np.unique(labels):
+            rows = rng.permutation(np.flatnonzero(labels == c))
+            cuts = (np.cumsum(rng.dirichlet(np.full(clients, alpha))) * len(rows)).astype(int)
+            for i, piece in enumerate(np.split(rows, cuts[:-1])):
+                parts[i].append(piece)
+        parts = [np.concatenate(p) for p in parts]
+        if min(len(p) for p in parts) >= min_size:
+            return _as_tensors(parts)
+    raise PartitionError(f"after {retries} draws some client still had fewer than {min_size} "
+                         f"rows (alpha = {alpha}, {clients} clients): raise alpha, lower "
+                         f"min_size or use fewer clients")
+
+
+def dirichlet_per_client(labels, clients: int, alpha: float,
+                         seed: int = 0) -> list[torch.Tensor]:
+    """Each client's class mix drawn from Dir(alpha p), p the global class distribution (Hsu et
+    al. 2019), with fixed sizes (n / clients). Clients draw their rows in turn from what is left;
+    when a class runs out its share goes to the classes still available, so the last clients'
+    mixes can differ from their draw."""
+    labels = _check(labels, clients)
+    if alpha <= 0:
+        raise PartitionError(f"alpha must be positive, got {alpha}")
+    rng = _rng(seed)
+    classes, counts = np.unique(labels, return_counts=True)
+    pools = {c: list(rng.permutation(np.flatnonzero(labels == c))) for c in classes}
+    prior = counts / counts.sum()
+    sizes = [len(a) for a in np.array_split(np.arange(len(labels)), clients)]
+    parts = []
+    for size in sizes:
+        mix = rng.dirichlet(alpha * prior)
+        rows = []
+        while len(rows) < size:
+            left = np.array([len(pools[c]) for c in classes], dtype=float)
+            weights = mix * (left > 0)
+            weights = weights / weights.sum() if weights.sum() > 0 else left / left.sum()
+            c = classes[rng.choice(len(classes), p=weights)]
+            rows.append(pools[c].pop())
+        parts.append(rows)
+    return _as_tensors(parts)
+
+
+def quantity_skew(labels, clients: int, alpha: float = 1.0, min_size: int = 1,
+                  seed: int = 0) -> list[torch.Tensor]:
+    """IID label mixes but sizes drawn from Dir(alpha) (at least ``min_size`` each): some clients
+    hold much more data than others."""
+    labels = _check(labels, clients)
+    if min_size * clients > len(labels):
+        raise PartitionError(f"{clients} clients x min_size {min_size} exceeds the "
+                             f"{len(labels)} rows")
+    rng = _rng(seed)
+    spare = len(labels) - min_size * clients
+    sizes = min_size + np.floor(rng.dirichlet(np.full(clients, alpha)) * spare).astype(int)
+    sizes[: len(labels) - sizes.sum()] += 1  # hand out what flooring left over
+    return _as_tensors(np.split(rng.permutation(len(labels)), np.cumsum(sizes)[:-1]))
+
+
+# -- how skewed is a partition? -------------------------------------------------------------------
+
+
+def label_counts(labels, parts, num_classes: int | None = None) -> np.ndarray:
+    """clients x classes matrix of how many rows of each label each client holds."""
+    labels = np.asarray(labels)
+    num_classes = num_classes or int(labels.max()) + 1
+    return np.stack([np.bincount(labels[p.numpy()], minlength=num_classes) for p in parts])
+
+
+def earth_movers_distance(counts: np.ndarray) -> np.ndarray:
+    """Per client, Zhao et al.'s skew score: sum over classes of |p_client - p_global| (0 for
+    the global mix, approaching 2 for a small client whose classes no one else has)."""
+    counts = np.asarray(counts, dtype=float)
+    global_mix = counts.sum(axis=0) / counts.sum()
+    mixes = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    return np.abs(mixes - global_mix).sum(axis=1)

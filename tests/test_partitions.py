@@ -1,0 +1,95 @@
+"""Partitions of the digits over federated clients (course_lib.partitions)."""
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib import partitions as pt
+from course_lib.data import load_digits
+
+
+@pytest.fixture(scope="module")
+def labels():
+    return load_digits().y_train.numpy()
+
+
+SCHEMES = {
+    "iid": lambda y, seed: pt.iid(y, 20, seed=seed),
+    "label_shards": lambda y, seed: pt.label_shards(y, 20, seed=seed),
+    "k_classes": lambda y, seed: pt.k_classes(y, 20, k=3, seed=seed),
+    "dirichlet_per_class": lambda y, seed: pt.dirichlet_per_class(y, 20, alpha=0.5, seed=seed),
+    "dirichlet_per_client": lambda y, seed: pt.dirichlet_per_client(y, 20, alpha=0.5, seed=seed),
+    "quantity_skew": lambda y, seed: pt.quantity_skew(y, 20, alpha=1.0, seed=seed),
+}
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_every_partition_is_disjoint_complete_and_seeded(labels, scheme):
+    parts = SCHEMES[scheme](labels, 0)
+    assert len(parts) == 20 and all(p.dtype == torch.int64 for p in parts)
+    rows = torch.cat(parts)
+    assert len(rows) == len(labels) == len(set(rows.tolist()))  # disjoint and complete
+    again = SCHEMES[scheme](labels, 0)
+    assert all(torch.equal(a, b) for a, b in zip(parts, again, strict=True))
+    other = SCHEMES[scheme](labels, 1)
+    assert not all(torch.equal(a, b) for a, b in zip(parts, other, strict=True))
+
+
+def test_iid_and_per_client_dirichlet_sizes_differ_by_at_most_one(labels):
+    for parts in (pt.iid(labels, 20), pt.dirichlet_per_client(labels, 20, alpha=0.1)):
+        sizes = [len(p) for p in parts]
+        assert max(sizes) - min(sizes) <= 1
+
+
+def test_label_shards_give_each_client_at_most_two_labels(labels):
+    parts = pt.label_shards(labels, 20, shards_per_client=2)
+    counts = pt.label_counts(labels, parts)
+    assert ((counts > 0).sum(axis=1) <= 2).all()
+    assert ((counts > 0).sum(axis=1) == 2).mean() > 0.8  # two different classes, mostly
+    with pytest.raises(pt.PartitionError, match="cannot cover"):
+        pt.label_shards(labels, 4, shards_per_client=2)
+
+
+def test_k_classes_gives_each_client_exactly_k_labels_and_every_class_an_owner(labels):
+    counts = pt.label_counts(labels, pt.k_classes(labels, 20, k=3))
+    assert ((counts > 0).sum(axis=1) == 3).all()
+    assert (counts.sum(axis=0) > 0).all()
+    with pytest.raises(pt.PartitionError, match="without an owner"):
+        pt.k_classes(labels, 3, k=2)
+
+
+def test_dirichlet_per_class_respects_min_size_and_fails_clearly(labels):
+    parts = pt.dirichlet_per_class(labels, 20, alpha=0.3, min_size=15)
+    assert min(len(p) for p in parts) >= 15
+    with pytest.raises(pt.PartitionError, match="raise alpha"):
+        pt.dirichlet_per_class(labels, 60, alpha=0.01, min_size=20, retries=5)
+    with pytest.raises(pt.PartitionError, match="positive"):
+        pt.dirichlet_per_class(labels, 20, alpha=0)
+
+
+def test_smaller_alpha_means_more_skew_in_both_dirichlet_conventions(labels):
+    for draw in (pt.dirichlet_per_class, pt.dirichlet_per_client):
+        skew = {a: pt.earth_movers_distance(pt.label_counts(labels, draw(labels, 20, alpha=a)))
+                .mean() for a in (0.1, 100.0)}
+        assert skew[0.1] > 3 * skew[100.0]
+
+
+def test_quantity_skew_varies_sizes_not_label_mixes(labels):
+    parts = pt.quantity_skew(labels, 20, alpha=0.5, min_size=5)
+    sizes = [len(p) for p in parts]
+    assert min(sizes) >= 5 and max(sizes) > 4 * min(sizes)
+    big = [p for p in parts if len(p) > 100]
+    assert pt.earth_movers_distance(pt.label_counts(labels, big)).max() < 0.5
+
+
+def test_earth_movers_distance_is_zero_for_the_global_mix_and_two_for_disjoint_classes():
+    counts = np.array([[5, 5, 0, 0], [0, 0, 5, 5], [5, 5, 5, 5]])
+    np.testing.assert_allclose(pt.earth_movers_distance(counts), [1.0, 1.0, 0.0])
+    np.testing.assert_allclose(pt.earth_movers_distance(np.array([[4, 0], [0, 4]]))[0], 1.0)
+    assert pt.earth_movers_distance(np.array([[9, 0], [0, 1]]))[1] == pytest.approx(1.8)
+
+
+def test_bad_client_counts_are_rejected(labels):
+    for bad in (0, len(labels) + 1, 2.5):
+        with pytest.raises(pt.PartitionError, match="clients must be"):
+            pt.iid(labels, bad)
