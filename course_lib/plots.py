@@ -274,3 +274,24 @@ def plot_rank_chunks(grids, titles, *, labels=None, suptitle: str = ""):
             fig.suptitle(suptitle)
         fig.tight_layout()
     return fig
+
+
+def plot_label_counts(panels, *, title: str = "Label counts per client"):
+    """One heatmap per partition: rows = clients, columns = classes, colour = how many rows of
+    that class the client holds; each panel's title carries its mean skew (EMD) when given as
+    ``{name: (counts, emd)}`` instead of ``{name: counts}``."""
+    if not panels:
+        raise ValueError("panels is empty: pass {name: counts matrix}")
+    with course_style():
+        fig, axes = plt.subplots(1, len(panels), figsize=(2.4 * len(panels) + 0.8, 3.6),
+                                 squeeze=False)
+        for ax, (name, panel) in zip(axes[0], panels.items(), strict=True):
+            counts, skew = panel if isinstance(panel, tuple) else (panel, None)
+            image = ax.imshow(np.asarray(counts), aspect="auto", cmap="viridis",
+                              interpolation="nearest")
+            ax.set(xlabel="class", title=name if skew is None else f"{name}\nEMD {skew:.2f}")
+            ax.grid(False)
+        axes[0][0].set_ylabel("client")
+        fig.colorbar(image, ax=axes[0].tolist(), label="rows", shrink=0.8)
+        fig.suptitle(title)
+    return fig

@@ -95,3 +95,31 @@ def test_check_stochastic_round_rejects_deterministic_and_biased_rounding():
                                                                             dtype=x.dtype)))
     with pytest.raises(ExerciseFailed, match="same shape"):
         check_stochastic_round(lambda x, g: None)
+
+
+def test_check_weighted_average_explains_the_plain_mean():
+    from course_lib.checks import check_weighted_average
+
+    def weighted(models, sizes):
+        return sum(n / sum(sizes) * w for n, w in zip(sizes, models, strict=True))
+
+    assert check_weighted_average(weighted).startswith("correct")
+    with pytest.raises(ExerciseFailed, match="plain mean"):
+        check_weighted_average(lambda models, sizes: torch.stack(models).mean(dim=0))
+    with pytest.raises(ExerciseFailed, match="None"):
+        check_weighted_average(lambda models, sizes: None)
+
+
+def test_check_label_shards_accepts_the_library_and_names_mixed_shards():
+    import numpy as np
+
+    from course_lib.checks import check_label_shards
+    from course_lib.partitions import iid, label_shards
+
+    labels = np.repeat(np.arange(10), 30)
+    assert check_label_shards(lambda y, k, s: label_shards(y, k, seed=s), labels).startswith(
+        "correct")
+    with pytest.raises(ExerciseFailed, match="labels"):
+        check_label_shards(lambda y, k, s: iid(y, k, seed=s), labels)
+    with pytest.raises(ExerciseFailed, match="belong to no client"):
+        check_label_shards(lambda y, k, s: [p[:-1] for p in label_shards(y, k, seed=s)], labels)

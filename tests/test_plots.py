@@ -141,3 +141,14 @@ def test_plot_gantt_can_label_model_time_units():
     ax = plots.plot_gantt([(0, 0.0, 1.0, "forward")], unit="forward steps").axes[0]
     assert ax.get_xlabel() == "time (forward steps)"
     assert ax.patches[0].get_width() == 1.0  # not rescaled
+
+
+def test_plot_label_counts_draws_one_heatmap_per_partition():
+    from course_lib.plots import plot_label_counts
+
+    counts = np.array([[3, 0], [1, 2]])
+    fig = plot_label_counts({"a": counts, "b": (counts, 0.5)})
+    titles = [ax.get_title() for ax in fig.axes[:2]]
+    assert titles == ["a", "b\nEMD 0.50"]
+    with pytest.raises(ValueError, match="empty"):
+        plot_label_counts({})
