@@ -1,0 +1,114 @@
+"""Privacy and robustness in federated learning (course_lib.fl_security)."""
+
+import pytest
+import torch
+
+from course_lib import fl_security as sec
+from course_lib import partitions as pt
+from course_lib.data import load_digits
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_digits()
+
+
+def test_a_least_squares_gradient_gives_the_input_back_exactly():
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(64, generator=g, dtype=torch.float64), torch.randn(64, generator=g,
+                                                                         dtype=torch.float64)
+    grad_w, grad_b, x_hat = sec.least_squares_leak(x, 3.0, w, b=0.5)
+    torch.testing.assert_close(x_hat, x)
+    assert torch.nn.functional.cosine_similarity(grad_w, x, dim=0).abs() == pytest.approx(1)
+
+
+def test_deep_leakage_reconstructs_a_digit_from_its_gradient(digits):
+    model = sec.leaky_model()
+    x, y = digits.x_test[0], digits.y_test[0]
+    gradients = sec.shared_gradient(model, x, y)
+    assert sec.infer_label(gradients) == y.item()
+    x_hat = sec.deep_leakage(model, gradients, steps=100)
+    assert sec.reconstruction_error(x_hat, x) < 0.05 * x.pow(2).mean().item()
+    noisy = [sec.clip_and_noise(gr, clip=1e9, noise=0.0) + 0.01 * torch.randn_like(gr)
+             for gr in gradients]
+    assert sec.reconstruction_error(sec.deep_leakage(model, noisy, steps=100), x) > \
+        sec.reconstruction_error(x_hat, x)
+
+
+def test_clip_and_noise_bounds_the_norm_and_adds_the_stated_noise():
+    update = torch.full((10_000,), 1.0, dtype=torch.float64)
+    clipped = sec.clip_and_noise(update, clip=2.0, noise=0.0)
+    assert clipped.norm().item() == pytest.approx(2.0)
+    noisy = sec.clip_and_noise(update, clip=2.0, noise=0.5,
+                               generator=torch.Generator().manual_seed(0))
+    assert (noisy - clipped).std().item() == pytest.approx(1.0, rel=0.05)  # noise x clip
+    small = torch.full((4,), 0.1, dtype=torch.float64)
+    torch.testing.assert_close(sec.clip_and_noise(small, clip=2.0, noise=0.0), small)
+
+
+def test_pairwise_masks_cancel_in_the_sum_and_hide_each_update():
+    g = torch.Generator().manual_seed(1)
+    updates = torch.randn(6, 50, generator=g, dtype=torch.float64)
+    masks = sec.pairwise_masks(6, 50, seed=3)
+    masked = updates + masks
+    torch.testing.assert_close(masked.sum(dim=0), updates.sum(dim=0))  # the server's sum
+    assert masks.sum(dim=0).abs().max() < 1e-9
+    for i in range(6):  # what the server sees of one client is mostly mask
+        assert (masked[i] - updates[i]).norm() > 100 * updates[i].norm()
+
+
+def test_coordinate_median_and_trimmed_mean_ignore_outliers():
+    updates = torch.tensor([[1.0, 2.0], [1.2, 2.2], [0.8, 1.8], [100.0, -100.0]])
+    torch.testing.assert_close(sec.coordinate_median(updates), torch.tensor([1.1, 1.9]))
+    odd = updates[:3]
+    torch.testing.assert_close(sec.coordinate_median(odd), torch.tensor([1.0, 2.0]))
+    torch.testing.assert_close(sec.trimmed_mean(updates, 0.25), torch.tensor([1.1, 1.9]))
+    with pytest.raises(ValueError, match="leaves none"):
+        sec.trimmed_mean(updates, 0.5)
+
+
+def test_krum_picks_an_honest_update_and_norm_check_drops_the_boosted_one():
+    honest = torch.tensor([[1.0, 0.0], [1.1, 0.1], [0.9, -0.1], [1.0, 0.1], [1.05, 0.0]])
+    bad = torch.tensor([[-20.0, 30.0]])
+    updates = torch.cat([honest, bad])
+    chosen = sec.krum(updates, byzantine=1)
+    assert any(torch.equal(chosen, h) for h in honest)
+    torch.testing.assert_close(sec.norm_check(updates), honest.mean(dim=0))
+    with pytest.raises(ValueError, match="n - f - 2"):
+        sec.krum(updates[:3], byzantine=1)
+
+
+def test_attacks_scale_or_flip_the_update():
+    u = torch.tensor([1.0, -2.0])
+    torch.testing.assert_close(sec.attack_update(u, "boosted", 5.0), 5 * u)
+    torch.testing.assert_close(sec.attack_update(u, "sign flip", 5.0), -5 * u)
+    torch.testing.assert_close(sec.attack_update(u, "label flip"), u)
+
+
+def test_median_resists_sign_flipping_attackers_that_break_the_mean(digits):
+    parts = pt.iid(digits.y_train.numpy(), 20)
+    attackers = sec.fraction_attackers(parts, 0.2)
+    common = dict(rounds=8, attackers=attackers, attack="sign flip", fraction=0.5)
+    mean = sec.robust_federated(digits, parts, aggregator="mean", **common)
+    median = sec.robust_federated(digits, parts, aggregator="median", **common)
+    clean = sec.robust_federated(digits, parts, rounds=8, fraction=0.5)
+    assert mean["accuracy"][-1] < 0.5 < median["accuracy"][-1]
+    assert median["accuracy"][-1] > clean["accuracy"][-1] - 0.15
+
+
+def test_validation_check_needs_validation_data_and_rejects_unknown_names(digits):
+    parts = pt.iid(digits.y_train.numpy(), 10)
+    with pytest.raises(ValueError, match="validation"):
+        sec.robust_federated(digits, parts, rounds=1, aggregator="validation check")
+    with pytest.raises(ValueError, match="aggregator"):
+        sec.robust_federated(digits, parts, rounds=1, aggregator="average")
+    log = sec.robust_federated(digits, parts, rounds=2, aggregator="validation check",
+                               validation=(digits.x_test[:100], digits.y_test[:100]))
+    assert len(log["accuracy"]) == 3
+
+
+def test_dp_federated_trades_accuracy_for_noise(digits):
+    parts = pt.iid(digits.y_train.numpy(), 20)
+    quiet = sec.dp_federated(digits, parts, rounds=10, clip=1.0, noise=0.0)
+    loud = sec.dp_federated(digits, parts, rounds=10, clip=1.0, noise=20.0)
+    assert quiet["accuracy"][-1] > loud["accuracy"][-1] + 0.2
