@@ -293,5 +293,5 @@ def plot_label_counts(panels, *, title: str = "Label counts per client"):
             ax.grid(False)
         axes[0][0].set_ylabel("client")
         fig.colorbar(image, ax=axes[0].tolist(), label="rows", shrink=0.8)
-        fig.suptitle(title)
+        fig.suptitle(title, y=1.04)
     return fig
