@@ -123,3 +123,17 @@ def test_check_label_shards_accepts_the_library_and_names_mixed_shards():
         check_label_shards(lambda y, k, s: iid(y, k, seed=s), labels)
     with pytest.raises(ExerciseFailed, match="belong to no client"):
         check_label_shards(lambda y, k, s: [p[:-1] for p in label_shards(y, k, seed=s)], labels)
+
+
+def test_check_trimmed_mean_and_pairwise_masks_accept_the_library():
+    from course_lib import fl_security
+    from course_lib.checks import check_pairwise_masks, check_trimmed_mean
+
+    assert check_trimmed_mean(fl_security.trimmed_mean).startswith("correct")
+    with pytest.raises(ExerciseFailed, match="trimmed mean is"):
+        check_trimmed_mean(lambda u, trim: u.mean(dim=0))
+    assert check_pairwise_masks(fl_security.pairwise_masks).startswith("correct")
+    with pytest.raises(ExerciseFailed, match="do not cancel"):
+        check_pairwise_masks(lambda k, d, s: torch.randn(k, d))
+    with pytest.raises(ExerciseFailed, match="nearly"):
+        check_pairwise_masks(lambda k, d, s: torch.zeros(k, d))
