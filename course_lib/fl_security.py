@@ -144,6 +144,15 @@ def norm_check(updates: torch.Tensor, factor: float = 2.0) -> torch.Tensor:
     return updates[keep].mean(dim=0)
 
 
+def validation_check(updates: torch.Tensor, w: torch.Tensor, validation,
+                     margin: float = 0.1) -> torch.Tensor:
+    """The server checks validation accuracy: score the model w + update of every update on
+    data the server holds, keep those at least the median score minus ``margin``, and average
+    them."""
+    scores = torch.tensor([fl.accuracy(w + u, *validation) for u in updates])
+    return updates[scores >= scores.median() - margin].mean(dim=0)
+
+
 def attack_update(update: torch.Tensor, attack: str, boost: float = 10.0) -> torch.Tensor:
     """Model poisoning of one honest-looking update: ``boosted`` (x boost) or ``sign flip``
     (-boost x)."""
@@ -200,8 +209,7 @@ def robust_federated(split, parts, *, rounds: int, attackers=(), attack: str = "
         elif aggregator == "norm check":
             step = norm_check(updates)
         else:
-            scores = torch.tensor([fl.accuracy(w + u, *validation) for u in updates])
-            step = updates[scores >= scores.median() - 0.1].mean(dim=0)
+            step = validation_check(updates, w, validation)
         w = w + step
         acc.append(fl.accuracy(w, split.x_test, split.y_test))
     return dict(accuracy=acc, w=w)

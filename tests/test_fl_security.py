@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from course_lib import federated as fl
 from course_lib import fl_security as sec
 from course_lib import partitions as pt
 from course_lib.data import load_digits
@@ -112,3 +113,15 @@ def test_dp_federated_trades_accuracy_for_noise(digits):
     quiet = sec.dp_federated(digits, parts, rounds=10, clip=1.0, noise=0.0)
     loud = sec.dp_federated(digits, parts, rounds=10, clip=1.0, noise=20.0)
     assert quiet["accuracy"][-1] > loud["accuracy"][-1] + 0.2
+
+
+def test_validation_check_drops_the_update_that_ruins_the_validation_accuracy(digits):
+    w = fl.init_model()
+    x, y = digits.x_train[:300].double(), digits.y_train[:300]
+    honest = [fl.client_update(w, x[i::3], y[i::3], epochs=3, batch=10, lr=0.1,
+                                   seed=i)[0] - w for i in range(3)]
+    poisoned = -10 * honest[0]
+    updates = torch.stack([*honest, poisoned])
+    validation = (digits.x_test[:200], digits.y_test[:200])
+    torch.testing.assert_close(sec.validation_check(updates, w, validation),
+                               torch.stack(honest).mean(dim=0))
