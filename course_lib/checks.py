@@ -314,3 +314,56 @@ def check_pairwise_masks(pairwise_masks) -> str:
         raise ExerciseFailed("the same seed gave other masks: a pair must be able to agree on "
                              "its mask, so draw it from a generator seeded by (seed, i, j)")
     return "correct: the masks cancel in the sum, and each one hides its client's update"
+
+
+def check_half_latency_size(half_latency_size) -> str:
+    """Check ``half_latency_size(alpha, beta, p)``: the message size n at which the efficient
+    ring's latency part 2 (p - 1) alpha equals its bandwidth part 2 (p - 1) / p n beta."""
+    for alpha, beta, p in ((1e-3, 1e-9, 2), (5e-5, 2e-10, 8)):
+        n = half_latency_size(alpha, beta, p)
+        if n is None:
+            raise ExerciseFailed("half_latency_size returned None: return the size n in bytes")
+        latency, bandwidth = 2 * (p - 1) * alpha, 2 * (p - 1) / p * n * beta
+        if abs(latency - bandwidth) > 1e-9 * latency:
+            raise ExerciseFailed(f"for alpha={alpha}, beta={beta}, p={p} you gave n = {n:.4g}: "
+                                 f"there the latency part is {latency:.3g} s but the bandwidth "
+                                 f"part {bandwidth:.3g} s")
+    return "correct: at that size both parts cost the same"
+
+
+def check_large_batch_lr(large_batch_lr) -> str:
+    """Check ``large_batch_lr(step, base_lr, base_batch, batch, warmup_steps)``: the linear
+    scaling rule's target, reached by a linear warm-up (lesson 4)."""
+    from course_lib import data_parallel as dp
+
+    for step, batch, warm in [(0, 256, 10), (5, 256, 10), (10, 256, 10), (50, 512, 10),
+                              (3, 64, 0)]:
+        target = dp.linear_scaling_lr(0.05, 32, batch)
+        right = dp.warmup_lr(step, target, warm, 0.05) if warm else target
+        got = large_batch_lr(step, 0.05, 32, batch, warm)
+        if got is None or abs(got - right) > 1e-12:
+            raise ExerciseFailed(f"step {step}, batch {batch}, warm-up {warm} steps: you gave "
+                                 f"{got!r}, the schedule gives {right:.4g} (target "
+                                 f"{target:.4g})")
+    return "correct: the scaled target, reached by a linear warm-up"
+
+
+def check_1f1b_order(one_f_one_b) -> str:
+    """Check ``one_f_one_b(stage, stages, micro_batches)`` against the 1F1B schedule: the
+    first action that differs, and what it should be (lesson 5)."""
+    from course_lib import pipeline as pp
+
+    for stages, micro_batches in [(2, 4), (4, 8), (4, 2), (3, 1)]:
+        for stage in range(stages):
+            got = one_f_one_b(stage, stages, micro_batches)
+            right = pp.one_f_one_b_schedule(stage, stages, micro_batches)
+            if got != right:
+                got = list(got or [])
+                pairs = enumerate(zip(got, right, strict=False))
+                first = next((k for k, (a, b) in pairs if a != b), min(len(got), len(right)))
+                should = right[first] if first < len(right) else "nothing"
+                is_ = got[first] if first < len(got) else "missing"
+                raise ExerciseFailed(f"stage {stage} of {stages}, m = {micro_batches}: action "
+                                     f"{first} should be {should} but is {is_} (right order: "
+                                     f"{right})")
+    return "correct: every stage's 1F1B order matches"

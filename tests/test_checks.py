@@ -137,3 +137,30 @@ def test_check_trimmed_mean_and_pairwise_masks_accept_the_library():
         check_pairwise_masks(lambda k, d, s: torch.randn(k, d))
     with pytest.raises(ExerciseFailed, match="nearly"):
         check_pairwise_masks(lambda k, d, s: torch.zeros(k, d))
+
+
+def test_check_half_latency_size_names_the_two_parts():
+    from course_lib.checks import check_half_latency_size
+
+    assert check_half_latency_size(lambda a, b, p: p * a / b).startswith("correct")
+    with pytest.raises(ExerciseFailed, match="latency part"):
+        check_half_latency_size(lambda a, b, p: a / b)
+    with pytest.raises(ExerciseFailed, match="None"):
+        check_half_latency_size(lambda a, b, p: None)
+
+
+def test_check_large_batch_lr_and_1f1b_order_accept_the_library_and_explain_mistakes():
+    from course_lib import data_parallel as dp
+    from course_lib import pipeline as pp
+    from course_lib.checks import check_1f1b_order, check_large_batch_lr
+
+    def right_lr(step, base_lr, base_batch, batch, warmup_steps):
+        target = dp.linear_scaling_lr(base_lr, base_batch, batch)
+        return dp.warmup_lr(step, target, warmup_steps, base_lr) if warmup_steps else target
+
+    assert check_large_batch_lr(right_lr).startswith("correct")
+    with pytest.raises(ExerciseFailed, match="the schedule gives"):
+        check_large_batch_lr(lambda step, lr, b0, b, w: lr)
+    assert check_1f1b_order(pp.one_f_one_b_schedule).startswith("correct")
+    with pytest.raises(ExerciseFailed, match="should be"):
+        check_1f1b_order(pp.gpipe_schedule)

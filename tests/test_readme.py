@@ -39,3 +39,18 @@ def test_every_linked_notebook_exists():
 def test_every_notebook_is_in_the_lesson_table():
     for nb in (ROOT / "notebooks").glob("*.ipynb"):
         assert nb.stem in README, f"{nb.name} is missing from the README's lesson table"
+
+
+def test_the_homework_commands_work_as_written_on_a_fresh_clone(tmp_path):
+    import os
+    import sys
+
+    block = README.split("<!-- homework -->", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=clone, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "0 / 2 points" in done.stdout
+    assert (clone / "reports" / "01_backprop.json").exists()

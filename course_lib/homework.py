@@ -1,0 +1,274 @@
+"""Homework: mark the lessons' exercises for nbgrader, write student versions, grade submissions.
+
+Every lesson ends with exercises: a **solution cell** (the answer between ``### BEGIN SOLUTION``
+and ``### END SOLUTION``) followed by a **check cell** that calls a ``course_lib.checks`` function
+(optionally with extra checks between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``).
+These are nbgrader's own markers, and ``mark`` writes nbgrader's cell metadata (solution cells,
+graded test cells with points, ``grade_id``), so the lesson notebooks also work as the source of
+an nbgrader course. For a classroom without nbgrader, this module is the thin layer that does the
+two jobs an instructor needs::
+
+    python -m course_lib.homework mark notebooks               # authoring (idempotent)
+    python -m course_lib.homework release notebooks student    # the notebooks to hand out
+    python -m course_lib.homework grade submissions --source notebooks --out reports
+
+Grading runs each submission in a fresh kernel with a time limit per cell and for the whole
+notebook, replaces the graded check cells by the instructor's (with their hidden tests), and
+gives each exercise its points if its check cell runs without error. A cell that raises, hangs
+or prints without end costs its own exercise at most; worker processes are killed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import psutil
+
+SOLUTION = re.compile(r"^([ \t]*)### BEGIN SOLUTION[^\n]*\n.*?^[ \t]*### END SOLUTION[^\n]*(\n|$)",
+                      re.MULTILINE | re.DOTALL)
+HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS[^\n]*\n.*?^[ \t]*### END HIDDEN TESTS[^\n]*"
+                    r"(\n|$)", re.MULTILINE | re.DOTALL)
+STUB = 'raise NotImplementedError("write your solution here")\n'
+MAX_OUTPUTS = 200  # per cell: a cell that prints without end cannot fill the grader's memory
+
+
+# -- authoring ---------------------------------------------------------------------------------
+
+
+def _meta(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def mark(nb, points: int = 1):
+    """Give each exercise nbgrader metadata: its solution cell (``### BEGIN SOLUTION``) and the
+    next code cell that calls a ``check_`` function, its graded test cell worth ``points``
+    (points already set are kept). Returns the notebook (changed in place)."""
+    number = 0
+    cells = nb.cells
+    for i, cell in enumerate(cells):
+        if cell.cell_type != "code" or "### BEGIN SOLUTION" not in cell.source:
+            continue
+        number += 1
+        cell.metadata["nbgrader"] = dict(grade=False, grade_id=f"exercise-{number}-solution",
+                                         locked=False, schema_version=3, solution=True)
+        for test in cells[i + 1:]:
+            if test.cell_type == "code" and "check_" in test.source and \
+                    "### BEGIN SOLUTION" not in test.source:
+                old = _meta(test).get("points", points)
+                test.metadata["nbgrader"] = dict(grade=True, grade_id=f"exercise-{number}",
+                                                 locked=True, points=old, schema_version=3,
+                                                 solution=False)
+                break
+        else:
+            raise ValueError(f"exercise {number}: no check cell (a code cell calling check_...) "
+                             f"after its solution cell")
+    return nb
+
+
+def exercises(nb) -> list[dict]:
+    """The graded cells of a marked notebook: grade_id, points and cell index."""
+    return [dict(grade_id=_meta(c)["grade_id"], points=_meta(c).get("points", 0), index=i)
+            for i, c in enumerate(nb.cells) if _meta(c).get("grade")]
+
+
+# -- student versions ------------------------------------------------------------------------------
+
+
+def student_version(nb):
+    """A copy with every solution replaced by a stub that raises NotImplementedError, hidden
+    tests removed and all outputs cleared."""
+    out = copy.deepcopy(nb)
+    for cell in out.cells:
+        if cell.cell_type != "code":
+            continue
+        cell.source = SOLUTION.sub(lambda m: m.group(1) + STUB, cell.source)
+        cell.source = HIDDEN.sub("", cell.source)
+        cell.outputs, cell.execution_count = [], None
+    out.metadata.pop("widgets", None)
+    return out
+
+
+def release(source: Path, target: Path) -> list[Path]:
+    """Write the student version of every notebook in ``source`` into ``target``."""
+    target.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in sorted(Path(source).glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        nbformat.write(student_version(nb), target / path.name)
+        written.append(target / path.name)
+    return written
+
+
+# -- grading ---------------------------------------------------------------------------------------
+
+
+def _client(nb, cwd, cell_timeout):
+    from nbclient import NotebookClient
+
+    class CappedClient(NotebookClient):
+        def output(self, outs, msg, display_id, cell_index):
+            if len(outs) >= MAX_OUTPUTS:
+                return None  # drop the rest: printing without end must not fill memory
+            return super().output(outs, msg, display_id, cell_index)
+
+    timeout_error = dict(ename="CellTimeout", evalue=f"the cell ran longer than {cell_timeout} s "
+                         f"and was interrupted", traceback=[])
+    return CappedClient(nb, timeout=cell_timeout, kernel_name="python3", allow_errors=False,
+                        interrupt_on_timeout=True, error_on_timeout=timeout_error,
+                        resources={"metadata": {"path": str(cwd)}})
+
+
+def _kill_children(pid):
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _first_line(error) -> str:
+    ename, evalue = getattr(error, "ename", type(error).__name__), getattr(error, "evalue", "")
+    return f"{ename}: {evalue}".strip().splitlines()[0][:500] if (ename or evalue) else str(error)
+
+
+def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900) -> dict:
+    """Run a submitted notebook and score each exercise of its lesson ``source``.
+
+    The graded cells are the instructor's (from ``source``, hidden tests included), whatever the
+    submission did to them; everything else is the student's. Returns a report: the points per
+    exercise with why any were lost, the total and the seconds taken."""
+    from nbclient.exceptions import CellExecutionError, DeadKernelError
+
+    source_nb = nbformat.read(source, as_version=4)
+    graded = {e["grade_id"]: e for e in exercises(source_nb)}
+    nb = nbformat.read(submission, as_version=4)
+    present = {_meta(c).get("grade_id"): i for i, c in enumerate(nb.cells)}
+    results = {gid: dict(grade_id=gid, points=e["points"], score=0.0, feedback="not run")
+               for gid, e in graded.items()}
+    for gid, e in graded.items():  # the instructor's check cells, hidden tests and all
+        if gid in present:
+            nb.cells[present[gid]] = copy.deepcopy(source_nb.cells[e["index"]])
+        else:
+            results[gid]["feedback"] = "the check cell is missing from the submission"
+    client = _client(nb, Path(source).parent, cell_timeout)
+    start = time.monotonic()
+    earlier = None  # the last failure of an ungraded cell since the previous graded one
+    with client.setup_kernel():
+        kernel_pid = _kernel_pid(client)
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            gid = _meta(cell).get("grade_id") if _meta(cell).get("grade") else None
+            if time.monotonic() - start > timeout:
+                if gid in results:
+                    results[gid]["feedback"] = f"not run: the notebook passed its {timeout} s limit"
+                continue
+            try:
+                client.execute_cell(cell, i)
+            except CellExecutionError as error:
+                if gid in results:
+                    before = f" (an earlier cell failed: {earlier})" if earlier else ""
+                    results[gid]["feedback"] = _first_line(error) + before
+                    earlier = None
+                else:
+                    earlier = f"cell {i}: {_first_line(error)}"
+                continue
+            except DeadKernelError:
+                if gid in results:
+                    results[gid]["feedback"] = "the kernel died while this cell ran"
+                client.km.restart_kernel()
+                kernel_pid = _kernel_pid(client)
+                continue
+            finally:
+                if kernel_pid:
+                    _kill_children(kernel_pid)  # workers a cell left behind
+            if gid in results:
+                results[gid].update(score=float(results[gid]["points"]), feedback="correct")
+                earlier = None
+    report = dict(submission=str(submission), lesson=Path(source).name,
+                  exercises=list(results.values()),
+                  score=sum(r["score"] for r in results.values()),
+                  points=sum(r["points"] for r in results.values()),
+                  seconds=round(time.monotonic() - start, 1))
+    return report
+
+
+def _kernel_pid(client):
+    try:
+        return client.km.provisioner.process.pid
+    except AttributeError:
+        return None
+
+
+def summary(report: dict) -> str:
+    """A report people read: one line per exercise."""
+    lines = [f"{report['submission']}: {report['score']:g} / {report['points']:g} points "
+             f"({report['seconds']} s)"]
+    for r in report["exercises"]:
+        lines.append(f"  {r['grade_id']:12s} {r['score']:g}/{r['points']:g}  {r['feedback']}")
+    return "\n".join(lines)
+
+
+def grade_all(submissions: Path, source: Path, out: Path, **limits) -> list[dict]:
+    """Grade every notebook in ``submissions`` (a folder, or one file) against the lesson of
+    the same name in ``source``; write ``<name>.json`` and ``<name>.txt`` into ``out``."""
+    submissions, out = Path(submissions), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [submissions] if submissions.is_file() else sorted(submissions.glob("*.ipynb"))
+    reports = []
+    for path in paths:
+        lesson = Path(source) / path.name
+        if not lesson.exists():
+            raise FileNotFoundError(f"{path.name}: no lesson of that name in {source} to grade "
+                                    f"it against")
+        report = grade(path, lesson, **limits)
+        (out / f"{path.stem}.json").write_text(json.dumps(report, indent=2))
+        (out / f"{path.stem}.txt").write_text(summary(report) + "\n")
+        print(summary(report))
+        reports.append(report)
+    return reports
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course_lib.homework",
+                                     description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("mark", help="add nbgrader metadata to the lessons' exercises")
+    m.add_argument("notebooks", type=Path)
+    r = sub.add_parser("release", help="write the student versions")
+    r.add_argument("notebooks", type=Path)
+    r.add_argument("target", type=Path)
+    g = sub.add_parser("grade", help="grade a submitted notebook or a folder of them")
+    g.add_argument("submissions", type=Path)
+    g.add_argument("--source", type=Path, default=Path("notebooks"))
+    g.add_argument("--out", type=Path, default=Path("reports"))
+    g.add_argument("--cell-timeout", type=float, default=120)
+    g.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args(argv)
+    if args.command == "mark":
+        for path in sorted(args.notebooks.glob("*.ipynb")):
+            nb = nbformat.read(path, as_version=4)
+            nbformat.write(mark(nb), path)
+            print(f"{path}: {len(exercises(nb))} graded exercises")
+    elif args.command == "release":
+        for path in release(args.notebooks, args.target):
+            print(f"wrote {path}")
+    else:
+        grade_all(args.submissions, args.source, args.out, cell_timeout=args.cell_timeout,
+                  timeout=args.timeout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

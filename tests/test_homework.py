@@ -1,0 +1,196 @@
+"""Homework tooling: nbgrader marks, student versions, grading (course_lib.homework)."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from course_lib import homework as hw
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def _solution_lines(source):
+    """The code lines inside the solution regions of a cell."""
+    lines = []
+    for block in re.findall(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", source, re.DOTALL):
+        lines += [line.strip() for line in block.splitlines() if line.strip()]
+    return lines
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
+def test_every_lesson_has_at_least_two_graded_exercises_marked_for_nbgrader(path):
+    nb = nbformat.read(path, as_version=4)
+    graded = hw.exercises(nb)
+    assert len(graded) >= 2
+    solutions = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
+    assert len(solutions) == len(graded)
+    for e in graded:
+        cell = nb.cells[e["index"]]
+        assert e["points"] > 0 and cell.metadata["nbgrader"]["locked"]
+        assert "check_" in cell.source  # a course_lib check explains what is wrong
+    assert hw.mark(nbformat.read(path, as_version=4)).cells == nb.cells  # marking is stable
+
+
+def test_student_versions_contain_no_solution_code_and_no_hidden_tests(tmp_path):
+    written = hw.release(ROOT / "notebooks", tmp_path)
+    assert [p.name for p in written] == [p.name for p in LESSONS]
+    hidden_seen = 0
+    for lesson_path, student_path in zip(LESSONS, written, strict=True):
+        lesson = nbformat.read(lesson_path, as_version=4)
+        student = nbformat.read(student_path, as_version=4)
+        assert len(student.cells) == len(lesson.cells)  # in step with the lesson, cell by cell
+        for theirs, ours in zip(lesson.cells, student.cells, strict=True):
+            hidden_seen += "BEGIN HIDDEN TESTS" in theirs.source
+            assert "BEGIN SOLUTION" not in ours.source and "HIDDEN TESTS" not in ours.source
+            for line in _solution_lines(theirs.source):
+                if len(line) > 12:  # short lines like "return x" also occur elsewhere
+                    assert line not in ours.source, f"{student_path.name}: {line!r} leaked"
+            if "BEGIN SOLUTION" in theirs.source:
+                assert hw.STUB.strip() in ours.source
+            elif "BEGIN HIDDEN TESTS" not in theirs.source:
+                assert ours.source == theirs.source
+            if ours.cell_type == "code":
+                assert ours.outputs == [] and ours.execution_count is None
+    assert hidden_seen >= 2  # the lessons do have hidden tests to remove
+
+
+def _tiny_lesson(path):
+    """A two-exercise lesson that runs in seconds, with course_lib checks."""
+    cells = [
+        new_markdown_cell("# Tiny lesson"),
+        new_code_cell("import torch"),
+        new_code_cell("def aggregate(models, sizes):\n    ### BEGIN SOLUTION\n"
+                      "    n = sum(sizes)\n"
+                      "    return sum(k / n * w for k, w in zip(sizes, models))\n"
+                      "    ### END SOLUTION"),
+        new_code_cell("from course_lib.checks import check_weighted_average\n\n"
+                      "print(check_weighted_average(aggregate))"),
+        new_code_cell("def staleness_aware(alpha, staleness):\n    ### BEGIN SOLUTION\n"
+                      "    return alpha / max(staleness, 1)\n    ### END SOLUTION"),
+        new_code_cell("from course_lib.checks import check_staleness_aware_lr\n\n"
+                      "print(check_staleness_aware_lr(staleness_aware))\n"
+                      "### BEGIN HIDDEN TESTS\nassert staleness_aware(1.0, 4) == 0.25\n"
+                      "### END HIDDEN TESTS"),
+    ]
+    nb = hw.mark(new_notebook(cells=cells))
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, path)
+    return nb
+
+
+def _submission(lesson, path, **replace):
+    """The lesson with some solution cells replaced (index -> new source)."""
+    nb = nbformat.read(lesson, as_version=4)
+    for index, source in replace.items():
+        nb.cells[int(index[1:])].source = source
+    nbformat.write(nb, path)
+    return path
+
+
+def test_grading_the_lesson_itself_gives_full_marks(tmp_path):
+    lesson = tmp_path / "lesson" / "tiny.ipynb"
+    lesson.parent.mkdir()
+    _tiny_lesson(lesson)
+    report = hw.grade(lesson, lesson, cell_timeout=60)
+    assert report["score"] == report["points"] == 2
+    assert [e["feedback"] for e in report["exercises"]] == ["correct", "correct"]
+
+
+def test_an_untouched_student_notebook_scores_zero_without_hanging(tmp_path):
+    lesson = tmp_path / "lesson" / "tiny.ipynb"
+    lesson.parent.mkdir()
+    _tiny_lesson(lesson)
+    hw.release(lesson.parent, tmp_path / "student")
+    start = time.monotonic()
+    report = hw.grade(tmp_path / "student" / "tiny.ipynb", lesson, cell_timeout=60)
+    assert report["score"] == 0 and report["points"] == 2
+    assert all("NotImplementedError" in e["feedback"] for e in report["exercises"])
+    assert time.monotonic() - start < 60
+
+
+def test_one_wrong_answer_loses_exactly_that_exercise_and_says_why(tmp_path):
+    lesson = tmp_path / "lesson" / "tiny.ipynb"
+    lesson.parent.mkdir()
+    _tiny_lesson(lesson)
+    wrong = _submission(lesson, tmp_path / "tiny.ipynb", c2=(
+        "def aggregate(models, sizes):\n    return torch.stack(models).mean(dim=0)"))
+    report = hw.grade(wrong, lesson, cell_timeout=60)
+    first, second = report["exercises"]
+    assert (first["score"], second["score"], report["score"]) == (0, 1, 1)
+    assert "plain mean" in first["feedback"]  # the check's explanation reaches the report
+
+
+def test_a_student_cannot_weaken_the_check_cells(tmp_path):
+    lesson = tmp_path / "lesson" / "tiny.ipynb"
+    lesson.parent.mkdir()
+    _tiny_lesson(lesson)
+    cheat = _submission(lesson, tmp_path / "tiny.ipynb",
+                        c4="def staleness_aware(alpha, staleness):\n"
+                           "    return alpha / (staleness + 1)",
+                        c5="print('correct')")
+    report = hw.grade(cheat, lesson, cell_timeout=60)
+    assert report["exercises"][1]["score"] == 0  # the instructor's check cell ran, not theirs
+
+
+def test_a_cell_that_never_returns_is_stopped_at_the_limit_and_graded(tmp_path):
+    lesson = tmp_path / "lesson" / "tiny.ipynb"
+    lesson.parent.mkdir()
+    _tiny_lesson(lesson)
+    stuck = _submission(lesson, tmp_path / "tiny.ipynb", c2="while True:\n    pass")
+    start = time.monotonic()
+    report = hw.grade(stuck, lesson, cell_timeout=5)
+    assert time.monotonic() - start < 45
+    first, second = report["exercises"]
+    assert first["score"] == 0 and "CellTimeout" in first["feedback"]
+    assert second["score"] == 1  # the kernel was interrupted, not lost
+
+
+def test_endless_printing_and_leftover_workers_cost_nothing_else(tmp_path):
+    lesson = tmp_path / "lesson" / "tiny.ipynb"
+    lesson.parent.mkdir()
+    _tiny_lesson(lesson)
+    noisy = _submission(lesson, tmp_path / "tiny.ipynb", c1=(
+        "import subprocess, sys, torch\n"
+        "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "while True:\n    print('spam ' * 20)"))
+    report = hw.grade(noisy, lesson, cell_timeout=5)
+    assert report["score"] == 2  # the noisy cell is not an exercise
+    # and the sleeping process is gone: the conftest fixture fails the test otherwise
+
+
+def test_the_command_line_releases_and_grades_with_json_and_text_reports(tmp_path):
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    _tiny_lesson(lessons / "tiny.ipynb")
+    run = [sys.executable, "-m", "course_lib.homework"]
+    subprocess.run([*run, "release", str(lessons), str(tmp_path / "student")], check=True,
+                   capture_output=True)
+    submissions = tmp_path / "submissions"
+    submissions.mkdir()
+    shutil.copy(tmp_path / "student" / "tiny.ipynb", submissions / "tiny.ipynb")
+    out = subprocess.run([*run, "grade", str(submissions), "--source", str(lessons), "--out",
+                          str(tmp_path / "reports"), "--cell-timeout", "60"], check=True,
+                         capture_output=True, text=True)
+    assert "0 / 2 points" in out.stdout
+    report = json.loads((tmp_path / "reports" / "tiny.json").read_text())
+    assert report["score"] == 0 and len(report["exercises"]) == 2
+    assert "NotImplementedError" in (tmp_path / "reports" / "tiny.txt").read_text()
+
+
+def test_grading_a_real_lesson_gives_full_marks_and_its_student_version_zero(tmp_path):
+    lesson = ROOT / "notebooks" / "01_backprop.ipynb"
+    full = hw.grade(lesson, lesson, cell_timeout=300)
+    assert full["score"] == full["points"] >= 2, hw.summary(full)
+    hw.release(ROOT / "notebooks", tmp_path)
+    empty = hw.grade(tmp_path / lesson.name, lesson, cell_timeout=300)
+    assert empty["score"] == 0, hw.summary(empty)
