@@ -187,10 +187,8 @@ def test_the_command_line_releases_and_grades_with_json_and_text_reports(tmp_pat
     assert "NotImplementedError" in (tmp_path / "reports" / "tiny.txt").read_text()
 
 
-def test_grading_a_real_lesson_gives_full_marks_and_its_student_version_zero(tmp_path):
+def test_grading_a_real_lesson_gives_full_marks():
+    # its untouched student version scores 0: tests/test_readme.py runs that, as the README does
     lesson = ROOT / "notebooks" / "01_backprop.ipynb"
     full = hw.grade(lesson, lesson, cell_timeout=300)
     assert full["score"] == full["points"] >= 2, hw.summary(full)
-    hw.release(ROOT / "notebooks", tmp_path)
-    empty = hw.grade(tmp_path / lesson.name, lesson, cell_timeout=300)
-    assert empty["score"] == 0, hw.summary(empty)
