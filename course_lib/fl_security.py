@@ -163,6 +163,19 @@ def attack_update(update: torch.Tensor, attack: str, boost: float = 10.0) -> tor
     return update
 
 
+def _client_updates(w, x, y, parts, chosen, round_, epochs, batch, lr, seed, flipped=()):
+    """Each chosen client's update w_k - w after its local SGD; clients in ``flipped`` train on
+    labels 9 - y (label-flipping attackers)."""
+    updates = []
+    for k in chosen:
+        rows = parts[k]
+        labels = 9 - y[rows] if k in flipped else y[rows]
+        v, _ = fl.client_update(w, x[rows], labels, epochs=epochs, batch=batch, lr=lr,
+                                seed=[seed, round_, k])
+        updates.append(v - w)
+    return updates
+
+
 def robust_federated(split, parts, *, rounds: int, attackers=(), attack: str = "none",
                      aggregator: str = "mean", fraction: float = 0.5, epochs: int = 2,
                      batch: int | None = 10, lr: float = 0.1, validation=None,
@@ -185,17 +198,11 @@ def robust_federated(split, parts, *, rounds: int, attackers=(), attack: str = "
     acc = [fl.accuracy(w, split.x_test, split.y_test)]
     for r in range(rounds):
         chosen = fl.sample_clients(len(parts), fraction, seed, r)
-        updates = []
-        for k in chosen:
-            rows = parts[k]
-            labels = 9 - y[rows] if (k in attackers and attack == "label flip") else y[rows]
-            v, _ = fl.client_update(w, x[rows], labels, epochs=epochs, batch=batch, lr=lr,
-                                    seed=[seed, r, k])
-            update = v - w
-            if k in attackers:
-                update = attack_update(update, attack)
-            updates.append(update)
-        updates = torch.stack(updates)
+        flipped = attackers if attack == "label flip" else set()
+        updates = torch.stack([attack_update(u, attack) if k in attackers else u
+                               for k, u in zip(chosen, _client_updates(
+                                   w, x, y, parts, chosen, r, epochs, batch, lr, seed, flipped),
+                                   strict=True)])
         f = byzantine if byzantine is not None else max(1, len(attackers) * len(chosen)
                                                         // len(parts))
         if aggregator == "mean":
@@ -229,10 +236,8 @@ def dp_federated(split, parts, *, rounds: int, clip: float, noise: float,
     for r in range(rounds):
         chosen = fl.sample_clients(len(parts), fraction, seed, r)
         total = torch.zeros_like(w)
-        for k in chosen:
-            v, _ = fl.client_update(w, x[parts[k]], y[parts[k]], epochs=epochs, batch=batch,
-                                    lr=lr, seed=[seed, r, k])
-            total += clip_and_noise(v - w, clip, 0.0)
+        for update in _client_updates(w, x, y, parts, chosen, r, epochs, batch, lr, seed):
+            total += clip_and_noise(update, clip, 0.0)
         m = len(chosen)
         w = w + total / m + noise * clip / m * torch.randn(w.shape, generator=g,
                                                            dtype=w.dtype)
