@@ -1,8 +1,26 @@
 """course_lib: the tested helpers behind the course notebooks.
 
-Start with :func:`launch`, which runs a function on real torch.distributed worker processes.
+Start with :func:`launch`, which runs a function on real torch.distributed worker processes, and
+:func:`device`, the device such a function puts its tensors on (``cuda:LOCAL_RANK`` where every
+rank has a GPU, the CPU otherwise).
+
+The lecture's concepts, one module each, named in the lecture's words:
+
+    backprop, erm, erm_simulators, parameter_server, collectives, data_parallel, pipeline,
+    tensor_parallel, sharding, async_sgd, hogwild, decentralized, number_formats,
+    loss_scaling, mixed_precision, quantization, partitions, federated, fl_security
+
+and beside them ``data`` (the digits, row shards), ``models`` (the course's networks),
+``cost_models`` (every closed-form prediction, in one vocabulary) and ``plots``. The machinery
+sits beneath, by role: ``runtime`` (launch, the worker, torchrun, devices, machine report,
+timing), ``exercises`` (a module of checks per lesson and the grader), ``benchmarks``.
+
+A function that runs on ranks takes ``group=None`` (the default group) and uses only that
+group's ranks, so a lesson's algorithm can run inside a sub-group. Results share one
+vocabulary: ``losses`` per step, ``accuracy`` per round or epoch (index 0 before training),
+``params`` for a final model, ``timeline`` for what a rank did when (``runtime.timing.Span``).
 """
 
-from course_lib.launching import LaunchTimeout, WorkerError, launch
+from course_lib.runtime import LaunchTimeout, WorkerError, device, launch
 
-__all__ = ["launch", "WorkerError", "LaunchTimeout"]
+__all__ = ["launch", "device", "WorkerError", "LaunchTimeout"]

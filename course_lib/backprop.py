@@ -247,16 +247,6 @@ class Network:
         return [g for layer in self.layers for g in layer.gradients()]
 
 
-def small_cnn(seed: int = 0, channels: int = 8, hidden: int = 32, dtype=torch.float64) -> Network:
-    """The lesson's network for 8x8 digits: conv 3x3 (padding 1) -> ReLU -> flatten ->
-    linear -> tanh -> linear to 10 classes."""
-    g = torch.Generator().manual_seed(seed)
-    return Network([Conv2d(1, channels, 3, padding=1, generator=g, dtype=dtype),
-                    Activation("relu"), Flatten(),
-                    Linear(channels * 64, hidden, generator=g, dtype=dtype), Activation("tanh"),
-                    Linear(hidden, 10, generator=g, dtype=dtype)])
-
-
 def to_torch_module(net: Network) -> torch.nn.Sequential:
     """The same network built from torch.nn layers with the same weights (copied), for
     training with autograd side by side."""

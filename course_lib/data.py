@@ -1,9 +1,10 @@
 """Datasets for the lessons: the handwritten digits that ship with scikit-learn, offline.
 
 Lecture: "Parallel computing for empirical risk minimization", section 1 (n samples x_j, y_j to
-minimise the empirical risk over). Every default path of the course uses :func:`load_digits`,
-which needs no network. MNIST and Fashion-MNIST are optional, through torchvision, cached under
-``data/`` and never downloaded unless asked for.
+minimise the empirical risk over) and section 2 (the samples partitioned over the workers:
+:func:`shard_rows`). Every default path of the course uses :func:`load_digits`, which needs no
+network. MNIST and Fashion-MNIST are optional, through torchvision, cached under ``data/`` and
+never downloaded unless asked for.
 """
 
 from __future__ import annotations
@@ -66,6 +67,28 @@ def load_digits(seed: int = 0, test_fraction: float = 0.25, images: bool = False
         x_tr, x_te = x_tr.reshape(-1, 1, 8, 8), x_te.reshape(-1, 1, 8, 8)
     return Split(x_tr.to(dtype), torch.from_numpy(y_tr), x_te.to(dtype), torch.from_numpy(y_te),
                  num_classes=10, name="digits")
+
+
+def shard_rows(n: int, p: int, seed: int | None = None) -> list[torch.Tensor]:
+    """Rows 0..n-1 cut into p shards whose sizes differ by at most one, one per worker
+    (data parallelism: the lecture note's "n samples partitioned over m workers").
+
+    ``seed=None`` keeps the rows in order (contiguous blocks); a seed shuffles them first, so
+    every shard holds the same kind of data (IID) -- and the same seed gives the same shards.
+    """
+    if not 1 <= p <= n:
+        raise ValueError(f"need 1 <= p <= n to give every worker rows, got p={p}, n={n}")
+    order = (torch.arange(n) if seed is None
+             else torch.randperm(n, generator=torch.Generator().manual_seed(seed)))
+    return list(order.tensor_split(p))
+
+
+def batch_rows(shard: torch.Tensor, batch: int, seed: int, worker: int, step: int):
+    """The rows of worker ``worker``'s ``step``-th mini-batch: ``batch`` rows of its shard drawn
+    without replacement. Seeded by (seed, worker, step), so a real run, a simulator and a
+    sequential reference all draw the same batches."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + worker * 10_007 + step)
+    return shard[torch.randperm(len(shard), generator=g)[:batch].to(shard.device)]
 
 
 _TORCHVISION = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}

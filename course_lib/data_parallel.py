@@ -4,12 +4,14 @@ Slides "Parallel computing for machine learning", part 3: training a small CNN w
 (all-reduce) strategy, per-replica batch b, global batch b x m; and the DDP paper's mechanics
 (Li et al., VLDB 2020: gradient buckets, overlap, ``no_sync`` for accumulation).
 
-Every training function runs on every rank (through ``launch``) and returns the final
-parameters, so tests and notebooks can compare them with one process on the global batch.
+Every training function runs on every rank of ``group`` (default: all ranks), keeps its replica
+and its batches on the rank's device, and returns the final parameters, so tests and notebooks
+can compare them with one process on the global batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -17,25 +19,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-
-def digits_cnn(seed: int = 0, width: int = 16, dtype=torch.float32) -> torch.nn.Module:
-    """The lesson's small CNN for 8x8 digits: two 3x3 convolutions (width, 2 width channels),
-    ReLU, then a linear layer to 10 classes. ``width`` sets how much computation a step costs."""
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(
-        torch.nn.Conv2d(1, width, 3, padding=1), torch.nn.ReLU(),
-        torch.nn.Conv2d(width, 2 * width, 3, padding=1), torch.nn.ReLU(),
-        torch.nn.Flatten(), torch.nn.Linear(2 * width * 64, 10)).to(dtype)
-
-
-def deep_mlp(depth: int = 24, width: int = 128, seed: int = 0) -> torch.nn.Module:
-    """An MLP for flattened digits with many small weight tensors (2 per layer): what DDP's
-    gradient bucketing is for."""
-    torch.manual_seed(seed)
-    layers = [torch.nn.Flatten(), torch.nn.Linear(64, width), torch.nn.ReLU()]
-    for _ in range(depth - 2):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+from course_lib.runtime.devices import device
+from course_lib.runtime.timing import synchronize
 
 
 def sampler_global_batches(n: int, world_size: int, local_batch: int, seed: int = 0,
@@ -73,47 +58,58 @@ def train_single_process(model, x, y, global_batches, lr: float):
     return losses
 
 
-def average_gradients(model) -> None:
+def average_gradients(model, group=None) -> None:
     """The heart of data parallelism: sum every gradient over the ranks, divide by their
     number. Afterwards every rank holds the gradient of the mean loss over the global batch."""
-    world_size = dist.get_world_size()
+    world_size = dist.get_world_size(group)
     for p in model.parameters():
         if p.grad is not None:
-            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
             p.grad /= world_size
 
 
 def train_from_scratch(model_fn, x, y, local_batch: int, lr: float, epochs: int = 1,
-                       seed: int = 0) -> dict:
+                       seed: int = 0, group=None) -> dict:
     """Data parallelism by hand: broadcast rank 0's initial weights, then per step: forward and
     backward on this rank's part of the global batch, average the gradients, step."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    model = model_fn()
+    rank, world_size, dev = dist.get_rank(group), dist.get_world_size(group), device(group)
+    model = model_fn().to(dev)
+    x, y = x.to(dev), y.to(dev)
     for p in model.parameters():  # every replica starts from rank 0's weights
-        dist.broadcast(p.data, src=0)
+        dist.broadcast(p.data, group=group, group_src=0)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
     for epoch in range(epochs):
         for idx in sampler_global_batches(len(y), world_size, local_batch, seed, epoch):
-            mine = idx[rank::world_size]  # this rank's share, as DistributedSampler deals it
+            mine = idx[rank::world_size].to(dev)  # this rank's share, as DistributedSampler deals
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(x[mine]), y[mine])
             loss.backward()
-            average_gradients(model)
+            average_gradients(model, group)
             opt.step()
             losses.append(loss.item())
     return dict(params=parameters_vector(model), losses=losses)
 
 
-def ddp_loader(x, y, local_batch: int, seed: int = 0):
+def ddp_model(model, group=None, **options) -> DDP:
+    """``model`` on this rank's device, wrapped in DistributedDataParallel over ``group``."""
+    dev = device(group)
+    ids = [dev.index] if dev.type == "cuda" else None
+    return DDP(model.to(dev), device_ids=ids, process_group=group, **options)
+
+
+def ddp_loader(x, y, local_batch: int, seed: int = 0, group=None):
     """A DataLoader over this rank's share: DistributedSampler deals the indices out."""
     dataset = TensorDataset(x, y)
-    sampler = DistributedSampler(dataset, shuffle=True, seed=seed, drop_last=True)
+    sampler = DistributedSampler(dataset, num_replicas=dist.get_world_size(group),
+                                 rank=dist.get_rank(group), shuffle=True, seed=seed,
+                                 drop_last=True)
     return DataLoader(dataset, batch_size=local_batch, sampler=sampler, drop_last=True), sampler
 
 
 def train_ddp(model_fn, x, y, local_batch: int, lr: float, epochs: int = 1, seed: int = 0,
-              accumulate: int = 1, comm_hook=None, bucket_cap_mb: float | None = None) -> dict:
+              accumulate: int = 1, comm_hook=None, bucket_cap_mb: float | None = None,
+              group=None) -> dict:
     """The same with DistributedDataParallel and DistributedSampler.
 
     ``accumulate`` > 1 sums gradients over that many local batches inside ``no_sync`` (no
@@ -121,20 +117,21 @@ def train_ddp(model_fn, x, y, local_batch: int, lr: float, epochs: int = 1, seed
     larger. ``comm_hook`` is registered on the model (e.g. fp16 compression).
     """
     options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
-    model = DDP(model_fn(), **options)  # broadcasts rank 0's weights itself
+    model = ddp_model(model_fn(), group, **options)  # broadcasts rank 0's weights itself
+    dev = device(group)
     if comm_hook is not None:
         model.register_comm_hook(None, comm_hook)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    loader, sampler = ddp_loader(x, y, local_batch, seed)
+    loader, sampler = ddp_loader(x, y, local_batch, seed, group)
     losses = []
     for epoch in range(epochs):
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
-        batches = list(loader)
+        batches = [(xb.to(dev), yb.to(dev)) for xb, yb in loader]
         for start in range(0, len(batches) - accumulate + 1, accumulate):
             opt.zero_grad()
             for i, (xb, yb) in enumerate(batches[start:start + accumulate]):
                 last = i == accumulate - 1
-                context = model.no_sync() if not last else _nullcontext()
+                context = model.no_sync() if not last else contextlib.nullcontext()
                 with context:  # no all-reduce until the last micro-batch
                     loss = torch.nn.functional.cross_entropy(model(xb), yb) / accumulate
                     loss.backward()
@@ -143,48 +140,45 @@ def train_ddp(model_fn, x, y, local_batch: int, lr: float, epochs: int = 1, seed
     return dict(params=parameters_vector(model.module), losses=losses, model=model.module)
 
 
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def time_ddp_steps(model_fn, x, y, local_batch: int, steps: int = 10, warmup: int = 2,
-                   threads: int = 1, bucket_cap_mb: float | None = None) -> dict:
+                   threads: int = 1, bucket_cap_mb: float | None = None, group=None) -> dict:
     """Per-step wall times of DDP training on every rank, with and without communication.
 
     ``with_sync``: normal steps (forward, backward with all-reduce overlapped, optimizer);
     ``no_sync``: the same steps inside ``no_sync`` (no all-reduce), so the difference estimates
-    what communication adds. Each rank uses ``threads`` threads (m workers use m cores).
+    what communication adds. Each rank uses ``threads`` CPU threads (m workers use m cores).
     """
     torch.set_num_threads(threads)
     options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
-    model = DDP(model_fn(), **options)
+    model = ddp_model(model_fn(), group, **options)
+    dev = device(group)
+    x, y = x.to(dev), y.to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    g = torch.Generator().manual_seed(dist.get_rank())
+    g = torch.Generator().manual_seed(dist.get_rank(group))
     out = {}
     for mode in ("with_sync", "no_sync"):
         times = []
         for step in range(warmup + steps):
-            idx = torch.randint(0, len(y), (local_batch,), generator=g)
-            dist.barrier()
+            idx = torch.randint(0, len(y), (local_batch,), generator=g).to(dev)
+            dist.barrier(group=group)
+            synchronize(dev)
             start = time.perf_counter()
             opt.zero_grad()
-            context = model.no_sync() if mode == "no_sync" else _nullcontext()
+            context = model.no_sync() if mode == "no_sync" else contextlib.nullcontext()
             with context:
                 torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
             opt.step()
+            synchronize(dev)
             if step >= warmup:
                 times.append(time.perf_counter() - start)
         out[mode] = times
     return out
 
 
-def compression_hook(dtype, log: list | None = None):
+def compression_hook(dtype, log: list | None = None, group=None):
     """A DDP communication hook that all-reduces each gradient bucket in ``dtype`` (e.g.
-    torch.float16 or torch.bfloat16; None sends float32 as is) and records the bytes it sends.
+    torch.float16 or torch.bfloat16; None sends float32 as is) over ``group`` and records the
+    bytes it sends.
 
     What torch's ``fp16_compress_hook`` does, written out: cast the bucket down, divide by the
     world size (so the sum cannot overflow as easily), all-reduce, cast back into the bucket.
@@ -193,13 +187,14 @@ def compression_hook(dtype, log: list | None = None):
     def hook(state, bucket):
         buffer = bucket.buffer()
         message = buffer if dtype is None else buffer.to(dtype)
-        message.div_(dist.get_world_size())
+        message.div_(dist.get_world_size(group))
         if log is not None:
             log.append(message.numel() * message.element_size())
-        future = dist.all_reduce(message, async_op=True).get_future()
+        future = dist.all_reduce(message, group=group, async_op=True).get_future()
 
         def unpack(fut):
-            buffer.copy_(fut.value()[0])
+            if message is not buffer:  # the sum is in message, in place: back into the bucket
+                buffer.copy_(message)
             return buffer
 
         return future.then(unpack)

@@ -6,8 +6,9 @@ then steps; it converges — Lian et al. 2017 — at a rate set by how well the 
 and not at all on a disconnected graph) and the lecture note's section 5 problem (seven workers
 on a graph). Local SGD (Lin et al. 2020): H local steps between averages.
 
-Every node is one rank; its neighbours' parameters arrive by point-to-point messages
-(``isend``/``irecv``), never through a server or a collective.
+Every node is one rank of ``group`` (default: all ranks), node i = group rank i; its
+neighbours' parameters arrive by point-to-point messages (``isend``/``irecv``), never through a
+server or a collective. Each node computes on its rank's device.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from course_lib.async_sgd import batch_rows, shard_rows
+from course_lib.data import batch_rows, shard_rows
 from course_lib.erm import ERMProblem
 from course_lib.erm_simulators import (  # noqa: F401  (consensus_distance: for the lessons)
     DISCONNECTED_GRAPH,
@@ -25,6 +26,7 @@ from course_lib.erm_simulators import (  # noqa: F401  (consensus_distance: for 
     consensus_distance,
     local_gradient,
 )
+from course_lib.runtime.devices import device
 
 RING_7 = {i: [(i - 1) % 7, (i + 1) % 7] for i in range(7)}
 COMPLETE_7 = {i: [j for j in range(7) if j != i] for i in range(7)}
@@ -85,24 +87,24 @@ def spectral_gap(W: torch.Tensor) -> float:
 # -- one node's part -------------------------------------------------------------------------------
 
 
-def gossip_average(x: torch.Tensor, graph: dict, W: torch.Tensor) -> torch.Tensor:
+def gossip_average(x: torch.Tensor, graph: dict, W: torch.Tensor, group=None) -> torch.Tensor:
     """Run on every rank: send x to each neighbour, receive theirs, return sum_j W[i, j] x_j.
 
     All sends and receives are posted before any is waited on, so no pair of neighbours can
     block each other whatever the graph."""
-    i = dist.get_rank()
+    i, x = dist.get_rank(group), x.to(device(group))
     received = {j: torch.empty_like(x) for j in graph[i]}
-    requests = [dist.isend(x, j) for j in graph[i]]
-    requests += [dist.irecv(received[j], j) for j in graph[i]]
+    requests = [dist.isend(x, group=group, group_dst=j) for j in graph[i]]
+    requests += [dist.irecv(received[j], group=group, group_src=j) for j in graph[i]]
     for request in requests:
         request.wait()
-    return W[i, i] * x + sum(W[i, j] * received[j] for j in graph[i])
+    return float(W[i, i]) * x + sum(float(W[i, j]) * received[j] for j in graph[i])
 
 
 def decentralized_sgd(problem: ERMProblem, graph: dict, *, steps: int, lr: float,
                       batch: int | None = None, rule: str = "metropolis", x0=None,
-                      shards=None, seed: int = 0) -> dict:
-    """Run on every rank (through ``launch``): node i = rank i of a graph with world_size nodes.
+                      shards=None, seed: int = 0, group=None) -> dict:
+    """Run on every rank of ``group``: node i = rank i of a graph with as many nodes as ranks.
 
     Each step, node i averages with its neighbours and steps along its own gradient at its
     current parameters (Lian et al.'s D-PSGD; the note's problem):
@@ -112,20 +114,21 @@ def decentralized_sgd(problem: ERMProblem, graph: dict, *, steps: int, lr: float
     near-equal shards). Returns node i's iterates and the time of each step.
     """
     torch.set_num_threads(1)
-    i, n = dist.get_rank(), dist.get_world_size()
+    i, n, dev = dist.get_rank(group), dist.get_world_size(group), device(group)
     if len(graph) != n:
         raise ValueError(f"the graph has {len(graph)} nodes but {n} ranks were launched: "
                          f"launch with world_size={len(graph)}")
     W = mixing_matrix(graph, rule)
-    shard = (shard_rows(problem.n, n, seed) if shards is None else shards)[i]
-    x = (torch.zeros(problem.d, dtype=problem.X.dtype) if x0 is None else x0[i].clone())
+    local = ERMProblem(problem.X.to(dev), problem.y.to(dev), problem.lam, problem.kind)
+    shard = (shard_rows(problem.n, n, seed) if shards is None else shards)[i].to(dev)
+    x = (torch.zeros(problem.d, dtype=problem.X.dtype) if x0 is None else x0[i].clone()).to(dev)
     iterates, times = [x.clone()], []
-    dist.barrier()
+    dist.barrier(group=group)
     start = time.time()
     for step in range(steps):
         rows = shard if batch is None else batch_rows(shard, batch, seed, i, step)
-        g = local_gradient(problem, rows, x)
-        x = gossip_average(x, graph, W) - lr * g
+        g = local_gradient(local, rows, x)
+        x = gossip_average(x, graph, W, group) - lr * g
         iterates.append(x.clone())
         times.append(time.time() - start)
     return dict(iterates=torch.stack(iterates), times=times)
@@ -159,23 +162,26 @@ def gather_iterates(results) -> torch.Tensor:
 
 
 def local_sgd(problem: ERMProblem, *, local_steps: int, rounds: int, lr: float, batch: int,
-              seed: int = 0) -> dict:
-    """Run on every rank: each worker takes ``local_steps`` (H) mini-batch SGD steps on its shard,
-    then all workers average their parameters (one all-reduce: one communication round).
+              seed: int = 0, group=None) -> dict:
+    """Run on every rank of ``group``: each worker takes ``local_steps`` (H) mini-batch SGD steps
+    on its shard, then all workers average their parameters (one all-reduce: one communication
+    round).
 
     H = 1 is synchronous mini-batch SGD; larger H communicates H times less. Returns the averaged
     model after every round.
     """
     torch.set_num_threads(1)
-    rank, m = dist.get_rank(), dist.get_world_size()
-    shard = shard_rows(problem.n, m, seed)[rank]
-    w = torch.zeros(problem.d, dtype=problem.X.dtype)
+    rank, m, dev = dist.get_rank(group), dist.get_world_size(group), device(group)
+    local = ERMProblem(problem.X.to(dev), problem.y.to(dev), problem.lam, problem.kind)
+    shard = shard_rows(problem.n, m, seed)[rank].to(dev)
+    w = torch.zeros(problem.d, dtype=problem.X.dtype, device=dev)
     averaged, step = [w.clone()], 0
     for _ in range(rounds):
         for _ in range(local_steps):
-            w = w - lr * local_gradient(problem, batch_rows(shard, batch, seed, rank + 1, step), w)
+            rows = batch_rows(shard, batch, seed, rank + 1, step)
+            w = w - lr * local_gradient(local, rows, w)
             step += 1
-        dist.all_reduce(w)  # the only communication: one average per round
+        dist.all_reduce(w, group=group)  # the only communication: one average per round
         w /= m
         averaged.append(w.clone())
     return dict(averaged=torch.stack(averaged))

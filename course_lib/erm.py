@@ -136,13 +136,6 @@ def digits_quadratic_problem(lam: float = 1e-3, shifted: bool = False) -> ERMPro
                       f"{name} quadratic features, logistic")
 
 
-def partition_rows(n: int, m: int) -> list[torch.Tensor]:
-    """Split rows 0..n-1 into m contiguous blocks whose sizes differ by at most one."""
-    if not 1 <= m <= n:
-        raise ValueError(f"need 1 <= m <= n to give every worker data, got m={m}, n={n}")
-    return list(torch.arange(n).tensor_split(m))
-
-
 def agd(problem: ERMProblem, alpha: float, beta: float, iterations: int, w0=None):
     """Accelerated (momentum) gradient descent, sequentially: v <- beta v + g(w), w <- w - alpha v.
 

@@ -6,240 +6,231 @@ averages) and the lecture note's FedAvg problem. McMahan et al. 2017's parameter
 a fraction C of them per round, E local epochs of mini-batches of B rows (B = None: the whole
 local dataset, "B = infinity"), learning rate lr. FedSGD is FedAvg with E = 1, B = infinity.
 
-Remedies for heterogeneity from the reference numbers: FedProx (Li et al. 2020, a squared
-proximal term, and stragglers' partial work kept), SCAFFOLD (Karimireddy et al. 2020, control
-variates), and server optimisers FedAvgM and FedAdam (Hsu et al. 2019; Reddi et al. 2021).
+The lecture's steps, one function each: :func:`sample_clients` (the server picks C K clients),
+:func:`client_update` (a client's local SGD), :func:`fedavg_round` (every chosen client trains,
+the server averages the models weighted by their data and takes its step) and :func:`federated`
+(rounds of that). Remedies for heterogeneity from the reference numbers: FedProx (a squared
+proximal term, and stragglers' partial work kept), SCAFFOLD (:class:`ControlVariates`), and
+server optimisers passed as functions -- :func:`fedavg_server`, :func:`fedavgm_server`,
+:func:`fedadam_server` (Hsu et al. 2019; Reddi et al. 2021).
 
-The model is a small MLP held as one flat float64 vector, so that averaging, control variates
-and server optimisers are vector arithmetic, and so that the same seed gives the same model in
-one process and on several ranks (float64 makes the different summation orders agree to 1e-12).
-One function runs both modes: on ranks, rank r hosts the clients k with k % world_size == r and
-the server's sums are all-reduces.
+The model is ``models.FlatMLP``: one flat float64 vector, so averaging, control variates and
+server optimisers are vector arithmetic. The same code runs in one process or, called on every
+rank of ``group``, with rank r hosting the clients k with k % p == r, its tensors on the rank's
+device, and the server's sums all-reduced: the same result for the same seed.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-SIZES = (64, 32, 10)  # the digits MLP: 64 pixels, 32 hidden units, 10 classes
-METHODS = ("fedavg", "fedprox", "scaffold")
-SERVERS = ("avg", "avgm", "adam")
+from course_lib.cost_models import federated_bytes_per_round
+from course_lib.models import DIGITS_MLP
+from course_lib.runtime.devices import device
 
 
-# -- the model as a flat vector ------------------------------------------------------------------
+@dataclass(frozen=True)
+class LocalTraining:
+    """What each client does in a round: ``epochs`` (E) passes over its rows in mini-batches of
+    ``batch`` (B; None: all its rows at once) with learning rate ``lr``; ``mu`` > 0 adds
+    FedProx's proximal term (mu/2)||v - w||^2."""
+
+    epochs: int = 1
+    batch: int | None = 10
+    lr: float = 0.1
+    mu: float = 0.0
+
+    def steps(self, n: int) -> int:
+        """SGD steps E epochs take on n rows (one per epoch when B = None)."""
+        return self.epochs * (1 if self.batch is None else math.ceil(n / self.batch))
 
 
-def num_parameters(sizes=SIZES) -> int:
-    return sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+def client_update(w, x, y, local: LocalTraining, seed, *, correction=None,
+                  max_steps: int | None = None, model=DIGITS_MLP):
+    """E epochs of mini-batch SGD from the global model w on one client's rows (x, y).
 
-
-def init_model(sizes=SIZES, seed: int = 0) -> torch.Tensor:
-    """PyTorch's default initialisation of each Linear layer, U(-1/sqrt(fan_in), +), flattened."""
-    g = torch.Generator().manual_seed(seed)
-    pieces = []
-    for a, b in zip(sizes[:-1], sizes[1:], strict=True):
-        bound = 1 / math.sqrt(a)
-        pieces.append((torch.rand(b * a + b, generator=g, dtype=torch.float64) * 2 - 1) * bound)
-    return torch.cat(pieces)
-
-
-def _layers(w, sizes):
-    """(weight, bias) views of each layer inside the flat vector w."""
-    start, layers = 0, []
-    for a, b in zip(sizes[:-1], sizes[1:], strict=True):
-        layers.append((w[start:start + a * b].view(b, a), w[start + a * b:start + a * b + b]))
-        start += a * b + b
-    return layers
-
-
-def forward(w: torch.Tensor, x: torch.Tensor, sizes=SIZES) -> torch.Tensor:
-    """The MLP's logits, reading each layer's weight and bias out of the flat vector w."""
-    h = x.double()
-    layers = _layers(w, sizes)
-    for i, (weight, bias) in enumerate(layers):
-        h = h @ weight.T + bias
-        if i < len(layers) - 1:
-            h = torch.relu(h)
-    return h
-
-
-def loss_and_gradient(w, x, y, sizes=SIZES):
-    """Mean cross-entropy on (x, y) and its gradient with respect to w, by backpropagation
-    written out (lesson 1): several times faster than autograd for a model this small."""
-    layers = _layers(w, sizes)
-    inputs, h = [], x.double()
-    for i, (weight, bias) in enumerate(layers):
-        inputs.append(h)
-        h = h @ weight.T + bias
-        if i < len(layers) - 1:
-            h = torch.relu(h)
-    log_p = torch.log_softmax(h, dim=1)
-    loss = -log_p[torch.arange(len(y)), y].mean()
-    delta = log_p.exp()
-    delta[torch.arange(len(y)), y] -= 1
-    delta /= len(y)  # dQ/dZ of the last layer
-    grads = []
-    for i in range(len(layers) - 1, -1, -1):
-        weight, _ = layers[i]
-        grads.append(torch.cat([(delta.T @ inputs[i]).flatten(), delta.sum(dim=0)]))
-        if i > 0:
-            delta = (delta @ weight) * (inputs[i] > 0)  # through the ReLU that made inputs[i]
-    return loss.item(), torch.cat(grads[::-1])
-
-
-def accuracy(w, x, y, sizes=SIZES) -> float:
-    with torch.no_grad():
-        return (forward(w, x, sizes).argmax(dim=1) == y).double().mean().item()
-
-
-# -- a client's local work -----------------------------------------------------------------------
-
-
-def local_steps(n: int, epochs: int, batch: int | None) -> int:
-    """How many SGD steps E epochs of mini-batches of B rows take on n rows (B = None: one per
-    epoch)."""
-    return epochs * (1 if batch is None else math.ceil(n / batch))
-
-
-def client_update(w, x, y, *, epochs: int, batch: int | None, lr: float, seed, mu: float = 0.0,
-                  correction=None, max_steps: int | None = None, sizes=SIZES):
-    """E epochs of mini-batch SGD from the global model w on one client's rows.
-
-    ``mu`` > 0 adds FedProx's (mu/2)||v - w||^2; ``correction`` (SCAFFOLD's c - c_k) is added to
-    every gradient; ``max_steps`` cuts the work short (a straggler). Returns the local model
-    and the number of steps taken.
+    ``correction`` (SCAFFOLD's c - c_k) is added to every gradient; ``max_steps`` cuts the work
+    short (a straggler). Returns the local model and the number of steps taken.
     """
     g = torch.Generator().manual_seed(int(np.random.default_rng(seed).integers(2 ** 62)))
-    v, steps, budget = w.clone(), 0, max_steps if max_steps is not None else math.inf
-    for _ in range(epochs):
-        order = torch.randperm(len(x), generator=g)
-        for rows in ([order] if batch is None else order.split(batch)):
+    v, steps = w.clone(), 0
+    budget = max_steps if max_steps is not None else math.inf
+    for _ in range(local.epochs):
+        order = torch.randperm(len(x), generator=g).to(x.device)
+        for rows in ([order] if local.batch is None else order.split(local.batch)):
             if steps >= budget:
                 return v, steps
-            _, grad = loss_and_gradient(v, x[rows], y[rows], sizes)
-            if mu:
-                grad = grad + mu * (v - w)
+            grad = model.loss_and_gradient(v, x[rows], y[rows])[1]
+            if local.mu:
+                grad = grad + local.mu * (v - w)
             if correction is not None:
                 grad = grad + correction
-            v = v - lr * grad
+            v = v - local.lr * grad
             steps += 1
     return v, steps
 
 
-# -- the server ------------------------------------------------------------------------------------
+def _as_tuple(round_) -> tuple:
+    return round_ if isinstance(round_, tuple) else (round_,)
 
 
-def sample_clients(clients: int, fraction: float, seed: int, round_: int) -> list[int]:
-    """The max(1, round(C K)) clients of one round, the same on every rank for the same seed."""
+def sample_clients(clients: int, fraction: float, seed: int, round_) -> list[int]:
+    """The max(1, round(C K)) clients of one round (``round_``: a number, or a tuple naming a
+    round inside a round), the same on every rank for the same seed."""
     m = max(1, round(fraction * clients))
-    key = [seed, *(round_ if isinstance(round_, tuple) else (round_,))]
+    key = [seed, *_as_tuple(round_)]
     return sorted(np.random.default_rng(key).choice(clients, m, replace=False).tolist())
 
 
-def server_step(w, average, state: dict, server: str, server_lr: float, momentum: float = 0.9,
-                betas=(0.9, 0.99), tau: float = 1e-3):
-    """Move the global model towards the clients' weighted average ``average``.
+# -- the server's step: a function of the current model, the clients' average and its state ----
+# (the state, e.g. momentum, is a dict the training loop owns: a step function can be reused)
 
-    "avg": take the average (FedAvg). With the pseudo-gradient delta = w - average, "avgm":
-    heavy-ball momentum (FedAvgM); "adam": Adam on delta (FedAdam, tau as Adam's epsilon)."""
-    if server == "avg":
-        return average
-    delta = w - average
-    if server == "avgm":
-        state["m"] = momentum * state.get("m", torch.zeros_like(w)) + delta
-        return w - server_lr * state["m"]
-    if server == "adam":
+
+def fedavg_server():
+    """FedAvg: the new global model is the clients' weighted average."""
+    return lambda w, average, state: average
+
+
+def fedavgm_server(lr: float = 1.0, momentum: float = 0.9):
+    """FedAvgM: heavy-ball momentum on the pseudo-gradient delta = w - average."""
+
+    def step(w, average, state):
+        state["m"] = momentum * state.get("m", torch.zeros_like(w)) + (w - average)
+        return w - lr * state["m"]
+
+    return step
+
+
+def fedadam_server(lr: float = 0.01, betas=(0.9, 0.99), tau: float = 1e-3):
+    """FedAdam: Adam on the pseudo-gradient delta = w - average (tau plays Adam's epsilon)."""
+
+    def step(w, average, state):
+        delta = w - average
         state["m"] = betas[0] * state.get("m", torch.zeros_like(w)) + (1 - betas[0]) * delta
         state["v"] = betas[1] * state.get("v", torch.zeros_like(w)) + (1 - betas[1]) * delta ** 2
-        return w - server_lr * state["m"] / (state["v"].sqrt() + tau)
-    raise ValueError(f"unknown server {server!r}: use one of {SERVERS}")
+        return w - lr * state["m"] / (state["v"].sqrt() + tau)
+
+    return step
 
 
-def _sum_over_ranks(t):
+class ControlVariates:
+    """SCAFFOLD's control variates (Karimireddy et al. 2020): the server's c and each client's
+    c_k, held where the client's data is. A client corrects every local gradient by c - c_k."""
+
+    def __init__(self, d: int, clients: int, device=None):
+        self.c = torch.zeros(d, dtype=torch.float64, device=device)
+        self.c_k, self.clients, self.delta = {}, clients, torch.zeros_like(self.c)
+
+    def correction(self, k):
+        return self.c - self.c_k.get(k, torch.zeros_like(self.c))
+
+    def update(self, k, w, v, steps: int, lr: float) -> None:
+        """Option II of the paper: c_k+ = c_k - c + (w - v) / (steps lr)."""
+        old = self.c_k.get(k, torch.zeros_like(self.c))
+        self.c_k[k] = old - self.c + (w - v) / (steps * lr)
+        self.delta += self.c_k[k] - old
+
+    def end_round(self, group=None) -> None:
+        """c += (sum of this round's changes of c_k) / K, the sum taken over all ranks."""
+        self.c = self.c + _sum_over_ranks(self.delta, group) / self.clients
+        self.delta = torch.zeros_like(self.c)
+
+
+def _sum_over_ranks(t, group=None):
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=group)
     return t
 
 
-def federated(split, parts, *, rounds: int, fraction: float = 0.1, epochs: int = 1,
-              batch: int | None = 10, lr: float = 0.1, method: str = "fedavg", mu: float = 0.0,
-              server: str = "avg", server_lr: float = 1.0, stragglers: float = 0.0,
-              keep_partial: bool = False, target: float | None = None, seed: int = 0,
-              sizes=SIZES) -> dict:
-    """Federated training of the digits MLP; clients are ``parts`` (row indices of the training
-    set). Runs in this process, or, when called on every rank of a process group, with rank r
-    hosting the clients k % world_size == r (same result for the same seed).
+def fedavg_round(w, x, y, parts, chosen, local: LocalTraining, *, seed, round_, budgets=None,
+                 control: ControlVariates | None = None, model=DIGITS_MLP, group=None):
+    """One round of FedAvg: each client k in ``chosen`` trains from w on its rows ``parts[k]``
+    (at most ``budgets[k]`` steps when given); returns the average of their models weighted by
+    their number of rows -- FedAvg's new global model -- or None if nobody reported (every
+    chosen client dropped). On ranks, this rank trains the clients k % p == its rank and the
+    weighted sums are all-reduced."""
+    rank, p = ((dist.get_rank(group), dist.get_world_size(group))
+               if dist.is_available() and dist.is_initialized() else (0, 1))
+    dev = device(group)
+    w, x, y = w.to(dev), x.to(dev), y.to(dev)
+    total = torch.zeros(len(w) + 1, dtype=w.dtype, device=dev)  # sum n_k w_k, and n_k
+    for k in chosen:
+        if k % p != rank:
+            continue  # another rank hosts this client
+        rows = parts[k].to(dev)
+        v, steps = client_update(
+            w, x[rows], y[rows], local, [seed, *_as_tuple(round_), k], model=model,
+            correction=None if control is None else control.correction(k),
+            max_steps=None if budgets is None else budgets.get(k))
+        if control is not None:
+            control.update(k, w, v, steps, local.lr)
+        total[:-1] += len(rows) * v
+        total[-1] += len(rows)
+    total = _sum_over_ranks(total, group)
+    if control is not None:
+        control.end_round(group)
+    return total[:-1] / total[-1] if total[-1] > 0 else None
 
-    ``stragglers``: the fraction of each round's clients that finish only part of their local
-    steps (a random number); they are dropped, or with ``keep_partial`` their partial work is
-    averaged in (as FedProx does). Stops early once test accuracy reaches ``target``.
+
+def straggler_budgets(chosen, parts, local: LocalTraining, share: float, seed: int, round_):
+    """A random ``share`` of the chosen clients are stragglers: each finishes a random number of
+    its local steps (at least one). Returns {client: steps it manages}."""
+    slow = np.random.default_rng([seed, round_, 1]).choice(chosen, round(share * len(chosen)),
+                                                           replace=False).tolist()
+    return {k: int(np.random.default_rng([seed, round_, k]).integers(
+        1, local.steps(len(parts[k])) + 1)) for k in slow}
+
+
+def federated(split, parts, local: LocalTraining, *, rounds: int, fraction: float = 0.1,
+              server=None, scaffold: bool = False, stragglers: float = 0.0,
+              keep_partial: bool = False, target: float | None = None, seed: int = 0,
+              model=DIGITS_MLP, group=None) -> dict:
+    """Federated training of ``model`` on ``split``; client k holds the training rows
+    ``parts[k]``. ``server(w, average, state)`` is the server's step (default
+    :func:`fedavg_server`). A share
+    ``stragglers`` of each round's clients manage only part of their steps: they are dropped,
+    or with ``keep_partial`` their partial work is averaged in (as FedProx does). Stops early
+    once test accuracy reaches ``target``.
 
     Returns the test ``accuracy`` after every round (index 0: before training), ``best`` (the
-    best-so-far curve), ``rounds_to_target``, ``bytes_per_round`` (models as float32, both ways)
-    and the final model ``w``.
+    best-so-far curve), ``rounds_to_target``, ``bytes_per_round``, ``seconds`` per round and the
+    final model ``params``.
     """
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}: use one of {METHODS}")
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction C must be in (0, 1], got {fraction}")
-    rank, world = ((dist.get_rank(), dist.get_world_size())
-                   if dist.is_available() and dist.is_initialized() else (0, 1))
-    K, d = len(parts), num_parameters(sizes)
-    x, y = split.x_train.double(), split.y_train
-    w = init_model(sizes, seed)
-    c_global, c_client, server_state = torch.zeros(d, dtype=torch.float64), {}, {}
-    acc = [accuracy(w, split.x_test, split.y_test, sizes)]
-    messages = 2 if method == "scaffold" else 1  # SCAFFOLD also sends control variates
-    log = dict(accuracy=acc, bytes_per_round=[], seconds=[])
+    dev = device(group)
+    x, y = split.x_train.to(dev, torch.float64), split.y_train.to(dev)
+    x_test, y_test = split.x_test.to(dev), split.y_test.to(dev)
+    w, server, server_state = model.init(seed).to(dev), server or fedavg_server(), {}
+    control = ControlVariates(len(w), len(parts), dev) if scaffold else None
+    log = dict(accuracy=[model.accuracy(w, x_test, y_test)], bytes_per_round=[], seconds=[])
     for r in range(rounds):
         start = time.perf_counter()
-        chosen = sample_clients(K, fraction, seed, r)
-        slow = set(np.random.default_rng([seed, r, 1]).choice(
-            chosen, round(stragglers * len(chosen)), replace=False).tolist())
-        total = torch.zeros(d + 1, dtype=torch.float64)  # sum of n_k w_k, and of n_k
-        c_delta = torch.zeros(d, dtype=torch.float64)
-        for k in chosen:
-            if k % world != rank:
-                continue
-            rows = parts[k]
-            full = local_steps(len(rows), epochs, batch)
-            budget = None
-            if k in slow:
-                if not keep_partial:
-                    continue  # dropped: the server does not wait for it
-                budget = int(np.random.default_rng([seed, r, k]).integers(1, full + 1))
-            correction = None
-            if method == "scaffold":
-                correction = c_global - c_client.get(k, torch.zeros(d, dtype=torch.float64))
-            v, steps = client_update(w, x[rows], y[rows], epochs=epochs, batch=batch, lr=lr,
-                                     seed=[seed, r, k], mu=mu if method == "fedprox" else 0.0,
-                                     correction=correction, max_steps=budget, sizes=sizes)
-            if method == "scaffold":  # option II of the paper: c_k+ = c_k - c + (w - v)/(K lr)
-                old = c_client.get(k, torch.zeros(d, dtype=torch.float64))
-                new = old - c_global + (w - v) / (steps * lr)
-                c_delta += new - old
-                c_client[k] = new
-            total[:d] += len(rows) * v
-            total[d] += len(rows)
-        total = _sum_over_ranks(total)
-        if method == "scaffold":
-            c_global = c_global + _sum_over_ranks(c_delta) / K
-        if total[d] > 0:  # every chosen client was a dropped straggler: keep w
-            w = server_step(w, total[:d] / total[d], server_state, server, server_lr)
-        acc.append(accuracy(w, split.x_test, split.y_test, sizes))
-        log["bytes_per_round"].append(2 * len(chosen) * d * 4 * messages)
+        sampled = sample_clients(len(parts), fraction, seed, r)
+        budgets = straggler_budgets(sampled, parts, local, stragglers, seed, r)
+        chosen = sampled
+        if not keep_partial:  # dropped: the server does not wait for them
+            chosen, budgets = [k for k in sampled if k not in budgets], None
+        average = fedavg_round(w, x, y, parts, chosen, local, seed=seed, round_=r,
+                               budgets=budgets, control=control, model=model, group=group)
+        if average is not None:  # else every chosen client dropped: keep w
+            w = server(w, average, server_state)
+        log["accuracy"].append(model.accuracy(w, x_test, y_test))
+        log["bytes_per_round"].append(federated_bytes_per_round(  # w went to every sampled one
+            len(sampled), len(w), messages=2 if scaffold else 1))
         log["seconds"].append(time.perf_counter() - start)
-        if target is not None and acc[-1] >= target:
+        if target is not None and log["accuracy"][-1] >= target:
             break
-    log["best"] = np.maximum.accumulate(acc).tolist()
-    log["rounds_to_target"] = rounds_to_target(acc, target) if target is not None else None
-    log["w"] = w
-    return log
+    log["best"] = np.maximum.accumulate(log["accuracy"]).tolist()
+    log["rounds_to_target"] = (rounds_to_target(log["accuracy"], target)
+                               if target is not None else None)
+    return log | dict(params=w)
 
 
 def rounds_to_target(accuracy_per_round, target: float) -> int | None:
@@ -249,45 +240,41 @@ def rounds_to_target(accuracy_per_round, target: float) -> int | None:
     return int(hits[0]) if len(hits) else None
 
 
-def fedsgd_step(split, parts, w, lr: float, sizes=SIZES) -> torch.Tensor:
+def fedsgd_step(split, parts, w, lr: float, model=DIGITS_MLP) -> torch.Tensor:
     """One FedSGD round with every client: w - lr sum_k (n_k/n) grad F_k(w)."""
     x, y = split.x_train.double(), split.y_train
     n = sum(len(p) for p in parts)
-    step = sum(len(p) / n * loss_and_gradient(w, x[p], y[p], sizes)[1] for p in parts)
-    return w - lr * step
+    return w - lr * sum(len(p) / n * model.loss_and_gradient(w, x[p], y[p])[1] for p in parts)
 
 
-def hierarchical(split, parts, edges, *, cloud_rounds: int, edge_rounds: int,
-                 fraction: float = 0.5, epochs: int = 1, batch: int | None = 10,
-                 lr: float = 0.1, seed: int = 0, sizes=SIZES) -> dict:
-    """Hierarchical FedAvg (in one process): clients -> edge aggregators -> cloud.
+def hierarchical(split, parts, edges, local: LocalTraining, *, cloud_rounds: int,
+                 edge_rounds: int, fraction: float = 0.5, seed: int = 0,
+                 model=DIGITS_MLP) -> dict:
+    """Hierarchical FedAvg (the article's clients -> edge aggregators -> cloud), in one process.
 
     ``edges`` lists each edge's clients. Each cloud round, every edge starts from the cloud
     model and runs ``edge_rounds`` FedAvg rounds with its own clients (a fraction of them per
     round); the cloud then averages the edge models, weighted by their data. Returns the test
-    ``accuracy`` after every cloud round and the bytes that crossed the ``edge_to_cloud`` links
-    and the ``client_to_edge`` links in all (models as float32, both ways)."""
+    ``accuracy`` after every cloud round and the bytes that crossed the ``edge_to_cloud`` and
+    the ``client_to_edge`` links in all."""
     x, y = split.x_train.double(), split.y_train
-    d = num_parameters(sizes)
-    w = init_model(sizes, seed)
-    log = dict(accuracy=[accuracy(w, split.x_test, split.y_test, sizes)], edge_to_cloud=0,
+    w, d = model.init(seed), model.num_parameters
+    log = dict(accuracy=[model.accuracy(w, split.x_test, split.y_test)], edge_to_cloud=0,
                client_to_edge=0)
     for r in range(cloud_rounds):
         edge_models, edge_sizes = [], []
         for e, members in enumerate(edges):
-            w_e = w.clone()
+            w_e = w
             for q in range(edge_rounds):
                 chosen = [members[i] for i in
                           sample_clients(len(members), fraction, seed, (r, e, q))]
-                n = sum(len(parts[k]) for k in chosen)
-                w_e = sum(len(parts[k]) / n * client_update(
-                    w_e, x[parts[k]], y[parts[k]], epochs=epochs, batch=batch, lr=lr,
-                    seed=[seed, r, e, q, k], sizes=sizes)[0] for k in chosen)
-                log["client_to_edge"] += 2 * len(chosen) * d * 4
+                w_e = fedavg_round(w_e, x, y, parts, chosen, local, seed=seed,
+                                   round_=(r, e, q), model=model)
+                log["client_to_edge"] += federated_bytes_per_round(len(chosen), d)
             edge_models.append(w_e)
             edge_sizes.append(sum(len(parts[k]) for k in members))
         total = sum(edge_sizes)
         w = sum(s / total * m for s, m in zip(edge_sizes, edge_models, strict=True))
-        log["edge_to_cloud"] += 2 * len(edges) * d * 4
-        log["accuracy"].append(accuracy(w, split.x_test, split.y_test, sizes))
+        log["edge_to_cloud"] += federated_bytes_per_round(len(edges), d)
+        log["accuracy"].append(model.accuracy(w, split.x_test, split.y_test))
     return log

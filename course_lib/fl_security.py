@@ -9,9 +9,11 @@ al. 2019), DP-FedAvg (McMahan et al. 2018), coordinate-wise median and trimmed m
 2018), Krum (Blanchard et al. 2017); secure aggregation with pairwise masks (Bonawitz et al.
 2017, without its dropout handling).
 
-Everything here is an in-process **simulator** of the federation (the aggregation rules need
-every update at the server, not only their sum); lesson 8 checks the simulator against real
-processes for plain FedAvg.
+An aggregator is a function ``aggregate(updates, w) -> step`` of the chosen clients' updates
+(rows w_k - w) and the current model; an attack is a function too. :func:`simulate_federation`
+is an in-process **simulator** of the federation (the aggregation rules need every update at
+the server, not only their sum); lesson 8 checks the same FedAvg clients against real
+processes.
 """
 
 from __future__ import annotations
@@ -20,10 +22,7 @@ import numpy as np
 import torch
 
 from course_lib import federated as fl
-
-ATTACKS = ("none", "label flip", "boosted", "sign flip")
-AGGREGATORS = ("mean", "median", "trimmed mean", "krum", "norm check", "validation check")
-
+from course_lib.models import DIGITS_MLP
 
 # -- privacy: what a gradient reveals --------------------------------------------------------------
 
@@ -35,14 +34,6 @@ def least_squares_leak(x: torch.Tensor, y: float, w: torch.Tensor, b: float = 0.
     r = w @ x + b - y
     grad_w, grad_b = r * x, r
     return grad_w, grad_b, grad_w / grad_b
-
-
-def leaky_model(seed: int = 0) -> torch.nn.Sequential:
-    """A small digits MLP with sigmoid units, the kind of model Deep Leakage from Gradients
-    inverts (its attack needs smooth activations)."""
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Sigmoid(),
-                               torch.nn.Linear(32, 10))
 
 
 def shared_gradient(model, x, y) -> list[torch.Tensor]:
@@ -109,12 +100,17 @@ def pairwise_masks(clients: int, d: int, seed: int = 0, scale: float = 1e3) -> t
 # -- robustness: attacks and aggregation rules ----------------------------------------------------
 
 
-def coordinate_median(updates: torch.Tensor) -> torch.Tensor:
+def mean(updates: torch.Tensor, w=None) -> torch.Tensor:
+    """No defence: the plain average of the updates."""
+    return updates.mean(dim=0)
+
+
+def coordinate_median(updates: torch.Tensor, w=None) -> torch.Tensor:
     """Coordinate-wise median of the rows (Yin et al. 2018)."""
     return updates.median(dim=0).values if len(updates) % 2 else updates.quantile(0.5, dim=0)
 
 
-def trimmed_mean(updates: torch.Tensor, trim: float = 0.2) -> torch.Tensor:
+def trimmed_mean(updates: torch.Tensor, w=None, trim: float = 0.2) -> torch.Tensor:
     """Per coordinate, drop the ``trim`` fraction of largest and of smallest values, average
     the rest (Yin et al. 2018)."""
     k = int(trim * len(updates))
@@ -124,9 +120,9 @@ def trimmed_mean(updates: torch.Tensor, trim: float = 0.2) -> torch.Tensor:
     return ordered[k:len(updates) - k].mean(dim=0)
 
 
-def krum(updates: torch.Tensor, byzantine: int) -> torch.Tensor:
+def krum(updates: torch.Tensor, w=None, byzantine: int = 1) -> torch.Tensor:
     """Krum (Blanchard et al. 2017): the update whose n - f - 2 nearest neighbours are closest
-    (sum of squared distances), for at most f Byzantine updates."""
+    (sum of squared distances), for at most f = ``byzantine`` Byzantine updates."""
     n = len(updates)
     closest = n - byzantine - 2
     if closest < 1:
@@ -136,113 +132,91 @@ def krum(updates: torch.Tensor, byzantine: int) -> torch.Tensor:
     return updates[int(scores.argmin())]
 
 
-def norm_check(updates: torch.Tensor, factor: float = 2.0) -> torch.Tensor:
+def norm_check(updates: torch.Tensor, w=None, factor: float = 2.0) -> torch.Tensor:
     """The server checks update statistics: average only the updates whose norm is at most
     ``factor`` times the median norm."""
     norms = updates.norm(dim=1)
-    keep = norms <= factor * norms.median()
-    return updates[keep].mean(dim=0)
+    return updates[norms <= factor * norms.median()].mean(dim=0)
 
 
-def validation_check(updates: torch.Tensor, w: torch.Tensor, validation,
-                     margin: float = 0.1) -> torch.Tensor:
+def validation_check(updates: torch.Tensor, w, validation, margin: float = 0.1,
+                     model=DIGITS_MLP) -> torch.Tensor:
     """The server checks validation accuracy: score the model w + update of every update on
-    data the server holds, keep those at least the median score minus ``margin``, and average
-    them."""
-    scores = torch.tensor([fl.accuracy(w + u, *validation) for u in updates])
+    ``validation`` = (x, y), data the server holds; average those at least the median score
+    minus ``margin``."""
+    scores = torch.tensor([model.accuracy(w + u, *validation) for u in updates])
     return updates[scores >= scores.median() - margin].mean(dim=0)
 
 
-def attack_update(update: torch.Tensor, attack: str, boost: float = 10.0) -> torch.Tensor:
-    """Model poisoning of one honest-looking update: ``boosted`` (x boost) or ``sign flip``
-    (-boost x)."""
-    if attack == "boosted":
-        return boost * update
-    if attack == "sign flip":
-        return -boost * update
-    return update
+def dp_mean(clip: float, noise: float, seed: int = 0):
+    """DP-FedAvg's aggregator (McMahan et al. 2018): clip every update to norm ``clip``, average,
+    add N(0, (noise clip / m)^2) per coordinate for m updates. ``noise`` is the noise multiplier
+    sigma; turning it into an (epsilon, delta) guarantee needs a privacy accountant, which this
+    lesson does not do."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def aggregate(updates, w=None):
+        m = len(updates)
+        clipped = torch.stack([clip_and_noise(u, clip, 0.0) for u in updates])
+        return clipped.mean(dim=0) + noise * clip / m * torch.randn(
+            updates.shape[1], generator=generator, dtype=updates.dtype)
+
+    return aggregate
 
 
-def _client_updates(w, x, y, parts, chosen, round_, epochs, batch, lr, seed, flipped=()):
-    """Each chosen client's update w_k - w after its local SGD; clients in ``flipped`` train on
-    labels 9 - y (label-flipping attackers)."""
+# -- attacks ------------------------------------------------------------------------------------
+
+
+def flip_labels(y: torch.Tensor) -> torch.Tensor:
+    """Data poisoning: train honestly on the labels 9 - y."""
+    return 9 - y
+
+
+def boost(update: torch.Tensor, factor: float = 10.0) -> torch.Tensor:
+    """Model poisoning: send ``factor`` times the honest update."""
+    return factor * update
+
+
+def sign_flip(update: torch.Tensor, factor: float = 10.0) -> torch.Tensor:
+    """Model poisoning: send -``factor`` times the honest update."""
+    return -factor * update
+
+
+# -- the federation, simulated ----------------------------------------------------------------
+
+
+def client_updates(w, x, y, parts, chosen, local: fl.LocalTraining, seed, round_,
+                   attackers=(), poison_labels=None, poison_update=None) -> torch.Tensor:
+    """Each chosen client's update w_k - w after its local SGD (``fl.client_update``), as rows.
+    Clients in ``attackers`` train on ``poison_labels(y)`` and send ``poison_update(update)``
+    (when those are given)."""
     updates = []
     for k in chosen:
-        rows = parts[k]
-        labels = 9 - y[rows] if k in flipped else y[rows]
-        v, _ = fl.client_update(w, x[rows], labels, epochs=epochs, batch=batch, lr=lr,
-                                seed=[seed, round_, k])
-        updates.append(v - w)
-    return updates
+        rows, bad = parts[k], k in attackers
+        labels = poison_labels(y[rows]) if bad and poison_labels else y[rows]
+        v, _ = fl.client_update(w, x[rows], labels, local, [seed, round_, k])
+        updates.append(poison_update(v - w) if bad and poison_update else v - w)
+    return torch.stack(updates)
 
 
-def robust_federated(split, parts, *, rounds: int, attackers=(), attack: str = "none",
-                     aggregator: str = "mean", fraction: float = 0.5, epochs: int = 2,
-                     batch: int | None = 10, lr: float = 0.1, validation=None,
-                     byzantine: int | None = None, seed: int = 0) -> dict:
-    """FedAvg where the clients in ``attackers`` attack and the server aggregates the chosen
-    clients' updates (w_k - w) with one of ``AGGREGATORS`` (a simulator, in one process).
-
-    "label flip" attackers train on labels 9 - y (data poisoning); "boosted" and "sign flip"
-    ones scale their update (model poisoning). "validation check" keeps the updates whose
-    model, alone, scores at least the median accuracy minus 10 points on ``validation`` (a
-    held-out (x, y) pair the server owns). Returns the test ``accuracy`` per round.
-    """
-    if attack not in ATTACKS or aggregator not in AGGREGATORS:
-        raise ValueError(f"attack must be one of {ATTACKS} and aggregator one of {AGGREGATORS}")
-    if aggregator == "validation check" and validation is None:
-        raise ValueError("the validation check needs validation=(x, y), data the server holds")
+def simulate_federation(split, parts, *, rounds: int, aggregator=mean, attackers=(),
+                        poison_labels=None, poison_update=None, fraction: float = 0.5,
+                        local: fl.LocalTraining | None = None, seed: int = 0) -> dict:
+    """FedAvg in one process (a simulator) where the server combines the chosen clients' updates
+    with ``aggregator(updates, w)`` and clients in ``attackers`` poison their labels or their
+    update. ``local`` defaults to E = 2, B = 10. Returns the test ``accuracy`` per round (index
+    0: before training) and ``params``."""
+    local = local or fl.LocalTraining(epochs=2)
     x, y = split.x_train.double(), split.y_train
-    w = fl.init_model(seed=seed)
-    attackers = set(attackers)
-    acc = [fl.accuracy(w, split.x_test, split.y_test)]
+    w, attackers = DIGITS_MLP.init(seed), set(attackers)
+    accuracy = [DIGITS_MLP.accuracy(w, split.x_test, split.y_test)]
     for r in range(rounds):
         chosen = fl.sample_clients(len(parts), fraction, seed, r)
-        flipped = attackers if attack == "label flip" else set()
-        updates = torch.stack([attack_update(u, attack) if k in attackers else u
-                               for k, u in zip(chosen, _client_updates(
-                                   w, x, y, parts, chosen, r, epochs, batch, lr, seed, flipped),
-                                   strict=True)])
-        f = byzantine if byzantine is not None else max(1, len(attackers) * len(chosen)
-                                                        // len(parts))
-        if aggregator == "mean":
-            step = updates.mean(dim=0)
-        elif aggregator == "median":
-            step = coordinate_median(updates)
-        elif aggregator == "trimmed mean":
-            step = trimmed_mean(updates, 0.2)
-        elif aggregator == "krum":
-            step = krum(updates, f)
-        elif aggregator == "norm check":
-            step = norm_check(updates)
-        else:
-            step = validation_check(updates, w, validation)
-        w = w + step
-        acc.append(fl.accuracy(w, split.x_test, split.y_test))
-    return dict(accuracy=acc, w=w)
-
-
-def dp_federated(split, parts, *, rounds: int, clip: float, noise: float,
-                 fraction: float = 0.5, epochs: int = 2, batch: int | None = 10,
-                 lr: float = 0.1, seed: int = 0) -> dict:
-    """DP-FedAvg (McMahan et al. 2018), a simulator: every chosen client's update is clipped to
-    norm ``clip``; the server averages them and adds N(0, (noise clip / m)^2) per coordinate,
-    m the clients of the round. ``noise`` is the noise multiplier sigma; turning it into an
-    (epsilon, delta) guarantee needs a privacy accountant, which this lesson does not do."""
-    x, y = split.x_train.double(), split.y_train
-    w = fl.init_model(seed=seed)
-    g = torch.Generator().manual_seed(seed)
-    acc = [fl.accuracy(w, split.x_test, split.y_test)]
-    for r in range(rounds):
-        chosen = fl.sample_clients(len(parts), fraction, seed, r)
-        total = torch.zeros_like(w)
-        for update in _client_updates(w, x, y, parts, chosen, r, epochs, batch, lr, seed):
-            total += clip_and_noise(update, clip, 0.0)
-        m = len(chosen)
-        w = w + total / m + noise * clip / m * torch.randn(w.shape, generator=g,
-                                                           dtype=w.dtype)
-        acc.append(fl.accuracy(w, split.x_test, split.y_test))
-    return dict(accuracy=acc, w=w)
+        updates = client_updates(w, x, y, parts, chosen, local, seed, r, attackers,
+                                 poison_labels, poison_update)
+        w = w + aggregator(updates, w)
+        accuracy.append(DIGITS_MLP.accuracy(w, split.x_test, split.y_test))
+    return dict(accuracy=accuracy, params=w)
 
 
 def reconstruction_error(x_hat: torch.Tensor, x: torch.Tensor) -> float:

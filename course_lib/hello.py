@@ -14,20 +14,20 @@ import socket
 import torch
 import torch.distributed as dist
 
-from course_lib.cluster import experiment_parser, run_experiment
+from course_lib.runtime.devices import device
+from course_lib.runtime.torchrun import experiment_parser, run_experiment
 
 
-def hello_all_reduce() -> dict:
-    """Say hello from this rank, then all-reduce (sum) the tensor [rank + 1]."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    backend = dist.get_backend()
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else "cpu"
+def hello_all_reduce(group=None) -> dict:
+    """Say hello from this rank, then all-reduce (sum) the tensor [rank + 1] over ``group``."""
+    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    backend, dev = dist.get_backend_config(group), device(group)
     print(f"hello from rank {rank} of {world_size} on {socket.gethostname()} "
-          f"(pid {os.getpid()}, backend {backend}, device {device})")
-    value = torch.tensor([float(rank + 1)], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+          f"(pid {os.getpid()}, backend {backend}, device {dev})")
+    value = torch.tensor([float(rank + 1)], device=dev)
+    dist.all_reduce(value, op=dist.ReduceOp.SUM, group=group)
     return dict(rank=rank, world_size=world_size, host=socket.gethostname(), pid=os.getpid(),
-                backend=backend, device=str(device), all_reduce_sum=value.item())
+                backend=backend, device=str(dev), all_reduce_sum=value.item())
 
 
 def expected_sum(world_size: int) -> float:

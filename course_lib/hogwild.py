@@ -6,7 +6,9 @@ sparse problem), processes may read and write the shared parameters without any 
 rarely touch the same coordinate, and when they do the damage is small — and the speedup is near
 linear.
 
-The model lives in shared memory (``Tensor.share_memory_``); the processes are started by
+The model lives in shared memory (``Tensor.share_memory_``), so this lesson needs processes on
+one machine and the CPU, not torch.distributed: there are no messages to send, and a GPU's
+memory is not shared with other processes this way. The processes are started by
 ``torch.multiprocessing`` with the spawn method, so they are fresh interpreters and the workers'
 code lives here, in an importable module. One pool of processes runs every configuration in
 turn; a barrier separates epochs, so the parent can measure each epoch and evaluate the model.
@@ -25,7 +27,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from course_lib.launching import LaunchTimeout, WorkerError
+from course_lib.runtime.errors import LaunchTimeout, WorkerError
 
 
 @dataclass
@@ -140,7 +142,7 @@ def hogwild(problem: SparseProblem, configs, *, epochs: int = 3, lr: float = 0.5
             seed: int = 0, timeout: float = 120) -> list[dict]:
     """Train from w = 0 once per configuration ``(processes, locked)``, ``epochs`` epochs each.
 
-    Returns one dict per configuration: its ``processes`` and ``locked``, the ``loss`` before
+    Returns one dict per configuration: its ``processes`` and ``locked``, the ``losses`` before
     and after every epoch, the wall-clock ``seconds`` of every epoch and ``updates_per_second``
     (median over epochs). Raises ``WorkerError`` naming the process that failed, or
     ``LaunchTimeout``; every process is stopped in all cases.
@@ -159,7 +161,7 @@ def hogwild(problem: SparseProblem, configs, *, epochs: int = 3, lr: float = 0.5
             proc.start()
         for processes, locked in configs:
             w.zero_()
-            run = dict(processes=processes, locked=locked, loss=[], seconds=[])
+            run = dict(processes=processes, locked=locked, losses=[], seconds=[])
             for _ in range(epochs):
                 try:
                     barrier.wait(timeout)
@@ -168,8 +170,8 @@ def hogwild(problem: SparseProblem, configs, *, epochs: int = 3, lr: float = 0.5
                 except threading.BrokenBarrierError:
                     raise _failure(procs, errors, timeout) from None
                 run["seconds"].append(time.perf_counter() - start)
-                run["loss"].append(problem.loss(w))
-            run["loss"].insert(0, problem.loss(np.zeros(problem.d)))  # where every run starts
+                run["losses"].append(problem.loss(w))
+            run["losses"].insert(0, problem.loss(np.zeros(problem.d)))  # where every run starts
             run["updates_per_second"] = problem.n / float(np.median(run["seconds"]))
             results.append(run)
         return results

@@ -14,20 +14,10 @@ import contextlib
 import torch
 
 from course_lib.loss_scaling import LossScaler
-from course_lib.timing import Timing, measure
+from course_lib.models import digits_mlp
+from course_lib.runtime.timing import Timing, measure
 
 PRECISIONS = ("fp32", "bf16", "fp16 + loss scaling", "fp16, no scaling")
-
-
-def digits_mlp(width: int = 128, depth: int = 2, seed: int = 0,
-               inputs: int = 64) -> torch.nn.Sequential:
-    """A fully-connected network for the 8x8 digits: ``depth`` hidden ReLU layers."""
-    torch.manual_seed(seed)
-    layers, size = [], inputs
-    for _ in range(depth):
-        layers += [torch.nn.Linear(size, width), torch.nn.ReLU()]
-        size = width
-    return torch.nn.Sequential(*layers, torch.nn.Linear(size, 10))
 
 
 def autocast(precision: str, device: str = "cpu"):
@@ -48,17 +38,24 @@ def train(split, precision: str, *, epochs: int = 3, lr: float = 0.1, batch: int
     The loss is multiplied by ``loss_factor`` and the learning rate divided by it: in exact
     arithmetic that changes nothing, in fp16 a small factor makes gradients underflow (a case
     built to fail without loss scaling). "fp16 + loss scaling" uses :class:`LossScaler`.
-    Returns the training ``loss`` per step (unscaled), the ``scale`` per step, the
-    ``skipped`` steps and the test ``accuracy``.
+    Returns the training ``losses`` per step (unscaled), the ``scale`` per step, the
+    ``skipped`` steps and the test ``accuracy`` before training and after every epoch.
     """
     model = model_fn(seed=seed).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=lr / loss_factor)
     scaler = LossScaler(init_scale) if precision == "fp16 + loss scaling" else None
     x, y = split.x_train.to(device), split.y_train.to(device)
+    x_test, y_test = split.x_test.to(device), split.y_test.to(device)
     g = torch.Generator().manual_seed(seed)
-    log = dict(loss=[], scale=[], skipped=0)
+
+    def test_accuracy():
+        with torch.no_grad(), autocast(precision, device):
+            return (model(x_test).argmax(dim=1) == y_test).double().mean().item()
+
+    log = dict(losses=[], scale=[], skipped=0, accuracy=[test_accuracy()])
     for _ in range(epochs):
         for rows in torch.randperm(len(x), generator=g).split(batch):
+            rows = rows.to(device)
             if len(rows) < batch:
                 continue  # drop the short last batch: a step on 3 samples can undo an epoch
             opt.zero_grad()
@@ -72,10 +69,8 @@ def train(split, precision: str, *, epochs: int = 3, lr: float = 0.1, batch: int
                 log["skipped"] += not scaler.step(opt)
                 log["scale"].append(scaler.scale_value)
                 scaler.update()
-            log["loss"].append(loss.item() / loss_factor)
-    with torch.no_grad(), autocast(precision, device):
-        predicted = model(split.x_test.to(device)).argmax(dim=1).cpu()
-    log["accuracy"] = (predicted == split.y_test).double().mean().item()
+            log["losses"].append(loss.item() / loss_factor)
+        log["accuracy"].append(test_accuracy())
     return log
 
 

@@ -1,15 +1,27 @@
-"""Synchronous parallel AGD with a parameter server, over real worker processes.
+"""The parameter server: one protocol for synchronous (lesson 2) and asynchronous (lesson 6) SGD.
 
-Lecture note "Parallel computing for empirical risk minimization", sections 2-3, and slides
-part 1 (MapReduce: broadcast, map, reduce; the costs of computation, communication and
-synchronisation). One iteration:
+Lecture note "Parallel computing for empirical risk minimization", sections 2-3 (broadcast w ->
+each worker computes its local gradient -> the server aggregates and updates; O(dm) words on a
+star, O(d log m) on a tree) and slides part 2 (the parameter server of Li et al., OSDI 2014:
+client-server, message passing; workers **pull** w and **push** gradients; synchronous or
+asynchronous; staleness).
 
-    broadcast w -> each worker computes its local gradient g~_k -> aggregate -> server updates
+Rank 0 of ``group`` is the server, ranks 1..m are the workers. Messages travel along a tree
+rooted at the server -- the **star** (every worker talks to the server) or a binomial **tree**
+(workers relay, so messages hop in log2 m rounds):
 
-Rank 0 is the server and also worker 0 (as when a server shares a machine with a worker).
-Messages are point-to-point ``dist.send`` / ``dist.recv`` along a schedule: a **star** (every
-worker talks to the server) or a binomial **tree** (messages hop in log2 m rounds). Every word
-sent is counted.
+* **pull**: w and its version go down the tree;
+* **push**: each worker sends n_k g_k (its rows' count times its gradient) up the tree, each
+  relay adding its subtree's; the server divides by the rows: the mean gradient.
+
+What the server does with a push is :class:`ServerState`'s rule: ``"sync"`` waits for every
+worker and applies one step; ``"async"`` applies each gradient at once; ``"ssp"`` lets a worker
+run at most ``bound`` gradients ahead of the slowest. The step itself is an ``optimizer``
+function ``optimizer(w, g, staleness, state)``: :func:`sgd` or :func:`heavy_ball` (the note's
+accelerated gradient descent).
+
+The server receives from whichever worker pushes first (receive from any source), which only
+gloo offers: messages stay in host memory; each worker computes on its device.
 """
 
 from __future__ import annotations
@@ -20,161 +32,243 @@ import time
 import torch
 import torch.distributed as dist
 
-from course_lib.erm import ERMProblem, partition_rows
+from course_lib.data import batch_rows, shard_rows
+from course_lib.erm import ERMProblem
+from course_lib.runtime.devices import device
+from course_lib.runtime.timing import Timeline, to_spans
 
 TOPOLOGIES = ("star", "tree")
+MODES = ("sync", "async", "ssp")
+STOP = -1.0  # the version a stop message carries
 
 
 # -- who sends to whom -----------------------------------------------------------------------------
 
 
-def broadcast_schedule(m: int, topology: str) -> list[list[tuple[int, int]]]:
-    """Rounds of (sender, receiver) messages that bring w from rank 0 to all m ranks.
+def broadcast_schedule(p: int, topology: str) -> list[list[tuple[int, int]]]:
+    """Rounds of (sender, receiver) messages that bring w from rank 0 to all p ranks.
 
     Star: the server sends to each worker in turn (its link carries them one after another:
-    m - 1 rounds). Tree (binomial): in round k every rank that has w sends it 2^k ranks further,
-    so ceil(log2 m) rounds suffice.
+    p - 1 rounds). Tree (binomial): in round k every rank that has w sends it 2^k ranks further,
+    so ceil(log2 p) rounds suffice.
     """
     if topology not in TOPOLOGIES:
         raise ValueError(f"unknown topology {topology!r}: use one of {TOPOLOGIES}")
     if topology == "star":
-        return [[(0, r)] for r in range(1, m)]
+        return [[(0, r)] for r in range(1, p)]
     rounds, reach = [], 1
-    while reach < m:
-        rounds.append([(r, r + reach) for r in range(reach) if r + reach < m])
+    while reach < p:
+        rounds.append([(r, r + reach) for r in range(reach) if r + reach < p])
         reach *= 2
     return rounds
 
 
-def reduce_schedule(m: int, topology: str) -> list[list[tuple[int, int]]]:
+def reduce_schedule(p: int, topology: str) -> list[list[tuple[int, int]]]:
     """Rounds that sum every rank's vector into rank 0: the broadcast run backwards."""
     return [[(dst, src) for src, dst in round_]
-            for round_ in reversed(broadcast_schedule(m, topology))]
+            for round_ in reversed(broadcast_schedule(p, topology))]
 
 
-def words_per_iteration(m: int, d: int, topology: str) -> dict:
-    """Words (numbers) one iteration moves, from the schedules: in total, through the server's
-    link, and along the critical path (the rounds that must happen one after another)."""
-    rounds = broadcast_schedule(m, topology) + reduce_schedule(m, topology)
+def words_per_iteration(p: int, d: int, topology: str) -> dict:
+    """Words (numbers) one synchronous iteration moves, from the schedules: in total, through
+    the server's link, and along the critical path (rounds that happen one after another)."""
+    rounds = broadcast_schedule(p, topology) + reduce_schedule(p, topology)
     messages = [msg for round_ in rounds for msg in round_]
     return dict(total=len(messages) * d,
                 server=sum(d for src, dst in messages if 0 in (src, dst)),
                 critical_path=len(rounds) * d)
 
 
-def words_formula(m: int, d: int, topology: str) -> int:
-    """The lecture's orders: O(dm) words through the server on a star, O(d log m) on a tree
-    (counted both ways, broadcast and aggregation)."""
-    if topology == "star":
-        return 2 * d * (m - 1)
-    return 2 * d * math.ceil(math.log2(m)) if m > 1 else 0
+def tree_links(rank: int, p: int, topology: str) -> tuple[int | None, list[int]]:
+    """This rank's parent (None for the server) and children, in broadcast order."""
+    messages = [msg for round_ in broadcast_schedule(p, topology) for msg in round_]
+    parent = next((src for src, dst in messages if dst == rank), None)
+    return parent, [dst for src, dst in messages if src == rank]
 
 
-# -- one worker's part -----------------------------------------------------------------------------
+# -- the server's step -----------------------------------------------------------------------------
 
 
-def _take(mine, received):
-    return received.clone()
+def fixed_lr(lr: float, staleness: int) -> float:
+    """The same step whatever the staleness."""
+    return lr
 
 
-def _run_schedule(rounds, rank, buffer, words, combine):
-    """Carry out the rounds this rank takes part in; ``combine`` folds a received vector in."""
-    incoming = torch.empty_like(buffer)
-    for round_ in rounds:
-        for src, dst in round_:
-            if rank == src:
-                dist.send(buffer, dst)
-                words["sent"] += buffer.numel()
-            elif rank == dst:
-                dist.recv(incoming, src)
-                buffer = combine(buffer, incoming)
-    return buffer
+def sgd(lr: float, lr_rule=fixed_lr):
+    """The server's step w <- w - lr_rule(lr, staleness) g."""
+
+    def step(w, g, staleness, state):
+        return w - lr_rule(lr, staleness) * g
+
+    return step
 
 
-def parallel_agd(problem: ERMProblem, alpha: float, beta: float, iterations: int, *,
-                 topology: str = "star", delays: dict | None = None, warmup: int = 0,
-                 threads: int = 1) -> dict:
-    """Run on every rank (through ``launch``): synchronous parallel AGD with rank 0 as server.
+def heavy_ball(alpha: float, beta: float):
+    """The lecture note's accelerated gradient descent: v <- beta v + g, w <- w - alpha v (v in
+    ``state``, which the server owns, so the step function can be reused for another run)."""
 
-    Rank k holds rows ``partition_rows(n, m)[k]`` of the data. ``delays`` maps a rank to extra
-    seconds it sleeps after computing its gradient (a straggler on purpose). ``warmup``
-    iterations run first and are not recorded. Each rank uses ``threads`` CPU threads, so
-    m workers use m cores whatever m is.
+    def step(w, g, staleness, state):
+        state["v"] = beta * state.get("v", torch.zeros_like(w)) + g
+        return w - alpha * state["v"]
 
-    Returns, per rank: ``words_sent`` per iteration, and per recorded iteration its wall-clock
-    ``start``/``end`` and the ``compute`` span; rank 0 also returns the iterates.
+    return step
+
+
+class ServerState:
+    """What the server holds (w, its version, each worker's clock) and its rules.
+
+    ``push`` takes one arriving message -- the sum of ``rows`` times the gradient of the
+    ``gradients`` workers below ``src`` -- and returns the children that may now pull w.
+    ``children`` are the ranks that push to the server directly (every worker, on a star).
     """
-    torch.set_num_threads(threads)
-    rank, m = dist.get_rank(), dist.get_world_size()
-    rows = partition_rows(problem.n, m)[rank]
-    X, y = problem.X[rows].contiguous(), problem.y[rows].contiguous()
-    local = ERMProblem(X, y, problem.lam, problem.kind)
-    delay = (delays or {}).get(rank, 0.0)
-    broadcast, reduce = broadcast_schedule(m, topology), reduce_schedule(m, topology)
-    w = torch.zeros(problem.d, dtype=problem.X.dtype)
-    v = torch.zeros_like(w)
-    iterates, log = [w.clone()], dict(start=[], end=[], compute=[], words_sent=[])
-    for it in range(warmup + iterations):
-        words = {"sent": 0}
-        t0 = time.time()
-        w = _run_schedule(broadcast, rank, w, words, combine=_take)  # 1. broadcast w
-        c0 = time.time()
-        g = local.gradient_sum(w)  # 2. map: the local gradient
-        if delay:
-            time.sleep(delay)
-        c1 = time.time()
-        g = _run_schedule(reduce, rank, g, words, combine=torch.add)  # 3. reduce
-        if rank == 0:  # 4. the server's update
-            v = beta * v + g / problem.n + problem.lam * w
-            w = w - alpha * v
-        t1 = time.time()
-        if it >= warmup:
-            iterates.append(w.clone())
-            log["start"].append(t0)
-            log["end"].append(t1)
-            log["compute"].append((c0, c1))
-            log["words_sent"].append(words["sent"])
-    log["rank"] = rank
+
+    def __init__(self, w, children, mode, bound, optimizer, gradients, seconds, start):
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}: use one of {MODES}")
+        if mode == "ssp" and (bound is None or bound < 0):
+            raise ValueError("mode 'ssp' needs a staleness bound >= 0 (bound=...)")
+        self.w, self.version, self.mode = w.clone(), 0, mode
+        self.optimizer, self.optimizer_state = optimizer, {}
+        self.bound = {"sync": 0, "async": math.inf, "ssp": bound}[mode]
+        self.clock = dict.fromkeys(children, 0)  # gradients each child has pushed
+        self.owed: list[int] = []  # pushed, waiting for w
+        self.round = []  # sync: this round's (sum of n_k g_k, rows, gradients)
+        self.gradients, self.seconds, self.start = gradients, seconds, start
+        self.applied = 0
+        self.log = dict(time=[], worker=[], staleness=[], iterates=[self.w.clone()],
+                        iterate_times=[0.0], iterate_gradients=[0])
+
+    def done(self, now) -> bool:
+        return (self.applied >= self.gradients
+                or (self.seconds is not None and now - self.start >= self.seconds))
+
+    def _apply(self, total, rows, gradients, staleness, now):
+        self.applied += gradients
+        self.w = self.optimizer(self.w, total / rows, staleness, self.optimizer_state)
+        self.version += 1
+        for key, value in (("iterates", self.w.clone()), ("iterate_times", now - self.start),
+                           ("iterate_gradients", self.applied)):
+            self.log[key].append(value)
+
+    def push(self, src: int, total, rows: float, gradients: int, computed_on: int,
+             now: float) -> list[int]:
+        staleness = self.version - computed_on
+        self.clock[src] += 1
+        self.owed.append(src)
+        for key, value in (("time", now - self.start), ("worker", src), ("staleness", staleness)):
+            self.log[key].append(value)
+        if self.mode == "sync":  # wait for every child, then one step along the mean
+            self.round.append((total, rows, gradients))
+            if len(self.round) < len(self.clock):
+                return []
+            self._apply(sum(t for t, _, _ in self.round), sum(r for _, r, _ in self.round),
+                        sum(g for _, _, g in self.round), staleness, now)
+            self.round = []
+        else:  # apply each gradient as it arrives
+            self._apply(total, rows, gradients, staleness, now)
+        if self.done(now):
+            return []
+        slowest = min(self.clock.values())
+        released = [k for k in self.owed if self.clock[k] - slowest <= self.bound]
+        self.owed = [k for k in self.owed if k not in released]
+        return released
+
+
+# -- the protocol on ranks -------------------------------------------------------------------------
+
+
+def parameter_server(problem: ERMProblem, optimizer, *, mode: str = "sync",
+                     bound: int | None = None, topology: str = "star", batch: int | None = None,
+                     gradients: int = 200, seconds: float | None = None, pad=None,
+                     seed: int = 0, group=None) -> dict:
+    """Run on every rank of ``group``: SGD with rank 0 as server and ranks 1..m as workers.
+
+    Worker k owns shard k - 1 of the rows (shuffled with ``seed``; contiguous with
+    ``seed=None``) and computes its gradient on a mini-batch of ``batch`` of them (``None``: the
+    whole shard, as in the lecture note's gradient descent). ``pad`` (seconds, or {worker:
+    seconds}) makes each of a worker's gradients take at least that long, sleeping the rest (a
+    model of a bigger model or a slower machine). The run stops after ``gradients`` applied
+    gradients or ``seconds`` of wall-clock.
+
+    Returns on the server its log: per arriving message its ``time`` (seconds since the start),
+    ``worker`` (who pushed it) and ``staleness``; the ``iterates`` after every update with their
+    ``iterate_times`` and ``iterate_gradients``. On a worker: its ``timeline``. Every rank also
+    returns ``words_sent`` (numbers of w or gradients it sent).
+    """
+    rank, p = dist.get_rank(group), dist.get_world_size(group)
+    if p < 2:
+        raise ValueError("a parameter server needs a server and at least one worker: "
+                         "launch with world_size >= 2")
+    if mode != "sync" and topology != "star":
+        raise ValueError(f"mode {mode!r} needs topology 'star': an asynchronous push goes "
+                         f"straight to the server, it does not wait for a subtree")
+    parent, children = tree_links(rank, p, topology)
+    message = torch.empty(problem.d + 3, dtype=problem.X.dtype)  # vector, rows, gradients, version
+    words = {"sent": 0}
+
+    def send(vector, rows, grads, version, dst):
+        if version != STOP:
+            words["sent"] += problem.d
+        extra = torch.tensor([rows, grads, version], dtype=message.dtype)
+        dist.send(torch.cat([vector.cpu(), extra]), group=group, group_dst=dst)
+
+    dist.barrier(group=group)  # start together: all ranks' times share one origin
+    start = time.time()
     if rank == 0:
-        log["iterates"] = torch.stack(iterates)
-    return log
+        state = ServerState(torch.zeros(problem.d, dtype=problem.X.dtype), children, mode,
+                            bound, optimizer, gradients, seconds, start)
+        for k in children:  # everyone pulls version 0
+            send(state.w, 0, 0, 0, k)
+        while not state.done(time.time()):
+            src = dist.recv(message, group=group)  # from whichever child pushes first
+            src = src if group is None else dist.get_group_rank(group, src)
+            total, rows, grads, computed_on = message[:-3].clone(), *message[-3:].tolist()
+            for k in state.push(src, total, rows, int(grads), int(computed_on), time.time()):
+                send(state.w, 0, 0, state.version, k)
+        for k in state.owed:  # waiting for w: tell them to stop
+            send(state.w, 0, 0, STOP, k)
+        for _ in range(len(children) - len(state.owed)):  # computing: stop after their push
+            src = dist.recv(message, group=group)
+            send(state.w, 0, 0, STOP, src if group is None else dist.get_group_rank(group, src))
+        return state.log | dict(words_sent=words["sent"], start=start)
+    dev = device(group)
+    X, y = problem.X.to(dev), problem.y.to(dev)
+    local = ERMProblem(X, y, problem.lam, problem.kind)
+    shard = shard_rows(problem.n, p - 1, seed)[rank - 1].to(dev)
+    wait = pad.get(rank, 0.0) if isinstance(pad, dict) else (pad or 0.0)
+    timeline, step, incoming, last = Timeline(rank), 0, torch.empty_like(message), start
+    while True:
+        dist.recv(message, group=group, group_src=parent)  # pull
+        for child in children:  # relay w down the tree
+            send(message[:-3], 0, 0, message[-1].item(), child)
+        if message[-1] == STOP:
+            break
+        timeline.add("communicate / wait", last)
+        with timeline.span("compute", dev):
+            c0 = time.time()
+            rows = shard if batch is None else batch_rows(shard, batch, seed, rank, step)
+            w = message[:-3].to(dev)
+            g = local.gradient_sum(w, rows) / len(rows) + problem.lam * w
+            total, count, grads = len(rows) * g, float(len(rows)), 1
+            time.sleep(max(0.0, wait - (time.time() - c0)))
+        last = timeline.records[-1][2]
+        for child in children:  # relay the pushes of the subtree up
+            dist.recv(incoming, group=group, group_src=child)
+            total = total + incoming[:-3].to(dev)
+            count, grads = count + incoming[-3].item(), grads + int(incoming[-2])
+        send(total, count, grads, message[-1].item(), parent)  # push
+        step += 1
+    return dict(timeline=timeline, steps=step, words_sent=words["sent"])
 
 
-def iteration_times(logs) -> list[float]:
-    """Seconds per iteration as the server saw them (rank 0's start to end)."""
-    return [end - start for start, end in zip(logs[0]["start"], logs[0]["end"], strict=True)]
+def server_log(results) -> dict:
+    """The server's log from what ``launch(parameter_server, ...)`` returned, with the workers'
+    timelines as ``spans`` (seconds since the common start) and ``words_sent`` per rank."""
+    spans = to_spans([r["timeline"] for r in results[1:]], origin=results[0]["start"])
+    return results[0] | dict(spans=spans, words_sent=[r["words_sent"] for r in results])
 
 
-def timeline_spans(logs, iterations=None) -> list[tuple]:
-    """(worker, start, duration, kind) spans of a measured run for a Gantt chart: "compute"
-    while a worker computes its gradient, "communicate / wait" for the rest of each iteration.
-    Times are relative to the first recorded iteration."""
-    t_zero = min(log["start"][0] for log in logs)
-    spans = []
-    for log in logs:
-        rows = list(zip(log["start"], log["end"], log["compute"], strict=True))[:iterations]
-        for start, end, (c0, c1) in rows:
-            spans.append((log["rank"], start - t_zero, c0 - start, "communicate / wait"))
-            spans.append((log["rank"], c0 - t_zero, c1 - c0, "compute"))
-            spans.append((log["rank"], c1 - t_zero, end - c1, "communicate / wait"))
-    return spans
-
-
-def bsp_timeline(compute_times, communication: float, iterations: int = 3) -> list[tuple]:
-    """A model of bulk-synchronous iterations: each worker computes for its own time, everyone
-    waits for the slowest, then one communication step. Returns Gantt spans."""
-    spans, t = [], 0.0
-    slowest = max(compute_times)
-    for _ in range(iterations):
-        for k, c in enumerate(compute_times):
-            spans.append((k, t, c, "compute"))
-            if slowest > c:
-                spans.append((k, t + c, slowest - c, "idle (waiting for the straggler)"))
-            spans.append((k, t + slowest, communication, "communicate / wait"))
-        t += slowest + communication
-    return spans
-
-
-def probability_any_fails(m, p: float):
-    """P(at least one of m independent workers fails) = 1 - (1 - p)^m."""
-    return 1.0 - (1.0 - p) ** torch.as_tensor(m, dtype=torch.float64)
+def iteration_times(log) -> list[float]:
+    """Seconds between successive updates of the server (a synchronous run: per iteration)."""
+    times = log["iterate_times"]
+    return [b - a for a, b in zip(times[:-1], times[1:], strict=True)]

@@ -2,10 +2,14 @@
 
 Course article: model parallelism (split the model, not the data); GPipe (Huang et al. 2019)
 and 1F1B / PipeDream-Flush (Narayanan et al. 2021). A model is cut into p consecutive stages,
-one per rank; a batch is cut into m micro-batches. Stage s receives activations from s - 1 and
-sends its outputs to s + 1; in the backward pass gradients flow the other way. Idle time (the
-"bubble") is (p - 1) / (m + p - 1) of the total for both schedules; 1F1B keeps at most p
-micro-batches of activations alive instead of m.
+one per rank of ``group``; a batch is cut into m micro-batches. Stage s receives activations
+from s - 1 and sends its outputs to s + 1; in the backward pass gradients flow the other way.
+Idle time (the "bubble") is (p - 1) / (m + p - 1) of the total for both schedules
+(``cost_models.bubble_fraction``); 1F1B keeps at most p micro-batches of activations alive
+instead of m.
+
+A schedule is a list of ("forward", i) and ("backward", i) actions per stage; a :class:`Stage`
+carries them out on its rank, each action one receive, one computation and one send.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ import time
 
 import torch
 import torch.distributed as dist
+
+from course_lib.runtime.devices import device
+from course_lib.runtime.timing import Span, Timeline, to_spans
 
 # -- the schedules: who does what, in which order ----------------------------------------------
 
@@ -44,11 +51,6 @@ def one_f_one_b_schedule(stage: int, stages: int, micro_batches: int) -> list[tu
 
 
 SCHEDULES = {"GPipe": gpipe_schedule, "1F1B": one_f_one_b_schedule}
-
-
-def bubble_fraction(stages: int, micro_batches: int) -> float:
-    """The idle fraction of a pipeline flush: (p - 1) / (m + p - 1)."""
-    return (stages - 1) / (micro_batches + stages - 1)
 
 
 def peak_live_activations(schedule) -> int:
@@ -87,7 +89,7 @@ def simulate_schedule(stages: int, micro_batches: int, schedule: str = "1F1B",
             start = max(free[s], done.get(needs, 0.0))
             duration = forward if kind == "forward" else backward
             done[(kind, s, i)] = free[s] = start + duration
-            spans.append((s, start, duration, kind))
+            spans.append(Span(s, start, duration, kind))
             position[s] += 1
             progressed = True
         if not progressed:  # pragma: no cover - a schedule that waits for itself
@@ -104,20 +106,14 @@ def simulated_bubble(spans, stages: int) -> float:
 # -- a model cut into stages ----------------------------------------------------------------------
 
 
-def mlp_stages(stages: int, width: int = 32, layers_per_stage: int = 2, d_in: int = 64,
-               classes: int = 10, seed: int = 0, dtype=torch.float64) -> list[torch.nn.Module]:
-    """An MLP cut into ``stages`` consecutive pieces; ``torch.nn.Sequential(*pieces)`` is the
-    whole model. The same seed gives the same weights on every rank."""
-    torch.manual_seed(seed)
-    sizes = [d_in] + [width] * (stages * layers_per_stage - 1) + [classes]
-    layers = []
-    for i in range(len(sizes) - 1):
-        layers.append(torch.nn.Linear(sizes[i], sizes[i + 1], dtype=dtype))
-        if i < len(sizes) - 2:
-            layers.append(torch.nn.Tanh())
-    per_stage = len(layers) // stages + (len(layers) % stages > 0)
-    return [torch.nn.Sequential(*layers[s * per_stage:(s + 1) * per_stage])
-            for s in range(stages)]
+def split_into_stages(model: torch.nn.Sequential, p: int) -> list[torch.nn.Sequential]:
+    """Cut a sequential model into p consecutive pieces of near-equal length;
+    ``torch.nn.Sequential(*pieces)`` is the whole model again."""
+    layers = list(model)
+    if not 1 <= p <= len(layers):
+        raise ValueError(f"cannot cut {len(layers)} layers into {p} stages")
+    per_stage = -(-len(layers) // p)
+    return [torch.nn.Sequential(*layers[s * per_stage:(s + 1) * per_stage]) for s in range(p)]
 
 
 def reference_gradients(pieces, x, y):
@@ -129,110 +125,138 @@ def reference_gradients(pieces, x, y):
     return loss.item(), [p.grad.clone() for p in model.parameters()]
 
 
-# -- running a schedule on real ranks -------------------------------------------------------------
+def _output_width(piece) -> int:
+    """Width of the activation a piece sends on: its last linear layer's outputs."""
+    return [m for m in piece if isinstance(m, torch.nn.Linear)][-1].out_features
+
+
+# -- one stage on its rank -------------------------------------------------------------------------
 
 
 def _hold(seconds, start):
     """Pad a step to a fixed duration: steady stage times that CPU sharing cannot blur."""
-    if seconds:
-        remaining = seconds - (time.time() - start)
-        if remaining > 0:
-            time.sleep(remaining)
+    remaining = seconds - (time.time() - start)
+    if seconds and remaining > 0:
+        time.sleep(remaining)
+
+
+class Stage:
+    """Stage ``group rank`` of a pipeline over the pieces of one model, on this rank's device.
+
+    The batch (x, y) is cut into ``micro_batches`` parts. :meth:`forward` and :meth:`backward`
+    carry out one action of a schedule; ``forward_seconds`` / ``backward_seconds`` pad every step
+    to a fixed duration before its result is sent on (the real arithmetic still runs), so that
+    stage times are steady even on shared cores.
+    """
+
+    def __init__(self, pieces, x, y, micro_batches: int, *, forward_seconds: float = 0.0,
+                 backward_seconds: float = 0.0, group=None):
+        self.group, self.dev = group, device(group)
+        self.index, self.stages = dist.get_rank(group), dist.get_world_size(group)
+        if len(pieces) != self.stages:
+            raise ValueError(f"{len(pieces)} pieces for {self.stages} ranks: one piece per rank")
+        self.module = pieces[self.index].to(self.dev)
+        self.module.zero_grad()
+        self.first, self.last = self.index == 0, self.index == self.stages - 1
+        self.in_width = None if self.first else _output_width(pieces[self.index - 1])
+        self.xs = x.to(self.dev).tensor_split(micro_batches)
+        self.ys = y.to(self.dev).tensor_split(micro_batches)
+        self.micro_batches, self.hold = micro_batches, (forward_seconds, backward_seconds)
+        self.saved = {}  # micro-batch -> (input, output): activations kept for the backward pass
+        self.pending, self.timeline, self.order = [], Timeline(self.index), []
+        self.loss, self.micro_losses, self.live, self.peak = 0.0, [], 0, 0
+
+    def forward(self, i: int) -> None:
+        """Receive micro-batch i's activation from the previous stage, run this piece, send the
+        output to the next stage (the last stage computes the loss instead)."""
+        if self.first:
+            inp = self.xs[i]
+        else:
+            inp = torch.empty(len(self.xs[i]), self.in_width, dtype=self.xs[i].dtype,
+                              device=self.dev)
+            start = time.time()
+            dist.recv(inp, group=self.group, group_src=self.index - 1)
+            self.timeline.add("idle", start)
+            inp.requires_grad_(True)
+        start = time.time()
+        out = self.module(inp)
+        if self.last:
+            loss = torch.nn.functional.cross_entropy(out, self.ys[i])
+            self.micro_losses.append(loss.item())
+            out = loss / self.micro_batches  # the mean over micro-batches is the batch's loss
+            self.loss += out.item()
+        _hold(self.hold[0], start)
+        if not self.last:
+            self.pending.append(dist.isend(out.detach(), group=self.group,
+                                           group_dst=self.index + 1))
+        self.timeline.add("forward", start)
+        self.saved[i] = (inp, out)
+        self.live += 1
+        self.peak = max(self.peak, self.live)
+
+    def backward(self, i: int) -> None:
+        """Receive the gradient of micro-batch i's output from the next stage (the last stage
+        starts from its loss), backpropagate through this piece, send the input's gradient to
+        the previous stage. Parameter gradients accumulate over the micro-batches."""
+        inp, out = self.saved.pop(i)
+        grad_out = None
+        if not self.last:
+            grad_out = torch.empty_like(out)
+            start = time.time()
+            dist.recv(grad_out, group=self.group, group_src=self.index + 1)
+            self.timeline.add("idle", start)
+        start = time.time()
+        out.backward(grad_out)
+        _hold(self.hold[1], start)
+        if not self.first:
+            self.pending.append(dist.isend(inp.grad, group=self.group,
+                                           group_dst=self.index - 1))
+        self.timeline.add("backward", start)
+        self.live -= 1
+
+    def result(self) -> dict:
+        """Wait for the last sends; this stage's gradients, loss, action order and timeline."""
+        for request in self.pending:
+            request.wait()
+        return dict(stage=self.index, grads=[p.grad.clone() for p in self.module.parameters()],
+                    loss=self.loss if self.last else None, micro_losses=self.micro_losses,
+                    order=self.order, timeline=self.timeline, peak_activations=self.peak)
+
+
+def run_schedule(stage: Stage, actions) -> dict:
+    """Carry out a schedule's actions on this stage, in order."""
+    for kind, i in actions:
+        stage.order.append((kind, i))
+        if kind == "forward":
+            stage.forward(i)
+        else:
+            stage.backward(i)
+    return stage.result()
 
 
 def run_pipeline(pieces, x, y, micro_batches: int, schedule: str = "1F1B", *,
                  forward_seconds: float = 0.0, backward_seconds: float = 0.0,
-                 warmup_rounds: int = 0) -> dict:
-    """Run on every rank (through ``launch``): rank s is stage s of ``pieces``.
+                 warmup_rounds: int = 0, group=None) -> dict:
+    """Run on every rank of ``group``: rank s is stage s of ``pieces``, following ``schedule``
+    ("GPipe" or "1F1B") over ``micro_batches`` parts of the batch (x, y).
 
-    The batch (x, y) is cut into ``micro_batches`` equal parts; each stage carries out its
-    schedule with point-to-point messages (activations forward, gradients backward) and
-    accumulates gradients over the micro-batches. ``forward_seconds`` / ``backward_seconds`` pad
-    every forward / backward step to a fixed duration before its result is sent on (the real
-    arithmetic still runs), so that stage times are steady even on shared cores.
     ``warmup_rounds`` runs the whole schedule that many times first, untimed (the first
-    backward pass in a process pays for setting autograd up).
-
-    Returns: the stage's parameter gradients, the loss (last stage), the order of actions, a
-    timeline of (kind, micro-batch, start, end) with "idle" spans for waiting on a message, and
-    the peak number of micro-batches whose activations were held.
+    backward pass in a process pays for setting autograd up). Returns :meth:`Stage.result`.
     """
-    stage, stages = dist.get_rank(), dist.get_world_size()
-    if len(pieces) != stages:
-        raise ValueError(f"{len(pieces)} pieces for {stages} ranks: one piece per rank")
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}: use one of {sorted(SCHEDULES)}")
     for _ in range(warmup_rounds + 1):
-        dist.barrier()  # every round starts together
-        result = _one_round(pieces[stage], pieces, x, y, micro_batches,
-                            SCHEDULES[schedule](stage, stages, micro_batches),
-                            forward_seconds, backward_seconds)
+        dist.barrier(group=group)  # every round starts together
+        stage = Stage(pieces, x, y, micro_batches, forward_seconds=forward_seconds,
+                      backward_seconds=backward_seconds, group=group)
+        actions = SCHEDULES[schedule](stage.index, stage.stages, micro_batches)
+        result = run_schedule(stage, actions)
     return result
 
 
-def _one_round(module, pieces, x, y, micro_batches, actions, forward_seconds,
-               backward_seconds):
-    stage, stages = dist.get_rank(), dist.get_world_size()
-    module.zero_grad()
-    xs, ys = x.tensor_split(micro_batches), y.tensor_split(micro_batches)
-    first, last = stage == 0, stage == stages - 1
-    width = _activation_width(pieces, stage)
-    saved = {}  # micro-batch -> (input, output): the activations kept for the backward pass
-    pending, timeline, order = [], [], []
-    loss_total, live, peak, micro_losses = 0.0, 0, 0, []
-    for kind, i in actions:
-        order.append((kind, i))
-        if kind == "forward":
-            if first:
-                inp = xs[i]
-            else:
-                inp = torch.empty(len(xs[i]), width, dtype=x.dtype)
-                t0 = time.time()
-                dist.recv(inp, stage - 1)  # wait for the previous stage's activation
-                timeline.append(("idle", i, t0, time.time()))
-                inp.requires_grad_(True)
-            t0 = time.time()
-            out = module(inp)
-            if last:
-                loss = torch.nn.functional.cross_entropy(out, ys[i])
-                micro_losses.append(loss.item())
-                out = loss / micro_batches  # the mean over micro-batches is the batch's loss
-                loss_total += out.item()
-            _hold(forward_seconds, t0)
-            if not last:
-                pending.append(dist.isend(out.detach(), stage + 1))
-            timeline.append(("forward", i, t0, time.time()))
-            saved[i] = (inp, out)
-            live += 1
-            peak = max(peak, live)
-        else:
-            inp, out = saved.pop(i)
-            grad_out = None
-            if not last:
-                grad_out = torch.empty_like(out)
-                t0 = time.time()
-                dist.recv(grad_out, stage + 1)  # wait for the next stage's gradient
-                timeline.append(("idle", i, t0, time.time()))
-            t0 = time.time()
-            out.backward(grad_out)  # accumulates this micro-batch's parameter gradients
-            _hold(backward_seconds, t0)
-            if not first:
-                pending.append(dist.isend(inp.grad, stage - 1))
-            timeline.append(("backward", i, t0, time.time()))
-            live -= 1
-    for request in pending:
-        request.wait()
-    return dict(stage=stage, grads=[p.grad.clone() for p in module.parameters()],
-                loss=loss_total if last else None, micro_losses=micro_losses, order=order,
-                timeline=timeline, peak_activations=peak)
-
-
-def _activation_width(pieces, stage):
-    """Width of the activation a stage receives: the previous piece's last linear layer."""
-    if stage == 0:
-        return None
-    linears = [m for m in pieces[stage - 1] if isinstance(m, torch.nn.Linear)]
-    return linears[-1].out_features
+def _first_computation(results) -> float:
+    return min(start for r in results for kind, start, _ in r["timeline"].records
+               if kind != "idle")
 
 
 def measured_bubble(results) -> float:
@@ -240,48 +264,36 @@ def measured_bubble(results) -> float:
     which a stage was not computing. The span runs from the first computation (stage 0's first
     forward) to the last: a rank that reached the loop early and waited for the others to
     start is not part of the pipeline's bubble."""
-    spans = [(start, end) for r in results for kind, _, start, end in r["timeline"]
-             if kind != "idle"]
-    t0, t1 = min(s for s, _ in spans), max(e for _, e in spans)
-    busy = [sum(end - start for kind, _, start, end in r["timeline"] if kind != "idle")
-            for r in results]
-    return 1.0 - sum(busy) / (len(results) * (t1 - t0))
+    t1 = max(end for r in results for kind, _, end in r["timeline"].records if kind != "idle")
+    busy = sum(r["timeline"].busy() for r in results)
+    return 1.0 - busy / (len(results) * (t1 - _first_computation(results)))
 
 
-def pipeline_spans(results) -> list[tuple]:
-    """(stage, start, duration, kind) spans for ``plots.plot_gantt``, relative to the pipeline's
-    first computation: forward, backward, and "idle" while a stage waits for a message (waits
-    before the pipeline started are cut off)."""
-    t0 = min(start for r in results for kind, _, start, _ in r["timeline"] if kind != "idle")
-    spans = []
-    for r in results:
-        for kind, _, start, end in r["timeline"]:
-            start = max(start, t0)
-            if end > start:
-                spans.append((r["stage"], start - t0, end - start, kind))
-    return spans
+def pipeline_spans(results) -> list[Span]:
+    """Spans for ``plots.plot_gantt``, time 0 at the pipeline's first computation: forward,
+    backward, and "idle" while a stage waits for a message (waits before then are cut off)."""
+    return to_spans([r["timeline"] for r in results], origin=_first_computation(results))
 
 
-def run_torch_pipeline(pieces, x, y, micro_batches: int, schedule: str = "1F1B") -> dict:
+def run_torch_pipeline(pieces, x, y, micro_batches: int, schedule: str = "1F1B",
+                       group=None) -> dict:
     """The same pipeline with ``torch.distributed.pipelining``: a ``PipelineStage`` per rank and
     ``ScheduleGPipe`` or ``Schedule1F1B``. Returns the per-micro-batch losses (last stage) and
     this stage's gradients, to compare with :func:`run_pipeline`."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    stage, stages = dist.get_rank(), dist.get_world_size()
-    module = pieces[stage]
+    stage, stages, dev = dist.get_rank(group), dist.get_world_size(group), device(group)
+    module = pieces[stage].to(dev)
     module.zero_grad()
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
-        else torch.device("cpu")
-    pipe_stage = PipelineStage(module.to(device), stage, stages, device)
+    pipe_stage = PipelineStage(module, stage, stages, dev, group=group)
     kind = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}[schedule]
     runner = kind(pipe_stage, micro_batches, loss_fn=torch.nn.functional.cross_entropy)
     losses = []
     if stage == 0:
-        runner.step(x.to(device))
+        runner.step(x.to(dev))
     elif stage == stages - 1:
-        runner.step(target=y.to(device), losses=losses)
+        runner.step(target=y.to(dev), losses=losses)
     else:
         runner.step()
     return dict(stage=stage, micro_losses=[loss.item() for loss in losses],
-                grads=[p.grad.detach().cpu().clone() for p in module.parameters()])
+                grads=[p.grad.detach().clone() for p in module.parameters()])

@@ -16,7 +16,8 @@ import matplotlib.patches
 import matplotlib.pyplot as plt
 import numpy as np
 
-from course_lib.timing import Timing
+from course_lib.cost_models import amdahl_speedup, fit_amdahl
+from course_lib.runtime.timing import Span, Timing
 
 STYLE = {
     "figure.figsize": (9.0, 3.6),
@@ -51,25 +52,6 @@ def course_style():
     finally:
         matplotlib.rcParams.update(saved)
 RUN_STYLES = ["-", "--", ":", "-."]  # runs that coincide (as they should, often) stay visible
-
-
-def amdahl_speedup(workers, parallel_fraction: float):
-    """Amdahl's law S(p) = 1 / ((1 - f) + f / p) for a parallel fraction f."""
-    p = np.asarray(workers, dtype=float)
-    return 1.0 / ((1.0 - parallel_fraction) + parallel_fraction / p)
-
-
-def fit_amdahl(workers, speedups) -> float:
-    """Least-squares f in [0, 1] for Amdahl's law; 1/S = 1 - f (1 - 1/p) is linear in f."""
-    p = np.asarray(workers, dtype=float)
-    s = np.asarray(speedups, dtype=float)
-    if p.shape != s.shape or p.size == 0:
-        raise ValueError("workers and speedups must be non-empty and of the same length")
-    x = 1.0 - 1.0 / p
-    if not np.any(x > 0):
-        return 1.0  # one worker only: nothing to fit
-    f = float(np.dot(x, 1.0 - 1.0 / s) / np.dot(x, x))
-    return min(1.0, max(0.0, f))
 
 
 def _medians_and_errors(times):
@@ -215,17 +197,18 @@ def plot_times(timings: Mapping[str, Timing], *, title: str = "Wall time",
 
 GANTT_COLORS = {"compute": "#1f77b4", "forward": "#1f77b4", "backward": "#2ca02c",
                 "communicate / wait": "#ff7f0e", "idle (waiting for the straggler)": "0.85",
-                "idle": "0.85", "wait for the server": "0.85"}
+                "idle": "0.85"}
 
 
 def plot_gantt(spans, *, title: str = "Timeline", worker_label: str = "worker",
                unit: str = "ms"):
-    """A timeline: one row per worker, one bar per (worker, start, duration, kind) span, a
-    colour per kind — the lectures' pictures of who computes, talks or waits when. Times are
-    seconds shown in ``unit`` ("s" or "ms"); any other unit (e.g. "forward steps") labels
-    times given in that unit as they are."""
+    """A timeline: one row per lane (worker, rank, stage), one bar per :class:`Span`, a colour
+    per kind — the lectures' pictures of who computes, talks or waits when. Times are seconds
+    shown in ``unit`` ("s" or "ms"); any other unit (e.g. "forward steps") labels times given
+    in that unit as they are."""
+    spans = [Span(*s) for s in spans]
     if not spans:
-        raise ValueError("spans is empty: pass (worker, start, duration, kind) tuples")
+        raise ValueError("spans is empty: pass Span(lane, start, duration, kind) values")
     scale = {"s": 1.0, "ms": 1e3}.get(unit, 1.0)
     workers = sorted({s[0] for s in spans})
     kinds = list(dict.fromkeys(s[3] for s in spans))

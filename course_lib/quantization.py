@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from course_lib.collectives import bytes_formula
+from course_lib.cost_models import all_reduce_bytes, quantized_sum_error_bound
+from course_lib.runtime.devices import device
 
 INT8_LEVELS = 127  # codes -127..127: symmetric, so 0 is exact
 METHODS = ("fp32", "bf16", "fp16", "int8 stochastic", "int8 nearest")
@@ -23,8 +24,9 @@ METHODS = ("fp32", "bf16", "fp16", "int8 stochastic", "int8 nearest")
 
 def stochastic_round(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """Round down or up at random, up with probability equal to the fraction: floor(x + u),
-    u uniform in [0, 1). Unbiased (E[round(x)] = x) and off by less than 1."""
-    u = torch.rand(x.shape, generator=generator, dtype=x.dtype, device=x.device)
+    u uniform in [0, 1). Unbiased (E[round(x)] = x) and off by less than 1. The noise comes
+    from a CPU generator, so every device rounds the same way for the same seed."""
+    u = torch.rand(x.shape, generator=generator, dtype=x.dtype).to(x.device)
     return torch.floor(x + u)
 
 
@@ -36,37 +38,34 @@ def quantize(x: torch.Tensor, scale: float, *, stochastic: bool = True,
     return rounded.clamp(-INT8_LEVELS, INT8_LEVELS).to(torch.int8)
 
 
-def error_bound(world_size: int, scale: float, stochastic: bool = True) -> float:
-    """The largest possible error of one entry of the quantised sum: each of the p ranks' codes is
-    off by less than one level (stochastic) or half a level (nearest), a level being ``scale``."""
-    return world_size * scale * (1.0 if stochastic else 0.5)
-
-
-def shared_scale(x: torch.Tensor) -> float:
-    """Run on every rank: the scale all ranks use, max over ranks of max |x| / 127."""
+def shared_scale(x: torch.Tensor, group=None) -> float:
+    """Run on every rank of ``group``: the scale all ranks use, max over ranks of max |x| / 127."""
     amax = x.abs().max().reshape(1).double()
-    dist.all_reduce(amax, op=dist.ReduceOp.MAX)
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
     return amax.item() / INT8_LEVELS
 
 
-def quantized_all_reduce(x: torch.Tensor, *, stochastic: bool = True, seed: int = 0) -> dict:
-    """Run on every rank: the sum over ranks of ``x``, sent as int8 codes.
+def quantized_all_reduce(x: torch.Tensor, *, stochastic: bool = True, seed: int = 0,
+                         group=None) -> dict:
+    """Run on every rank of ``group``: the sum over ranks of ``x``, sent as int8 codes.
 
     Each rank quantises with the shared scale (stochastic rounding seeded by seed and rank), the
     ranks all-gather their codes and every rank adds them in int32. Returns the ``sum``, the
-    ``scale``, the ``bound`` of :func:`error_bound` and the ``bytes_sent`` by this rank: its n
-    codes to each of the p - 1 others (the ring all-reduce of fp32 sends 2 (p-1)/p 4n)."""
-    p = dist.get_world_size()
-    scale = shared_scale(x)
+    ``scale``, the ``bound`` of ``cost_models.quantized_sum_error_bound`` and the
+    ``bytes_sent`` by this rank: its n codes to each of the p - 1 others (the ring all-reduce of
+    fp32 sends 2 (p-1)/p 4n)."""
+    p, x = dist.get_world_size(group), x.to(device(group))
+    scale = shared_scale(x, group)
     if scale == 0.0:  # every rank holds zeros
         return dict(sum=torch.zeros_like(x), scale=0.0, bound=0.0, bytes_sent=0)
-    generator = torch.Generator().manual_seed(seed * 1009 + dist.get_rank())
+    generator = torch.Generator().manual_seed(seed * 1009 + dist.get_rank(group))
     codes = quantize(x.double(), scale, stochastic=stochastic, generator=generator)
     gathered = [torch.empty_like(codes) for _ in range(p)]
-    dist.all_gather(gathered, codes)
+    dist.all_gather(gathered, codes, group=group)
     total = torch.stack(gathered).to(torch.int32).sum(dim=0)
     return dict(sum=(total.double() * scale).to(x.dtype), scale=scale,
-                bound=error_bound(p, scale, stochastic), bytes_sent=codes.numel() * (p - 1))
+                bound=quantized_sum_error_bound(p, scale, stochastic),
+                bytes_sent=codes.numel() * (p - 1))
 
 
 def simulate_quantized_sum(tensors, *, stochastic: bool = True, seed: int = 0) -> torch.Tensor:
@@ -78,18 +77,20 @@ def simulate_quantized_sum(tensors, *, stochastic: bool = True, seed: int = 0) -
     return (torch.stack(codes).to(torch.int32).sum(dim=0).double() * scale).to(tensors[0].dtype)
 
 
-def compressed_all_reduce(x: torch.Tensor, method: str, seed: int = 0) -> dict:
-    """Run on every rank: sum ``x`` over ranks by one of ``METHODS``; returns the ``sum`` and the
-    ``bytes_sent`` by one rank (the ring formula for the fp all-reduces, counted for int8)."""
+def compressed_all_reduce(x: torch.Tensor, method: str, seed: int = 0, group=None) -> dict:
+    """Run on every rank of ``group``: sum ``x`` over ranks by one of ``METHODS``; returns the
+    ``sum`` and the ``bytes_sent`` by one rank (the ring formula for the fp all-reduces, counted
+    for int8)."""
     if method.startswith("int8"):
-        out = quantized_all_reduce(x, stochastic=method.endswith("stochastic"), seed=seed)
+        out = quantized_all_reduce(x, stochastic=method.endswith("stochastic"), seed=seed,
+                                   group=group)
         return dict(sum=out["sum"], bytes_sent=out["bytes_sent"])
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[method]
-    message = x.to(dtype, copy=True)  # never reduce into the caller's tensor
-    dist.all_reduce(message)
+    message = x.to(device(group), dtype, copy=True)  # never reduce into the caller's tensor
+    dist.all_reduce(message, group=group)
     n_bytes = message.numel() * message.element_size()
-    return dict(sum=message.to(x.dtype),
-                bytes_sent=bytes_formula("efficient ring", n_bytes, dist.get_world_size()))
+    return dict(sum=message.to(x.dtype), bytes_sent=all_reduce_bytes(
+        "efficient ring", n_bytes, dist.get_world_size(group)))
 
 
 # -- fp8 ------------------------------------------------------------------------------------------

@@ -8,14 +8,18 @@ gives a partial output). Two operators glue it together:
 * f: identity in the forward pass, all-reduce of the gradient in the backward pass;
 * g: all-reduce in the forward pass, identity in the backward pass.
 
-One all-reduce per MLP forward (g), one per backward (f). In PyTorch's convention Z = X W^T, so
-"columns of A" are rows of ``fc1.weight`` and "rows of B" are columns of ``fc2.weight``.
+One all-reduce per MLP forward (g), one per backward (f) (``cost_models.megatron_all_reduces``).
+In PyTorch's convention Z = X W^T, so "columns of A" are rows of ``fc1.weight`` and "rows of B"
+are columns of ``fc2.weight``. The unsplit block is ``models.feed_forward``. Every function
+that runs on ranks takes ``group`` (default: all ranks) and computes on the rank's device.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from course_lib.runtime.devices import device
 
 
 class _F(torch.autograd.Function):
@@ -65,16 +69,6 @@ def new_counter() -> dict:
     return {"forward": 0, "backward": 0}
 
 
-def mlp(d_model: int = 16, d_hidden: int = 64, seed: int = 0, dtype=torch.float64):
-    """The unsplit MLP: fc1 (d_model -> d_hidden), GeLU, fc2 (d_hidden -> d_model)."""
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential()
-    model.add_module("fc1", torch.nn.Linear(d_model, d_hidden, dtype=dtype))
-    model.add_module("act", torch.nn.GELU())
-    model.add_module("fc2", torch.nn.Linear(d_hidden, d_model, dtype=dtype))
-    return model
-
-
 def shard_mlp(model, rank: int, world_size: int) -> dict:
     """This rank's pieces of the unsplit MLP: a block of fc1's rows (columns of A) with its bias
     slice, the matching block of fc2's columns (rows of B), and fc2's bias (added once)."""
@@ -96,65 +90,81 @@ def megatron_mlp(x, shard: dict, counter: dict, group=None):
     return g_operator(partial, counter, group) + shard["b2"]
 
 
-def run_megatron_mlp(model, x, target) -> dict:
-    """On every rank: forward and backward of the split MLP on the whole batch x (replicated).
+def run_megatron_mlp(model, x, target, group=None) -> dict:
+    """On every rank of ``group``: forward and backward of the split MLP on the whole batch x
+    (replicated), on the rank's device.
 
     Returns the output, the gradients of this rank's shard and of x, and how many all-reduces
     the forward and the backward pass made.
     """
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    shard = shard_mlp(model, rank, world_size)
+    dev = device(group)
+    shard = shard_mlp(model.to(dev), dist.get_rank(group), dist.get_world_size(group))
     counter = new_counter()
-    x = x.clone().requires_grad_(True)
-    out = megatron_mlp(x, shard, counter)
-    torch.nn.functional.mse_loss(out, target).backward()
+    x = x.to(dev, copy=True).requires_grad_(True)
+    out = megatron_mlp(x, shard, counter, group)
+    torch.nn.functional.mse_loss(out, target.to(dev)).backward()
     return dict(out=out.detach(), x_grad=x.grad, counter=counter,
                 grads={k: p.grad for k, p in shard.items()})
 
 
-def run_dtensor_mlp(model, x) -> dict:
-    """The same split with DTensor: fc1 ColwiseParallel, fc2 RowwiseParallel on a 1-D mesh.
-    Returns the output and the shape of this rank's fc1 and fc2 weight shards."""
+def run_dtensor_mlp(model, x, group=None) -> dict:
+    """The same split with DTensor: fc1 ColwiseParallel, fc2 RowwiseParallel on a 1-D mesh of
+    ``group``'s ranks. Returns the output and the shape of this rank's fc1 and fc2 shards."""
     import copy
 
-    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
         parallelize_module,
     )
 
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    mesh = init_device_mesh(device, (dist.get_world_size(),))
-    split = parallelize_module(copy.deepcopy(model).to(device), mesh,
+    dev = device(group)
+    mesh = DeviceMesh.from_group(group or dist.group.WORLD, dev.type)
+    split = parallelize_module(copy.deepcopy(model).to(dev), mesh,
                                {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
-    out = split(x.to(device))
+    out = split(x.to(dev))
     out = out.wait() if hasattr(out, "wait") else out  # an async collective's result
-    return dict(out=out.detach().cpu(),
-                fc1_shard=tuple(split.fc1.weight.to_local().shape),
+    return dict(out=out.detach(), fc1_shard=tuple(split.fc1.weight.to_local().shape),
                 fc2_shard=tuple(split.fc2.weight.to_local().shape))
 
 
-def run_hybrid_data_tensor(model, x, target, data: int = 2, tensor: int = 2) -> dict:
-    """Data x tensor parallelism on a ``data`` x ``tensor`` device mesh (4 processes for 2 x 2).
+def mesh_groups(data: int, tensor: int, group=None) -> dict:
+    """This rank's place on a ``data`` x ``tensor`` mesh of ``group``'s ranks (what
+    ``init_device_mesh(..., (data, tensor), mesh_dim_names=("data", "tensor"))`` lays out): the
+    ranks of its row form its tensor-parallel group, those of its column its data-parallel
+    group. Only the members of each new group take part in creating it."""
+    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+    if len(ranks) != data * tensor:
+        raise ValueError(f"a {data} x {tensor} mesh needs {data * tensor} ranks, the group has "
+                         f"{len(ranks)}")
+    me = ranks.index(dist.get_rank())
+    row, col = divmod(me, tensor)
+    tp_ranks = ranks[row * tensor:(row + 1) * tensor]
+    dp_ranks = ranks[col::tensor]
+    return dict(dp_rank=row, tp_rank=col,
+                tp_group=dist.new_group(tp_ranks, use_local_synchronization=True),
+                dp_group=dist.new_group(dp_ranks, use_local_synchronization=True))
+
+
+def run_hybrid_data_tensor(model, x, target, data: int = 2, tensor: int = 2,
+                           group=None) -> dict:
+    """Data x tensor parallelism on a ``data`` x ``tensor`` mesh (4 processes for 2 x 2).
 
     Ranks in the same row of the mesh form a tensor-parallel group that splits the MLP as
     Megatron does; the rows are data-parallel replicas, each with its share of the batch, and
     their shard gradients are averaged over the column (data-parallel) group.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    mesh = init_device_mesh(device, (data, tensor), mesh_dim_names=("data", "tensor"))
-    dp_group, tp_group = mesh.get_group("data"), mesh.get_group("tensor")
-    dp_rank, tp_rank = mesh.get_local_rank("data"), mesh.get_local_rank("tensor")
-    shard = shard_mlp(model, tp_rank, tensor)
+    dev = device(group)
+    mesh = mesh_groups(data, tensor, group)
+    shard = shard_mlp(model.to(dev), mesh["tp_rank"], tensor)
     counter = new_counter()
-    mine = x.tensor_split(data)[dp_rank]
-    out = megatron_mlp(mine, shard, counter, tp_group)
-    torch.nn.functional.mse_loss(out, target.tensor_split(data)[dp_rank]).backward()
+    mine = x.to(dev).tensor_split(data)[mesh["dp_rank"]]
+    out = megatron_mlp(mine, shard, counter, mesh["tp_group"])
+    loss = torch.nn.functional.mse_loss(out, target.to(dev).tensor_split(data)[mesh["dp_rank"]])
+    loss.backward()
     for p in shard.values():  # data parallelism: average the replicas' gradients
-        dist.all_reduce(p.grad, group=dp_group)
+        dist.all_reduce(p.grad, group=mesh["dp_group"])
         p.grad /= data
-    return dict(dp_rank=dp_rank, tp_rank=tp_rank, out=out.detach(), counter=counter,
-                grads={k: p.grad for k, p in shard.items()})
+    return dict(dp_rank=mesh["dp_rank"], tp_rank=mesh["tp_rank"], out=out.detach(),
+                counter=counter, grads={k: p.grad for k, p in shard.items()})

@@ -5,6 +5,7 @@ import torch
 
 from course_lib import backprop as bp
 from course_lib.data import load_digits
+from course_lib.models import small_cnn
 
 TOL = 1e-10  # float64: hand-written and autograd gradients agree to rounding
 
@@ -101,7 +102,7 @@ def test_finite_difference_gradient_of_a_known_function():
 
 
 def test_network_backward_equals_autograd_on_the_same_torch_module():
-    net = bp.small_cnn(seed=1)
+    net = small_cnn(seed=1)
     module = bp.to_torch_module(net)
     split = load_digits(images=True, dtype=torch.float64)
     X, y = split.x_train[:16], split.y_train[:16]
@@ -116,7 +117,7 @@ def test_network_backward_equals_autograd_on_the_same_torch_module():
 
 def test_hand_trained_network_reaches_95_percent_on_digits():
     split = load_digits(images=True, dtype=torch.float64)
-    net = bp.small_cnn(seed=0)
+    net = small_cnn(seed=0)
     g = torch.Generator().manual_seed(0)
     for _ in range(15):
         for idx in torch.randperm(len(split.y_train), generator=g).split(32):

@@ -8,7 +8,8 @@ import torch.distributed as dist
 
 from course_lib import collectives as C
 from course_lib import launch
-from course_lib.launching import usable_cores
+from course_lib.cost_models import all_reduce_bytes
+from course_lib.runtime.devices import usable_cores
 
 LENGTHS = [1, 2, 5, 7, 12, 1001]  # not all multiples of the world size, some shorter than it
 
@@ -31,7 +32,7 @@ def every_variant():
     for dtype in (torch.float32, torch.float64):
         for numel in LENGTHS:
             x = rank_input(dist.get_rank(), numel, dtype)
-            for name, fn in {**C.ALL_REDUCES, "gloo": C.gloo_all_reduce}.items():
+            for name, fn in {**C.ALL_REDUCES, "torch": C.torch_all_reduce}.items():
                 out[name, dtype, numel] = fn(x)
     return out
 
@@ -44,7 +45,7 @@ def test_every_all_reduce_equals_dist_all_reduce_for_any_length_and_dtype(world_
         for numel in LENGTHS:
             expected = sum(rank_input(r, numel, dtype) for r in range(world_size))
             for rank, res in enumerate(results):
-                library = res["gloo", dtype, numel][0]
+                library = res["torch", dtype, numel][0]
                 torch.testing.assert_close(library, expected)
                 for name in C.ALL_REDUCES:
                     got = res[name, dtype, numel][0]
@@ -60,7 +61,7 @@ def test_bytes_sent_by_the_busiest_rank_match_the_formulas(world_size):
     n_bytes = numel * 4
     for name in C.ALL_REDUCES:
         busiest = max(res[name, torch.float32, numel][1] for res in results)
-        assert busiest == C.bytes_formula(name, n_bytes, world_size), name
+        assert busiest == all_reduce_bytes(name, n_bytes, world_size), name
 
 
 def trace_ring():
@@ -89,20 +90,6 @@ def test_ring_chunks_cover_the_vector_in_near_equal_parts():
     assert [len(c) for c in C.ring_chunks(torch.arange(2.0), 3)] == [1, 1, 0]
 
 
-def test_fit_alpha_beta_recovers_a_linear_cost():
-    n = torch.tensor([8.0, 1e3, 1e5, 1e7])
-    alpha, beta = C.fit_alpha_beta(n, 5e-4 + n * 1e-9)
-    assert alpha == pytest.approx(5e-4, rel=1e-6) and beta == pytest.approx(1e-9, rel=1e-6)
-
-
-def test_ring_time_and_bus_bandwidth():
-    assert C.ring_time(1000, 2, 1.0, 0.001).item() == pytest.approx(2 + 1.0)
-    assert C.bus_bandwidth(1e9, 1.0, 4) == pytest.approx(1.5e9)
-    assert C.bus_bandwidth(1e9, 1.0, 4, "all_gather") == pytest.approx(0.75e9)
-    with pytest.raises(ValueError):
-        C.bus_bandwidth(1, 1, 2, "broadcast")
-
-
 def time_two_sizes():
     return C.time_all_reduce(C.ring_all_reduce, [4, 4096], repeats=2, warmup=1)
 
@@ -110,7 +97,3 @@ def time_two_sizes():
 def test_time_all_reduce_returns_repeats_per_size():
     times = launch(time_two_sizes, 2)
     assert set(times[0]) == {4, 4096} and all(len(v) == 2 for v in times[0].values())
-
-
-def test_median_of_slowest_takes_the_last_rank_of_each_repeat():
-    assert C.median_of_slowest([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == 3.0

@@ -92,3 +92,25 @@ def test_mnist_from_files_is_normalised_and_limited(monkeypatch, tmp_path):
 def test_unknown_dataset_name():
     with pytest.raises(ValueError, match="unknown dataset"):
         data.load_mnist("cifar")
+
+
+def test_shard_rows_cover_every_row_once_in_near_equal_shards():
+    contiguous = data.shard_rows(10, 3)
+    assert [len(p) for p in contiguous] == [4, 3, 3]
+    assert torch.equal(torch.cat(contiguous), torch.arange(10))  # no seed: blocks in order
+    shuffled = data.shard_rows(100, 3, seed=1)
+    assert sorted(torch.cat(shuffled).tolist()) == list(range(100))
+    assert [len(s) for s in shuffled] == [34, 33, 33]
+    assert not torch.equal(torch.cat(shuffled), torch.arange(100))
+    assert all(torch.equal(a, b) for a, b in zip(shuffled, data.shard_rows(100, 3, seed=1),
+                                                 strict=True))
+    with pytest.raises(ValueError, match="1 <= p <= n"):
+        data.shard_rows(5, 6)
+
+
+def test_batch_rows_are_reproducible_and_drawn_from_the_shard():
+    shard = data.shard_rows(100, 3, seed=1)[0]
+    b = data.batch_rows(shard, 8, seed=1, worker=1, step=5)
+    assert torch.equal(b, data.batch_rows(shard, 8, seed=1, worker=1, step=5))
+    assert not torch.equal(b, data.batch_rows(shard, 8, seed=1, worker=1, step=6))
+    assert set(b.tolist()) <= set(shard.tolist()) and len(set(b.tolist())) == 8

@@ -10,6 +10,7 @@ from torch.utils.data import DistributedSampler, TensorDataset
 from course_lib import data_parallel as dp
 from course_lib import launch
 from course_lib.data import load_digits
+from course_lib.models import digits_cnn
 
 LR, LOCAL_BATCH, N = 0.1, 16, 256
 
@@ -20,7 +21,7 @@ def digits():
     return split.x_train[:N], split.y_train[:N]
 
 
-model_fn = functools.partial(dp.digits_cnn, seed=3, width=4, dtype=torch.float64)
+model_fn = functools.partial(digits_cnn, seed=3, width=4, dtype=torch.float64)
 
 
 def baseline(x, y, world_size, local_batch, epochs=1):
@@ -101,13 +102,3 @@ def test_average_gradients_runs_only_under_a_process_group():
         model = model_fn()
         model(torch.zeros(1, 1, 8, 8, dtype=torch.float64)).sum().backward()
         dp.average_gradients(model)
-
-
-def test_deep_mlp_has_many_parameter_tensors_and_classifies_digits():
-    model = dp.deep_mlp(depth=10, width=16)
-    assert len(list(model.parameters())) == 20
-    assert model(torch.zeros(3, 1, 8, 8)).shape == (3, 10)
-
-
-def test_digits_cnn_width_sets_the_channels():
-    assert dp.digits_cnn(width=8)[2].out_channels == 16

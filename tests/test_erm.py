@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from course_lib import erm
+from course_lib.data import shard_rows
 
 
 @pytest.fixture(scope="module")
@@ -37,17 +38,9 @@ def test_gradient_equals_autograd_of_the_loss(problems, index):
 def test_local_gradient_sums_add_up_to_the_full_gradient(problems):
     problem = problems[0]
     w = torch.randn(problem.d, dtype=torch.float64)
-    parts = erm.partition_rows(problem.n, 3)
+    parts = shard_rows(problem.n, 3)
     total = sum(problem.gradient_sum(w, rows) for rows in parts)
     torch.testing.assert_close(total / problem.n + problem.lam * w, problem.gradient(w))
-
-
-def test_partition_rows_covers_every_row_once_in_balanced_blocks():
-    parts = erm.partition_rows(10, 3)
-    assert [len(p) for p in parts] == [4, 3, 3]
-    assert torch.equal(torch.cat(parts), torch.arange(10))
-    with pytest.raises(ValueError):
-        erm.partition_rows(2, 3)
 
 
 @pytest.mark.parametrize("index", [0, 1])

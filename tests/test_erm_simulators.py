@@ -5,7 +5,9 @@ import torch
 
 from course_lib import erm
 from course_lib import erm_simulators as sim
-from course_lib.checks import ExerciseFailed, check_decentralized_step, check_fedavg_round
+from course_lib.data import shard_rows
+from course_lib.exercises.common import ExerciseFailed
+from course_lib.exercises.lesson02 import check_decentralized_step, check_fedavg_round
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +23,7 @@ def test_fedavg_with_one_local_step_is_one_gradient_step(problem):
 
 
 def test_fedavg_with_more_local_steps_lowers_the_loss_faster_per_round(problem):
-    rows = erm.partition_rows(problem.n, 4)
+    rows = shard_rows(problem.n, 4)
     w1 = w5 = torch.zeros(problem.d, dtype=torch.float64)
     for _ in range(5):
         w1 = sim.fedavg_round(problem, w1, rows, q=1, lr=0.1)
@@ -31,7 +33,7 @@ def test_fedavg_with_more_local_steps_lowers_the_loss_faster_per_round(problem):
 
 def test_gossip_preserves_the_mean_on_a_regular_graph_and_reaches_consensus(problem):
     ring = {i: [(i - 1) % 7, (i + 1) % 7] for i in range(7)}  # regular: weights doubly stochastic
-    rows = erm.partition_rows(problem.n, 7)
+    rows = shard_rows(problem.n, 7)
     params = [torch.randn(problem.d, dtype=torch.float64) for _ in range(7)]
     mean = torch.stack(params).mean(dim=0)
     for _ in range(200):
@@ -41,7 +43,7 @@ def test_gossip_preserves_the_mean_on_a_regular_graph_and_reaches_consensus(prob
 
 
 def test_seven_node_graph_reaches_consensus_and_the_disconnected_one_does_not(problem):
-    rows = erm.partition_rows(problem.n, 7)
+    rows = shard_rows(problem.n, 7)
     start = [torch.full((problem.d,), float(i), dtype=torch.float64) for i in range(7)]
     for graph, agrees in ((sim.SEVEN_NODE_GRAPH, True), (sim.DISCONNECTED_GRAPH, False)):
         params = start

@@ -1,5 +1,7 @@
 """Privacy and robustness in federated learning (course_lib.fl_security)."""
 
+import functools
+
 import pytest
 import torch
 
@@ -7,6 +9,7 @@ from course_lib import federated as fl
 from course_lib import fl_security as sec
 from course_lib import partitions as pt
 from course_lib.data import load_digits
+from course_lib.models import DIGITS_MLP, mlp
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +27,7 @@ def test_a_least_squares_gradient_gives_the_input_back_exactly():
 
 
 def test_deep_leakage_reconstructs_a_digit_from_its_gradient(digits):
-    model = sec.leaky_model()
+    model = mlp((64, 32, 10), activation=torch.nn.Sigmoid)  # DLG needs smooth units
     x, y = digits.x_test[0], digits.y_test[0]
     gradients = sec.shared_gradient(model, x, y)
     assert sec.infer_label(gradients) == y.item()
@@ -63,9 +66,10 @@ def test_coordinate_median_and_trimmed_mean_ignore_outliers():
     torch.testing.assert_close(sec.coordinate_median(updates), torch.tensor([1.1, 1.9]))
     odd = updates[:3]
     torch.testing.assert_close(sec.coordinate_median(odd), torch.tensor([1.0, 2.0]))
-    torch.testing.assert_close(sec.trimmed_mean(updates, 0.25), torch.tensor([1.1, 1.9]))
+    torch.testing.assert_close(sec.trimmed_mean(updates, trim=0.25), torch.tensor([1.1, 1.9]))
+    torch.testing.assert_close(sec.mean(updates), updates.mean(dim=0))
     with pytest.raises(ValueError, match="leaves none"):
-        sec.trimmed_mean(updates, 0.5)
+        sec.trimmed_mean(updates, trim=0.5)
 
 
 def test_krum_picks_an_honest_update_and_norm_check_drops_the_boosted_one():
@@ -81,45 +85,56 @@ def test_krum_picks_an_honest_update_and_norm_check_drops_the_boosted_one():
 
 def test_attacks_scale_or_flip_the_update():
     u = torch.tensor([1.0, -2.0])
-    torch.testing.assert_close(sec.attack_update(u, "boosted", 5.0), 5 * u)
-    torch.testing.assert_close(sec.attack_update(u, "sign flip", 5.0), -5 * u)
-    torch.testing.assert_close(sec.attack_update(u, "label flip"), u)
+    torch.testing.assert_close(sec.boost(u, 5.0), 5 * u)
+    torch.testing.assert_close(sec.sign_flip(u, 5.0), -5 * u)
+    assert sec.flip_labels(torch.tensor([0, 3, 9])).tolist() == [9, 6, 0]
 
 
 def test_median_resists_sign_flipping_attackers_that_break_the_mean(digits):
     parts = pt.iid(digits.y_train.numpy(), 20)
     attackers = sec.fraction_attackers(parts, 0.2)
-    common = dict(rounds=8, attackers=attackers, attack="sign flip", fraction=0.5)
-    mean = sec.robust_federated(digits, parts, aggregator="mean", **common)
-    median = sec.robust_federated(digits, parts, aggregator="median", **common)
-    clean = sec.robust_federated(digits, parts, rounds=8, fraction=0.5)
+    common = dict(rounds=8, attackers=attackers, poison_update=sec.sign_flip, fraction=0.5)
+    mean = sec.simulate_federation(digits, parts, aggregator=sec.mean, **common)
+    median = sec.simulate_federation(digits, parts, aggregator=sec.coordinate_median, **common)
+    clean = sec.simulate_federation(digits, parts, rounds=8, fraction=0.5)
     assert mean["accuracy"][-1] < 0.5 < median["accuracy"][-1]
     assert median["accuracy"][-1] > clean["accuracy"][-1] - 0.15
 
 
-def test_validation_check_needs_validation_data_and_rejects_unknown_names(digits):
+def test_label_flippers_train_on_flipped_labels_and_the_validation_check_runs(digits):
     parts = pt.iid(digits.y_train.numpy(), 10)
-    with pytest.raises(ValueError, match="validation"):
-        sec.robust_federated(digits, parts, rounds=1, aggregator="validation check")
-    with pytest.raises(ValueError, match="aggregator"):
-        sec.robust_federated(digits, parts, rounds=1, aggregator="average")
-    log = sec.robust_federated(digits, parts, rounds=2, aggregator="validation check",
-                               validation=(digits.x_test[:100], digits.y_test[:100]))
-    assert len(log["accuracy"]) == 3
+    validation = (digits.x_test[:100], digits.y_test[:100])
+    check = functools.partial(sec.validation_check, validation=validation)
+    log = sec.simulate_federation(digits, parts, rounds=2, aggregator=check,
+                                  attackers=[0, 1, 2], poison_labels=sec.flip_labels)
+    assert len(log["accuracy"]) == 3 and log["params"].shape == (DIGITS_MLP.num_parameters,)
+    w, local = DIGITS_MLP.init(), fl.LocalTraining(epochs=1)
+    x, y = digits.x_train.double(), digits.y_train
+    flipped = sec.client_updates(w, x, y, parts, [0], local, 0, 0, {0}, sec.flip_labels)
+    by_hand = fl.client_update(w, x[parts[0]], 9 - y[parts[0]], local, [0, 0, 0])[0] - w
+    torch.testing.assert_close(flipped[0], by_hand)
 
 
 def test_dp_federated_trades_accuracy_for_noise(digits):
     parts = pt.iid(digits.y_train.numpy(), 20)
-    quiet = sec.dp_federated(digits, parts, rounds=10, clip=1.0, noise=0.0)
-    loud = sec.dp_federated(digits, parts, rounds=10, clip=1.0, noise=20.0)
+    quiet = sec.simulate_federation(digits, parts, rounds=10, aggregator=sec.dp_mean(1.0, 0.0))
+    loud = sec.simulate_federation(digits, parts, rounds=10, aggregator=sec.dp_mean(1.0, 20.0))
     assert quiet["accuracy"][-1] > loud["accuracy"][-1] + 0.2
 
 
+def test_dp_mean_clips_every_update_then_adds_the_stated_noise():
+    updates = torch.tensor([[3.0, 4.0], [0.3, 0.4]], dtype=torch.float64)  # norms 5 and 0.5
+    torch.testing.assert_close(sec.dp_mean(1.0, 0.0)(updates), torch.tensor(
+        [[0.6, 0.8], [0.3, 0.4]], dtype=torch.float64).mean(dim=0))
+    noisy = torch.stack([sec.dp_mean(1.0, 2.0, seed=s)(updates) for s in range(2000)])
+    assert noisy.std(dim=0).mean().item() == pytest.approx(2.0 * 1.0 / 2, rel=0.05)
+
+
 def test_validation_check_drops_the_update_that_ruins_the_validation_accuracy(digits):
-    w = fl.init_model()
+    w = DIGITS_MLP.init()
     x, y = digits.x_train[:300].double(), digits.y_train[:300]
-    honest = [fl.client_update(w, x[i::3], y[i::3], epochs=3, batch=10, lr=0.1,
-                                   seed=i)[0] - w for i in range(3)]
+    local = fl.LocalTraining(epochs=3, batch=10, lr=0.1)
+    honest = [fl.client_update(w, x[i::3], y[i::3], local, seed=i)[0] - w for i in range(3)]
     poisoned = -10 * honest[0]
     updates = torch.stack([*honest, poisoned])
     validation = (digits.x_test[:200], digits.y_test[:200])

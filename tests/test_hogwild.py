@@ -49,10 +49,10 @@ def test_hogwild_with_and_without_lock_converges_like_one_process(problem):
     w = np.zeros(problem.d)
     for e in range(2):
         h.sgd_updates(w, problem, h.epoch_order(problem.n, 0, 0, e), lr=1.0)
-    assert one["loss"][-1] == pytest.approx(problem.loss(w), rel=1e-12)
+    assert one["losses"][-1] == pytest.approx(problem.loss(w), rel=1e-12)
     for run in (free, locked):  # other orders and rare collisions: the same progress
-        assert run["loss"][-1] == pytest.approx(one["loss"][-1], rel=0.02)
-        assert run["loss"][-1] < 0.8 * run["loss"][0]
+        assert run["losses"][-1] == pytest.approx(one["losses"][-1], rel=0.02)
+        assert run["losses"][-1] < 0.8 * run["losses"][0]
         assert len(run["seconds"]) == 2 and run["updates_per_second"] > 0
     assert (free["processes"], free["locked"]) == (2, False)
 

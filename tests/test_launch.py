@@ -1,4 +1,4 @@
-"""The launch contract, clause by clause (course_lib.launching)."""
+"""The launch contract, clause by clause (course_lib.runtime.launching)."""
 
 import os
 import signal
@@ -15,7 +15,7 @@ import workers
 from conftest import pids_alive
 
 from course_lib import LaunchTimeout, WorkerError, launch
-from course_lib import launching as L
+from course_lib.runtime import devices as D
 
 
 def read_pids(pid_dir):
@@ -54,7 +54,7 @@ def test_one_worker_is_a_world_of_one():
 
 
 def test_more_workers_than_cores_warns_and_still_runs():
-    n = L.usable_cores() + 1
+    n = D.usable_cores() + 1
     with pytest.warns(RuntimeWarning, match="oversubscribed"):
         assert launch(workers.rank_and_size, world_size=n) == [(r, n) for r in range(n)]
 
@@ -107,27 +107,6 @@ def test_function_defined_in_a_notebook_cell(tmp_path):
 
 # -- backend choice ------------------------------------------------------------------------------
 
-def test_backend_auto_is_gloo_on_a_machine_without_gpus(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert L.choose_backend("auto", 2) == "gloo"
-
-
-def test_backend_auto_is_nccl_when_there_is_a_gpu_per_rank(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(L.dist, "is_nccl_available", lambda: True)
-    assert L.choose_backend("auto", 2) == "nccl"
-    assert L.choose_backend("auto", 3) == "gloo"  # not enough GPUs: one per rank or none
-
-
-def test_nccl_without_enough_gpus_is_a_value_error_that_counts_them(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(L.dist, "is_nccl_available", lambda: True)
-    with pytest.raises(ValueError, match="world_size=2 but 1 GPU"):
-        L.choose_backend("nccl", 2)
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine")
 def test_launch_with_nccl_on_this_cpu_machine_is_a_clear_value_error():
     with pytest.raises(ValueError, match="nccl"):
@@ -167,16 +146,9 @@ def test_two_launches_at_the_same_time_both_succeed():
 
 # -- threads -------------------------------------------------------------------------------------
 
-def test_threads_per_worker_never_oversubscribe():
-    assert L.threads_per_worker(1, cores=8) == 8
-    assert L.threads_per_worker(2, cores=8) == 4
-    assert L.threads_per_worker(3, cores=8) == 2
-    assert L.threads_per_worker(4, cores=2) == 1  # more workers than cores: one thread each
-
-
 def test_workers_times_threads_fit_the_cores():
     envs = launch(workers.environment, 2)
-    assert sum(env["threads"] for env in envs) <= L.usable_cores()
+    assert sum(env["threads"] for env in envs) <= D.usable_cores()
     assert all(env["OMP_NUM_THREADS"] == str(env["threads"]) for env in envs)
 
 
@@ -345,9 +317,3 @@ def test_argument_that_cannot_be_sent_is_named():
 def test_malformed_args_kwargs_timeout_are_rejected(bad):
     with pytest.raises((TypeError, ValueError)):
         launch(workers.echo, 2, **bad)
-
-
-def test_usable_cores_and_loopback_interface():
-    assert 1 <= L.usable_cores() <= (os.cpu_count() or 1)
-    if sys.platform.startswith("linux"):
-        assert L.loopback_interface() == "lo"

@@ -5,6 +5,7 @@ import torch
 
 from course_lib import mixed_precision as mp
 from course_lib.data import load_digits
+from course_lib.models import digits_mlp
 
 
 @pytest.fixture(scope="module")
@@ -13,7 +14,7 @@ def digits():
 
 
 def test_autocast_runs_matrix_products_in_the_half_type_and_keeps_fp32_weights():
-    model = mp.digits_mlp(width=16)
+    model = digits_mlp(width=16)
     x = torch.randn(4, 64)
     for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16),
                              ("fp16 + loss scaling", torch.float16)):
@@ -24,18 +25,12 @@ def test_autocast_runs_matrix_products_in_the_half_type_and_keeps_fp32_weights()
         mp.autocast("fp64")
 
 
-def test_digits_mlp_has_the_requested_layers():
-    model = mp.digits_mlp(width=32, depth=3)
-    assert [m.out_features for m in model if isinstance(m, torch.nn.Linear)] == [32, 32, 32, 10]
-    torch.testing.assert_close(mp.digits_mlp(seed=1)[0].weight, mp.digits_mlp(seed=1)[0].weight)
-
-
 def test_bf16_and_scaled_fp16_train_as_well_as_fp32(digits):
     runs = {p: mp.train(digits, p, epochs=2) for p in mp.PRECISIONS[:3]}
     for p in ("bf16", "fp16 + loss scaling"):
-        assert runs[p]["accuracy"] == pytest.approx(runs["fp32"]["accuracy"], abs=0.03)
-    assert runs["fp32"]["accuracy"] > 0.8
-    assert len(runs["fp16 + loss scaling"]["scale"]) == len(runs["fp32"]["loss"])
+        assert runs[p]["accuracy"][-1] == pytest.approx(runs["fp32"]["accuracy"][-1], abs=0.03)
+    assert runs["fp32"]["accuracy"][-1] > 0.8 > runs["fp32"]["accuracy"][0]
+    assert len(runs["fp16 + loss scaling"]["scale"]) == len(runs["fp32"]["losses"])
 
 
 def test_a_tiny_loss_underflows_in_fp16_without_loss_scaling(digits):
@@ -43,14 +38,14 @@ def test_a_tiny_loss_underflows_in_fp16_without_loss_scaling(digits):
     fp32 = mp.train(digits, "fp32", epochs=2, loss_factor=tiny)
     unscaled = mp.train(digits, "fp16, no scaling", epochs=2, loss_factor=tiny)
     scaled = mp.train(digits, "fp16 + loss scaling", epochs=2, loss_factor=tiny)
-    assert fp32["accuracy"] == pytest.approx(mp.train(digits, "fp32", epochs=2)["accuracy"],
+    assert fp32["accuracy"][-1] == pytest.approx(mp.train(digits, "fp32", epochs=2)["accuracy"][-1],
                                              abs=0.01)
-    assert unscaled["accuracy"] < fp32["accuracy"] - 0.3
-    assert scaled["accuracy"] == pytest.approx(fp32["accuracy"], abs=0.03)
+    assert unscaled["accuracy"][-1] < fp32["accuracy"][-1] - 0.3
+    assert scaled["accuracy"][-1] == pytest.approx(fp32["accuracy"][-1], abs=0.03)
 
 
 def test_gradient_values_are_the_weight_and_activation_gradients(digits):
-    model = mp.digits_mlp(width=16, depth=2)
+    model = digits_mlp(width=16, depth=2)
     x, y = digits.x_train[:8], digits.y_train[:8]
     values = mp.gradient_values(model, x, y)
     assert values["weights"].numel() == sum(p.numel() for p in model.parameters())

@@ -6,21 +6,8 @@ import numpy as np
 import pytest
 
 from course_lib import plots
-from course_lib.timing import Timing
-
-
-def test_amdahl_speedup_formula():
-    assert plots.amdahl_speedup(1, 0.9) == pytest.approx(1.0)
-    assert plots.amdahl_speedup(4, 1.0) == pytest.approx(4.0)
-    assert plots.amdahl_speedup(2, 0.5) == pytest.approx(1 / 0.75)
-
-
-def test_fit_amdahl_recovers_the_parallel_fraction():
-    p = np.array([1, 2, 4, 8])
-    assert plots.fit_amdahl(p, plots.amdahl_speedup(p, 0.8)) == pytest.approx(0.8)
-    assert plots.fit_amdahl([1], [1.0]) == 1.0
-    with pytest.raises(ValueError):
-        plots.fit_amdahl([1, 2], [1.0])
+from course_lib.cost_models import amdahl_speedup
+from course_lib.runtime.timing import Timing
 
 
 def test_plot_speedup_draws_measured_ideal_and_fit():
@@ -90,7 +77,7 @@ def test_plot_gantt_draws_one_row_per_worker_and_a_legend_per_kind():
 
 def test_amdahl_fit_ignores_oversubscribed_points():
     p = [1, 2, 3]
-    times = [1.0, 1.0 / plots.amdahl_speedup(2, 0.9), 5.0]  # p = 3 on 2 cores: contention
+    times = [1.0, 1.0 / amdahl_speedup(2, 0.9), 5.0]  # p = 3 on 2 cores: contention
     legend = plots.plot_speedup(p, times, cores=2).axes[0].get_legend().get_texts()
     assert any("f = 0.90" in t.get_text() for t in legend)
 

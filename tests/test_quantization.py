@@ -5,6 +5,7 @@ import torch
 
 from course_lib import launch
 from course_lib import quantization as qz
+from course_lib.cost_models import quantized_sum_error_bound as error_bound
 
 
 def _tensors(p=2, n=10_000, seed=0):
@@ -42,7 +43,7 @@ def test_quantized_all_reduce_on_two_ranks_equals_the_single_process_simulation(
     exact = tensors[0] + tensors[1]
     error = (results[0]["sum"] - exact).abs().max().item()
     assert error <= results[0]["bound"]  # the stated bound holds for every entry
-    assert results[0]["bound"] == qz.error_bound(2, results[0]["scale"], stochastic)
+    assert results[0]["bound"] == error_bound(2, results[0]["scale"], stochastic)
     assert results[0]["bytes_sent"] == 10_000  # one byte per number, to one other rank
 
 
@@ -51,9 +52,9 @@ def test_the_error_bound_holds_and_stochastic_rounding_averages_out():
     exact = torch.stack(tensors).sum(dim=0)
     scale = max(t.abs().max().item() for t in tensors) / 127
     sums = torch.stack([qz.simulate_quantized_sum(tensors, seed=s) for s in range(200)])
-    assert (sums - exact).abs().max() <= qz.error_bound(4, scale)
+    assert (sums - exact).abs().max() <= error_bound(4, scale)
     nearest = qz.simulate_quantized_sum(tensors, stochastic=False)
-    assert (nearest - exact).abs().max() <= qz.error_bound(4, scale, stochastic=False)
+    assert (nearest - exact).abs().max() <= error_bound(4, scale, stochastic=False)
     # unbiased: the mean of 200 stochastic sums is much closer than any single one
     assert (sums.mean(dim=0) - exact).abs().mean() < 0.2 * (sums[0] - exact).abs().mean()
 

@@ -5,13 +5,14 @@ import torch
 
 from course_lib import launch
 from course_lib import tensor_parallel as tp
+from course_lib.models import feed_forward
 
 
 @pytest.fixture(scope="module")
 def problem():
     g = torch.Generator().manual_seed(1)
     x = torch.randn(6, 16, generator=g, dtype=torch.float64)
-    return tp.mlp(), x, torch.randn(6, 16, generator=g, dtype=torch.float64)
+    return feed_forward(), x, torch.randn(6, 16, generator=g, dtype=torch.float64)
 
 
 def reference(model, x, target):
@@ -52,7 +53,7 @@ def test_dtensor_colwise_rowwise_equals_the_unsplit_mlp(problem):
 
 def test_shard_mlp_needs_an_even_split():
     with pytest.raises(ValueError, match="do not split evenly"):
-        tp.shard_mlp(tp.mlp(d_hidden=63), 0, 2)
+        tp.shard_mlp(feed_forward(d_hidden=63), 0, 2)
 
 
 def test_counter_starts_at_zero():

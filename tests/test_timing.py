@@ -1,9 +1,17 @@
-"""Timing (course_lib.timing): warm-up, repeats, median and spread."""
+"""Timing (course_lib.runtime.timing): warm-up, repeats, median and spread; timelines."""
 
 import pytest
 import torch
 
-from course_lib.timing import Timing, measure, synchronize
+from course_lib.runtime.timing import (
+    Span,
+    Timeline,
+    Timing,
+    measure,
+    median_of_slowest,
+    synchronize,
+    to_spans,
+)
 
 
 def test_measure_warms_up_then_times_each_repeat():
@@ -35,3 +43,30 @@ def test_synchronize_on_cpu_is_a_no_op():
     synchronize("cpu")
     synchronize(None)
     synchronize(torch.device("cpu"))
+
+
+def test_median_of_slowest_takes_the_last_rank_of_each_repeat():
+    assert median_of_slowest([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == 3.0
+
+
+def test_timeline_records_spans_and_busy_time():
+    t = Timeline(lane=2)
+    t.add("idle", 10.0, 10.5)
+    with t.span("compute"):
+        pass
+    t.add("forward", 11.0, 11.25)
+    kinds = [kind for kind, _, _ in t.records]
+    assert kinds == ["idle", "compute", "forward"]
+    _, start, end = t.records[1]
+    assert 0 <= end - start < 1.0
+    assert t.busy() == pytest.approx(0.25 + (end - start))
+
+
+def test_to_spans_puts_lanes_on_one_clock_and_cuts_before_the_origin():
+    a, b = Timeline(0, [("idle", 9.0, 10.5), ("forward", 10.5, 11.0)]), Timeline(1)
+    b.add("backward", 11.0, 12.0)
+    spans = to_spans([a, b], origin=10.0)
+    assert spans == [Span(0, 0.0, 0.5, "idle"), Span(0, 0.5, 0.5, "forward"),
+                     Span(1, 1.0, 1.0, "backward")]
+    assert to_spans([a, b])[0] == Span(0, 0.0, 1.5, "idle")  # default origin: earliest record
+    assert to_spans([Timeline(0, [("idle", 1.0, 2.0)])], origin=3.0) == []  # ended before

@@ -1,9 +1,9 @@
-"""Exercise checks (course_lib.checks) explain what is wrong, rank by rank."""
+"""Exercise checks (course_lib.exercises) explain what is wrong, rank by rank."""
 
 import pytest
 import torch
 
-from course_lib.checks import ExerciseFailed, check_gradient, check_rank_results
+from course_lib.exercises import ExerciseFailed, check_gradient, check_rank_results
 
 
 def test_correct_results_pass():
@@ -53,7 +53,7 @@ def test_check_gradient_names_missing_return_shape_and_worst_entry():
 
 def test_check_staleness_aware_lr_accepts_alpha_over_tau_and_names_mistakes():
     from course_lib.async_sgd import staleness_aware_lr
-    from course_lib.checks import check_staleness_aware_lr
+    from course_lib.exercises.lesson06 import check_staleness_aware_lr
 
     assert check_staleness_aware_lr(staleness_aware_lr).startswith("correct")
     with pytest.raises(ExerciseFailed, match="divides by zero"):
@@ -65,7 +65,7 @@ def test_check_staleness_aware_lr_accepts_alpha_over_tau_and_names_mistakes():
 
 
 def test_check_update_scale_accepts_the_rule_and_explains_a_missing_reset():
-    from course_lib.checks import check_update_scale
+    from course_lib.exercises.lesson07 import check_update_scale
     from course_lib.loss_scaling import update_scale
 
     assert check_update_scale(update_scale).startswith("correct")
@@ -83,7 +83,7 @@ def test_check_update_scale_accepts_the_rule_and_explains_a_missing_reset():
 
 
 def test_check_stochastic_round_rejects_deterministic_and_biased_rounding():
-    from course_lib.checks import check_stochastic_round
+    from course_lib.exercises.lesson07 import check_stochastic_round
     from course_lib.quantization import stochastic_round
 
     assert check_stochastic_round(stochastic_round).startswith("correct")
@@ -98,7 +98,7 @@ def test_check_stochastic_round_rejects_deterministic_and_biased_rounding():
 
 
 def test_check_weighted_average_explains_the_plain_mean():
-    from course_lib.checks import check_weighted_average
+    from course_lib.exercises.lesson08 import check_weighted_average
 
     def weighted(models, sizes):
         return sum(n / sum(sizes) * w for n, w in zip(sizes, models, strict=True))
@@ -113,7 +113,7 @@ def test_check_weighted_average_explains_the_plain_mean():
 def test_check_label_shards_accepts_the_library_and_names_mixed_shards():
     import numpy as np
 
-    from course_lib.checks import check_label_shards
+    from course_lib.exercises.lesson08 import check_label_shards
     from course_lib.partitions import iid, label_shards
 
     labels = np.repeat(np.arange(10), 30)
@@ -127,7 +127,7 @@ def test_check_label_shards_accepts_the_library_and_names_mixed_shards():
 
 def test_check_trimmed_mean_and_pairwise_masks_accept_the_library():
     from course_lib import fl_security
-    from course_lib.checks import check_pairwise_masks, check_trimmed_mean
+    from course_lib.exercises.lesson09 import check_pairwise_masks, check_trimmed_mean
 
     assert check_trimmed_mean(fl_security.trimmed_mean).startswith("correct")
     with pytest.raises(ExerciseFailed, match="trimmed mean is"):
@@ -140,7 +140,7 @@ def test_check_trimmed_mean_and_pairwise_masks_accept_the_library():
 
 
 def test_check_half_latency_size_names_the_two_parts():
-    from course_lib.checks import check_half_latency_size
+    from course_lib.exercises.lesson03 import check_half_latency_size
 
     assert check_half_latency_size(lambda a, b, p: p * a / b).startswith("correct")
     with pytest.raises(ExerciseFailed, match="latency part"):
@@ -152,7 +152,8 @@ def test_check_half_latency_size_names_the_two_parts():
 def test_check_large_batch_lr_and_1f1b_order_accept_the_library_and_explain_mistakes():
     from course_lib import data_parallel as dp
     from course_lib import pipeline as pp
-    from course_lib.checks import check_1f1b_order, check_large_batch_lr
+    from course_lib.exercises.lesson04 import check_large_batch_lr
+    from course_lib.exercises.lesson05 import check_1f1b_order
 
     def right_lr(step, base_lr, base_batch, batch, warmup_steps):
         target = dp.linear_scaling_lr(base_lr, base_batch, batch)

@@ -1,4 +1,4 @@
-"""Homework tooling: nbgrader marks, student versions, grading (course_lib.homework)."""
+"""Homework tooling: nbgrader marks, student versions, grading (course_lib.exercises.grading)."""
 
 import json
 import re
@@ -12,7 +12,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from course_lib import homework as hw
+from course_lib.exercises import grading as hw
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -72,11 +72,11 @@ def _tiny_lesson(path):
                       "    n = sum(sizes)\n"
                       "    return sum(k / n * w for k, w in zip(sizes, models))\n"
                       "    ### END SOLUTION"),
-        new_code_cell("from course_lib.checks import check_weighted_average\n\n"
+        new_code_cell("from course_lib.exercises.lesson08 import check_weighted_average\n\n"
                       "print(check_weighted_average(aggregate))"),
         new_code_cell("def staleness_aware(alpha, staleness):\n    ### BEGIN SOLUTION\n"
                       "    return alpha / max(staleness, 1)\n    ### END SOLUTION"),
-        new_code_cell("from course_lib.checks import check_staleness_aware_lr\n\n"
+        new_code_cell("from course_lib.exercises.lesson06 import check_staleness_aware_lr\n\n"
                       "print(check_staleness_aware_lr(staleness_aware))\n"
                       "### BEGIN HIDDEN TESTS\nassert staleness_aware(1.0, 4) == 0.25\n"
                       "### END HIDDEN TESTS"),
@@ -172,7 +172,7 @@ def test_the_command_line_releases_and_grades_with_json_and_text_reports(tmp_pat
     lessons = tmp_path / "lessons"
     lessons.mkdir()
     _tiny_lesson(lessons / "tiny.ipynb")
-    run = [sys.executable, "-m", "course_lib.homework"]
+    run = [sys.executable, "-m", "course_lib.exercises"]
     subprocess.run([*run, "release", str(lessons), str(tmp_path / "student")], check=True,
                    capture_output=True)
     submissions = tmp_path / "submissions"

@@ -19,7 +19,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from course_lib.launching import choose_backend, launch, loopback_interface, threads_per_worker
+from course_lib.runtime.devices import choose_backend, loopback_interface, threads_per_worker
+from course_lib.runtime.launching import launch
 
 
 def launched_by_torchrun() -> bool:
@@ -31,8 +32,9 @@ def launched_by_torchrun() -> bool:
 def init_from_environment(backend: str = "auto") -> str:
     """Join the process group described by torchrun's variables; return the backend used.
 
-    With NCCL each process takes the GPU of its LOCAL_RANK. CPU threads are shared out among the
-    processes of this node, as :func:`launch` does.
+    With GPUs for every process of this node, each takes the GPU of its LOCAL_RANK and the group
+    is ``"cpu:gloo,cuda:nccl"`` (:mod:`course_lib.runtime.devices`); otherwise gloo. CPU threads
+    are shared out among the processes of this node, as :func:`launch` does.
     """
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
     backend = choose_backend(backend, local_world_size)
@@ -43,7 +45,7 @@ def init_from_environment(backend: str = "auto") -> str:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
     torch.set_num_threads(threads_per_worker(local_world_size))
     device_id = None
-    if backend == "nccl":
+    if "nccl" in backend:  # this process's GPU; gloo still carries CPU tensors
         device_id = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device_id)
     dist.init_process_group(backend, device_id=device_id)

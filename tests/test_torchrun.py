@@ -1,4 +1,5 @@
-"""The same experiment through launch and under torchrun (course_lib.cluster, course_lib.hello)."""
+"""The same experiment through launch and under torchrun (course_lib.runtime.torchrun,
+course_lib.hello)."""
 
 import os
 import subprocess
@@ -6,7 +7,8 @@ import sys
 
 import pytest
 
-from course_lib import cluster, hello
+from course_lib import hello
+from course_lib.runtime import torchrun as cluster
 
 
 def test_run_experiment_outside_torchrun_uses_launch():

@@ -3,7 +3,7 @@
 Lecture: slides part 1 (the costs of a parallel step: computation, communication,
 synchronisation; starting the workers is paid before any of them). Prints, asserts nothing:
 
-    python -m course_lib.launch_benchmark [--repeats 5] [--warmup 1]
+    python -m course_lib.benchmarks.launch [--repeats 5] [--warmup 1]
 
 Each way runs the same job, ``one_all_reduce``, on 2 ranks, from a process that has already
 imported torch: :func:`course_lib.launch`; ``torchrun --standalone --nproc-per-node=2`` (a new
@@ -22,8 +22,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from course_lib.launching import LOOPBACK, launch, loopback_interface
-from course_lib.timing import Timing, measure
+from course_lib.runtime.devices import loopback_interface
+from course_lib.runtime.launching import LOOPBACK, launch
+from course_lib.runtime.timing import Timing, measure
 
 
 def one_all_reduce() -> float:
@@ -43,7 +44,7 @@ def _torchrun_worker():
 def run_with_torchrun(world_size: int = 2) -> None:
     """Start ``torchrun --standalone`` on this module's worker entry and wait for it."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={world_size}", "-m", "course_lib.launch_benchmark",
+           f"--nproc-per-node={world_size}", "-m", "course_lib.benchmarks.launch",
            "--torchrun-worker"]
     env = dict(os.environ)
     iface = loopback_interface()

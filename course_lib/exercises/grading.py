@@ -1,16 +1,17 @@
 """Homework: mark the lessons' exercises for nbgrader, write student versions, grade submissions.
 
 Every lesson ends with exercises: a **solution cell** (the answer between ``### BEGIN SOLUTION``
-and ``### END SOLUTION``) followed by a **check cell** that calls a ``course_lib.checks`` function
+and ``### END SOLUTION``) followed by a **check cell** that calls a ``check_`` function of
+``course_lib.exercises.lessonNN``
 (optionally with extra checks between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``).
 These are nbgrader's own markers, and ``mark`` writes nbgrader's cell metadata (solution cells,
 graded test cells with points, ``grade_id``), so the lesson notebooks also work as the source of
 an nbgrader course. For a classroom without nbgrader, this module is the thin layer that does the
 two jobs an instructor needs::
 
-    python -m course_lib.homework mark notebooks               # authoring (idempotent)
-    python -m course_lib.homework release notebooks student    # the notebooks to hand out
-    python -m course_lib.homework grade submissions --source notebooks --out reports
+    python -m course_lib.exercises mark notebooks               # authoring (idempotent)
+    python -m course_lib.exercises release notebooks student    # the notebooks to hand out
+    python -m course_lib.exercises grade submissions --source notebooks --out reports
 
 Grading runs each submission in a fresh kernel with a time limit per cell and for the whole
 notebook, replaces the graded check cells by the instructor's (with their hidden tests), and
@@ -20,11 +21,9 @@ or prints without end costs its own exercise at most; worker processes are kille
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -238,37 +237,3 @@ def grade_all(submissions: Path, source: Path, out: Path, **limits) -> list[dict
         print(summary(report))
         reports.append(report)
     return reports
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.homework",
-                                     description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    m = sub.add_parser("mark", help="add nbgrader metadata to the lessons' exercises")
-    m.add_argument("notebooks", type=Path)
-    r = sub.add_parser("release", help="write the student versions")
-    r.add_argument("notebooks", type=Path)
-    r.add_argument("target", type=Path)
-    g = sub.add_parser("grade", help="grade a submitted notebook or a folder of them")
-    g.add_argument("submissions", type=Path)
-    g.add_argument("--source", type=Path, default=Path("notebooks"))
-    g.add_argument("--out", type=Path, default=Path("reports"))
-    g.add_argument("--cell-timeout", type=float, default=120)
-    g.add_argument("--timeout", type=float, default=900)
-    args = parser.parse_args(argv)
-    if args.command == "mark":
-        for path in sorted(args.notebooks.glob("*.ipynb")):
-            nb = nbformat.read(path, as_version=4)
-            nbformat.write(mark(nb), path)
-            print(f"{path}: {len(exercises(nb))} graded exercises")
-    elif args.command == "release":
-        for path in release(args.notebooks, args.target):
-            print(f"wrote {path}")
-    else:
-        grade_all(args.submissions, args.source, args.out, cell_timeout=args.cell_timeout,
-                  timeout=args.timeout)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,11 +1,11 @@
-"""Benchmark for lessons 3-4: our ring against gloo, and DDP's speedup on two workers.
+"""Benchmark for lessons 3-4: our ring against the library's, and DDP's speedup on two workers.
 
 Slides part 3 (ring all-reduce; data-parallel training of a small CNN). Prints, asserts nothing:
 
-    python -m course_lib.dp_benchmark [--repeats 5] [--steps 10]
+    python -m course_lib.benchmarks.data_parallel [--repeats 5] [--steps 10]
 
-1. Bus bandwidth of the hand-written efficient ring and of gloo's all-reduce at 16 MiB on two
-   ranks, and their ratio.
+1. Bus bandwidth of the hand-written efficient ring and of torch.distributed's all-reduce
+   (gloo's, or NCCL's on GPUs) at 16 MiB on two ranks, and their ratio.
 2. Time per DDP training step of a compute-bound CNN (global batch fixed: strong scaling) on 1
    and on 2 workers of one thread each, in the same run, and the speedup.
 """
@@ -18,21 +18,24 @@ import statistics
 
 from course_lib import collectives as C
 from course_lib import data_parallel as dp
+from course_lib.cost_models import bus_bandwidth
 from course_lib.data import load_digits
-from course_lib.launching import launch
+from course_lib.models import digits_cnn
+from course_lib.runtime import launch
+from course_lib.runtime.timing import median_of_slowest
 
 MIB = 2**20
 
 
 def _ring_and_gloo(numel, repeats):
     return {name: C.time_all_reduce(fn, [numel], repeats=repeats)[numel]
-            for name, fn in (("gloo", C.gloo_all_reduce), ("efficient ring", C.ring_all_reduce))}
+            for name, fn in (("torch", C.torch_all_reduce), ("efficient ring", C.ring_all_reduce))}
 
 
 def ring_vs_gloo(size_bytes: int = 16 * MIB, repeats: int = 5) -> dict[str, float]:
     """Bus bandwidth (bytes/s) of each all-reduce at ``size_bytes`` (float32) on two ranks."""
     runs = launch(_ring_and_gloo, world_size=2, args=(size_bytes // 4, repeats))
-    return {name: C.bus_bandwidth(size_bytes, C.median_of_slowest([r[name] for r in runs]), 2)
+    return {name: bus_bandwidth(size_bytes, median_of_slowest([r[name] for r in runs]), 2)
             for name in runs[0]}
 
 
@@ -41,7 +44,7 @@ def ddp_step_times(world_sizes=(1, 2), global_batch: int = 256, width: int = 32,
     """Per-step seconds (slowest rank, with communication) of DDP on each world size, with the
     global batch fixed and one thread per worker."""
     split = load_digits(images=True)
-    model_fn = functools.partial(dp.digits_cnn, seed=0, width=width)
+    model_fn = functools.partial(digits_cnn, seed=0, width=width)
     times = {}
     for world_size in world_sizes:
         runs = launch(dp.time_ddp_steps, world_size=world_size,
@@ -59,8 +62,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     bw = ring_vs_gloo(repeats=args.repeats)
     print(f"all-reduce of 16 MiB on 2 ranks, bus bandwidth (median of {args.repeats}): "
-          f"gloo {bw['gloo'] / 1e9:.2f} GB/s, hand-written ring {bw['efficient ring'] / 1e9:.2f} "
-          f"GB/s; ratio ring / gloo = {bw['efficient ring'] / bw['gloo']:.2f}")
+          f"torch.distributed {bw['torch'] / 1e9:.2f} GB/s, hand-written ring "
+          f"{bw['efficient ring'] / 1e9:.2f} GB/s; ratio ring / torch = "
+          f"{bw['efficient ring'] / bw['torch']:.2f}")
     times = ddp_step_times(steps=args.steps)
     t1, t2 = statistics.median(times[1]), statistics.median(times[2])
     print(f"DDP step, digits CNN (width 32), global batch 256, one thread per worker, median of "

@@ -20,12 +20,10 @@ against the ways notebook launchers fail elsewhere:
 from __future__ import annotations
 
 import datetime
-import linecache
 import os
 import pickle
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,87 +36,22 @@ from io import BytesIO
 from pathlib import Path
 
 import cloudpickle
-import torch
 import torch.distributed as dist
 
-BACKENDS = ("auto", "gloo", "nccl")
+from course_lib.runtime.devices import (
+    choose_backend,
+    loopback_interface,
+    threads_per_worker,
+    usable_cores,
+)
+from course_lib.runtime.errors import describe_failure, dump_stacks, timeout_error
+
 LOOPBACK = "127.0.0.1"
 _POLL_S = 0.02  # how often the supervisor looks at the workers
 _GRACE_S = 0.3  # after a first failure, how long to wait for the root cause to surface
 
 
-class WorkerError(RuntimeError):
-    """A worker raised, exited non-zero or died from a signal.
-
-    Attributes: ``rank``; ``exc_type`` and ``exc_message`` (when it raised); ``worker_traceback``
-    (the worker's traceback text); ``exitcode`` (when it exited); ``signal_name`` (when killed).
-    """
-
-    def __init__(self, message, *, rank, exc_type=None, exc_message=None,
-                 worker_traceback=None, exitcode=None, signal_name=None):
-        super().__init__(message)
-        self.rank = rank
-        self.exc_type = exc_type
-        self.exc_message = exc_message
-        self.worker_traceback = worker_traceback
-        self.exitcode = exitcode
-        self.signal_name = signal_name
-
-
-class LaunchTimeout(TimeoutError):
-    """The workers did not all finish within ``timeout`` seconds; ``ranks`` were still running."""
-
-    def __init__(self, message, *, ranks, timeout, stacks=None):
-        super().__init__(message)
-        self.ranks = ranks
-        self.timeout = timeout
-        self.stacks = stacks or {}
-
-
-# -- choices made before any process starts ------------------------------------------------------
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (respects taskset / container limits)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def threads_per_worker(world_size: int, cores: int | None = None) -> int:
-    """Threads each worker may use so that workers x threads <= cores (at least 1)."""
-    cores = usable_cores() if cores is None else cores
-    return max(1, cores // world_size)
-
-
-def choose_backend(backend: str, world_size: int) -> str:
-    """Resolve ``"auto"``: NCCL with one GPU per rank when there are enough GPUs, else gloo."""
-    if backend not in BACKENDS:
-        choices = ", ".join(map(repr, BACKENDS))
-        raise ValueError(f"unknown backend {backend!r}: use one of {choices}")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if backend == "auto":
-        return "nccl" if dist.is_nccl_available() and 0 < world_size <= gpus else "gloo"
-    if backend == "nccl":
-        if not dist.is_nccl_available():
-            raise ValueError("backend='nccl' asked for, but this PyTorch build has no NCCL "
-                             "(a CPU build?). Use backend='gloo' or 'auto'.")
-        if world_size > gpus:
-            raise ValueError(f"backend='nccl' needs one GPU per rank: world_size={world_size} but "
-                             f"{gpus} GPU(s) found. Use backend='gloo' (CPU) or fewer ranks.")
-    return backend
-
-
-def loopback_interface() -> str | None:
-    """Name of the loopback network interface ('lo' on Linux, 'lo0' on macOS), if one is found."""
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except (OSError, AttributeError):
-        return None
-    for name in ("lo", "lo0"):
-        if name in names:
-            return name
-    return None
-
+# -- checks and packing, before any process starts -----------------------------------------
 
 def _check_arguments(fn, world_size, args, kwargs, timeout):
     if not callable(fn):
@@ -197,14 +130,14 @@ def _worker_env(rank, world_size, port, threads):
     if iface and "GLOO_SOCKET_IFNAME" not in os.environ:
         env["GLOO_SOCKET_IFNAME"] = iface  # gloo must not pick an interface from the hostname
     # the worker must import this very course_lib, installed or not
-    package_parent = str(Path(__file__).resolve().parent.parent)
+    package_parent = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
     return env
 
 
 def _start_worker(rank, jobdir, env):
     return subprocess.Popen(
-        [sys.executable, "-m", "course_lib._worker", str(jobdir), str(rank)],
+        [sys.executable, "-m", "course_lib.runtime.worker", str(jobdir), str(rank)],
         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, encoding="utf-8", errors="replace", bufsize=1,
         # own process group: Ctrl-C in the notebook reaches us, not them, and stopping the group
@@ -250,107 +183,6 @@ def _stop(procs):
             proc.stdin.close()
 
 
-# -- what went wrong, in words -------------------------------------------------------------------
-
-def _format_worker_traceback(record) -> str:
-    """The worker's traceback, with source lines filled in from this process when the worker had
-    none (a function defined in a notebook cell: only the kernel knows the cell's text)."""
-    lines = ["Traceback (most recent call last):\n"]
-    for filename, lineno, name, line in record["frames"]:
-        line = line or linecache.getline(filename, lineno).strip()
-        lines.append(f'  File "{filename}", line {lineno}, in {name}\n')
-        if line:
-            lines.append(f"    {line}\n")
-    return "".join(lines) + "".join(record["exception_only"])
-
-
-def _signal_name(returncode):
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
-
-
-_SIGNAL_HINTS = {
-    "SIGSEGV": "a crash in native code (segmentation fault)",
-    "SIGKILL": "killed from outside; often the out-of-memory killer: use less memory per worker",
-    "SIGABRT": "aborted by native code (a failed C++ check or 'terminate called ...')",
-    "SIGBUS": "a memory access error in native code (is /dev/shm full?)",
-}
-
-
-def _describe_failure(rank, proc, jobdir):
-    """Build the WorkerError for a worker that is not running and did not succeed."""
-    error_file = Path(jobdir, f"error-{rank}.pkl")
-    if error_file.exists():
-        record = pickle.loads(error_file.read_bytes())
-        tb = _format_worker_traceback(record)
-        return record["time"], WorkerError(
-            f"rank {rank} raised {record['type']}: {record['message']}\n\n"
-            f"Worker traceback (rank {rank}):\n{tb.rstrip()}",
-            rank=rank, exc_type=record["type"], exc_message=record["message"],
-            worker_traceback=tb, exitcode=proc.returncode)
-    now = time.time()
-    rc = proc.returncode
-    if rc is not None and rc < 0:
-        name = _signal_name(rc)
-        hint = _SIGNAL_HINTS.get(name, "stopped by a signal")
-        return now, WorkerError(f"rank {rank} died from signal {name} ({-rc}): {hint}.",
-                                rank=rank, exitcode=rc, signal_name=name)
-    what = ("exited with code 0 without returning a result" if rc == 0
-            else f"exited with code {rc}")
-    return now, WorkerError(
-        f"rank {rank} {what}: fn (or code it called) ended the process with sys.exit or "
-        f"os._exit before returning. Return from fn instead of exiting.",
-        rank=rank, exitcode=rc)
-
-
-def _dump_stacks(procs, running, jobdir):
-    """Ask each stuck worker where it is (faulthandler on SIGUSR1) and read the answers."""
-    if not hasattr(signal, "SIGUSR1"):
-        return {}
-    for rank in running:
-        try:
-            os.kill(procs[rank].pid, signal.SIGUSR1)
-        except OSError:
-            pass
-    time.sleep(0.5)
-    stacks = {}
-    for rank in running:
-        path = Path(jobdir, f"stack-{rank}.txt")
-        text = path.read_text(errors="replace") if path.exists() else ""
-        if text.strip():
-            stacks[rank] = _main_thread_stack(text)
-    return stacks
-
-
-def _main_thread_stack(dump: str) -> str:
-    """From a faulthandler dump keep the thread that runs fn, without the launcher's frames."""
-    block = dump.split("Current thread", 1)[-1].splitlines()[1:]
-    keep = [line for line in block if line.strip() and "course_lib/_worker.py" not in line
-            and "<frozen runpy>" not in line]
-    return "\n".join(keep) or dump.strip()
-
-
-def _timeout_error(timeout, running, returned, world_size, stacks):
-    ranks = ", ".join(map(str, running))
-    done = sorted(set(range(world_size)) - set(running))
-    finished = f"rank(s) {', '.join(map(str, done))} had finished" if done else "none had finished"
-    where = ""
-    for r in running:
-        if r in returned:
-            where += (f"\n\nRank {r} had returned from fn and was waiting for the other ranks "
-                      f"in the launcher's closing barrier.")
-        elif r in stacks:
-            where += f"\n\nWhere rank {r} was (most recent call first):\n{stacks[r]}"
-    return LaunchTimeout(
-        f"launch timed out after {timeout:g} s: rank(s) {ranks} still running ({finished}). "
-        f"A rank waiting in a collective usually means another rank never called the same "
-        f"collective, or called a different one; a rank in an endless loop never returns. If the "
-        f"work is simply long, pass a larger timeout=.{where}",
-        ranks=list(running), timeout=timeout, stacks=stacks)
-
-
 # -- the supervisor ------------------------------------------------------------------------------
 
 def _supervise(procs, jobdir, timeout, lines):
@@ -367,7 +199,7 @@ def _supervise(procs, jobdir, timeout, lines):
         if failed and (time.monotonic() - first_failure > _GRACE_S or all(
                 c is not None for c in codes)):
             # the earliest error is the cause; later ones are usually peers losing their link
-            described = sorted((_describe_failure(r, procs[r], jobdir) for r in failed),
+            described = sorted((describe_failure(r, procs[r], jobdir) for r in failed),
                                key=lambda pair: pair[0])
             error = described[0][1]
             others = [e.rank for _, e in described[1:]]
@@ -381,8 +213,8 @@ def _supervise(procs, jobdir, timeout, lines):
         if deadline is not None and time.monotonic() > deadline:
             running = [r for r, c in enumerate(codes) if c is None]
             returned = [r for r in running if Path(jobdir, f"result-{r}.pkl").exists()]
-            raise _timeout_error(timeout, running, returned, world_size,
-                                 _dump_stacks(procs, running, jobdir))
+            raise timeout_error(timeout, running, returned, world_size,
+                                 dump_stacks(procs, running, jobdir))
         time.sleep(_POLL_S)
 
 
@@ -392,7 +224,9 @@ def launch(fn, world_size: int = 2, args=(), kwargs=None, backend: str = "auto",
 
     Inside ``fn`` the default process group is initialised (``dist.get_rank()``,
     ``dist.get_world_size()`` work) and RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
-    are set as torchrun sets them. With NCCL, rank r uses GPU r (``torch.cuda.current_device()``).
+    are set as torchrun sets them. ``backend="auto"`` gives every rank a GPU (rank r on cuda:r,
+    a ``"cpu:gloo,cuda:nccl"`` group) when there are at least ``world_size`` GPUs, else gloo on
+    the CPU; ``course_lib.runtime.device()`` tells ``fn`` which (see ``devices``).
 
     Returns the list of return values, index = rank. Raises ``WorkerError`` when a rank raises,
     exits or dies, ``LaunchTimeout`` when ranks are still running after ``timeout`` seconds

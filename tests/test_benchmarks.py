@@ -2,8 +2,9 @@
 
 import pytest
 
-from course_lib import launch_benchmark as bench
-from course_lib.timing import Timing
+from course_lib.benchmarks import data_parallel as dp_benchmark
+from course_lib.benchmarks import launch as bench
+from course_lib.runtime.timing import Timing
 
 
 def test_every_launcher_runs_the_job_and_ratios_are_reported():
@@ -22,3 +23,11 @@ def test_format_comparison_ratios():
 def test_unknown_launcher_is_rejected():
     with pytest.raises(ValueError, match="unknown launchers"):
         bench.compare_launchers(ways=("slurm",))
+
+
+def test_data_parallel_benchmark_prints_the_ring_ratio_and_the_ddp_speedup(capsys):
+    bw, times = dp_benchmark.main(["--repeats", "1", "--steps", "2"])
+    out = capsys.readouterr().out
+    assert "ratio ring / torch" in out and "speedup" in out
+    assert set(bw) == {"torch", "efficient ring"} and all(v > 0 for v in bw.values())
+    assert set(times) == {1, 2} and all(len(t) == 2 for t in times.values())

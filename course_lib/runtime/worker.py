@@ -1,7 +1,8 @@
-"""The first code a worker process runs: ``python -m course_lib._worker JOBDIR RANK``.
+"""The first code a worker process runs: ``python -m course_lib.runtime.worker JOBDIR RANK``.
 
-Started by :func:`course_lib.launching.launch`. It joins the process group through the store the
-launcher holds, runs the job and leaves its result (or its error) in JOBDIR for the launcher.
+Started by :func:`course_lib.runtime.launching.launch`. It joins the process group through the
+store the launcher holds, runs the job and leaves its result (or its error) in JOBDIR for the
+launcher.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def main(jobdir: str, rank: int) -> None:
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                               world_size, is_master=False, timeout=timeout)
         device_id = None
-        if settings["backend"] == "nccl":
+        if "nccl" in settings["backend"]:  # this rank's GPU; gloo still carries CPU tensors
             device_id = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
             torch.cuda.set_device(device_id)
         dist.init_process_group(settings["backend"], store=store, rank=rank,

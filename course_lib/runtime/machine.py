@@ -13,16 +13,15 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from course_lib.launching import choose_backend, threads_per_worker, usable_cores
+from course_lib.runtime.devices import choose_backend, gpu_count, threads_per_worker, usable_cores
 
 
 def describe_machine() -> dict:
     """Cores, memory, GPUs and the backends torch.distributed can use here."""
     gpus = []
-    if torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
-            props = torch.cuda.get_device_properties(i)
-            gpus.append(dict(index=i, name=props.name, memory_gib=props.total_memory / 2**30))
+    for i in range(gpu_count()):
+        props = torch.cuda.get_device_properties(i)
+        gpus.append(dict(index=i, name=props.name, memory_gib=props.total_memory / 2**30))
     return dict(
         python=platform.python_version(),
         torch=torch.__version__,
@@ -35,6 +34,7 @@ def describe_machine() -> dict:
         backends={name: available() for name, available in (
             ("gloo", dist.is_gloo_available), ("nccl", dist.is_nccl_available),
             ("mpi", dist.is_mpi_available))},
+        launch_backend_for_1=choose_backend("auto", 1),
         launch_backend_for_2=choose_backend("auto", 2),
         threads_per_worker_for_2=threads_per_worker(2),
     )
@@ -51,6 +51,7 @@ def format_machine(info: dict) -> str:
         f"{info['physical_cores']} physical); memory {info['memory_gib']:.1f} GiB",
         f"GPUs: {gpus}",
         f"torch.distributed backends: {backends}",
-        f"launch(fn, world_size=2) would use {info['launch_backend_for_2']} with "
-        f"{info['threads_per_worker_for_2']} thread(s) per worker",
+        f"launch(fn, world_size=1) would use {info['launch_backend_for_1']}; world_size=2 "
+        f"{info['launch_backend_for_2']} with {info['threads_per_worker_for_2']} CPU thread(s) "
+        f"per worker",
     ])

@@ -1,0 +1,5 @@
+"""Benchmarks: they print measurements (medians and spreads), never assert them.
+
+    python -m course_lib.benchmarks.launch          # starting workers: launch, torchrun, spawn
+    python -m course_lib.benchmarks.data_parallel   # ring vs the library's all-reduce; DDP speedup
+"""

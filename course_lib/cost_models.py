@@ -1,0 +1,208 @@
+"""Every closed-form prediction of the course, in one vocabulary, and the fits of their constants.
+
+Each lesson puts a measurement next to a formula from here. One vocabulary throughout:
+
+* ``p``: the processes taking part (the lecture note's workers m, a pipeline's stages, ZeRO's
+  N_d, the ranks of a collective);
+* ``n_bytes``: the size of one message or vector; ``d``: the numbers (words) in a model;
+* ``alpha`` (seconds per message) and ``beta`` (seconds per byte): the alpha-beta model of one
+  message, t = alpha + beta n;
+* ``f``: the parallel fraction of a program; ``micro_batches``: a pipeline's m;
+* ``psi``: a model's parameter count (ZeRO's Psi).
+
+Sources: the lecture note on parallel ERM (sections 2-3), slides parts 1-3, and the papers in
+the course's reference numbers (Amdahl, Gustafson, GPipe, Megatron-LM, ZeRO, nccl-tests).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+# -- speedup -------------------------------------------------------------------------------------
+
+
+def amdahl_speedup(p, f: float):
+    """Strong scaling (fixed total work): S(p) = 1 / ((1 - f) + f / p)."""
+    p = np.asarray(p, dtype=float)
+    return 1.0 / ((1.0 - f) + f / p)
+
+
+def gustafson_speedup(p, f: float):
+    """Weak scaling (work grows with p): S(p) = (1 - f) + f p."""
+    return (1.0 - f) + f * np.asarray(p, dtype=float)
+
+
+def fit_amdahl(p, speedups) -> float:
+    """Least-squares f in [0, 1] for Amdahl's law; 1/S = 1 - f (1 - 1/p) is linear in f."""
+    p, s = np.asarray(p, dtype=float), np.asarray(speedups, dtype=float)
+    if p.shape != s.shape or p.size == 0:
+        raise ValueError("p and speedups must be non-empty and of the same length")
+    x = 1.0 - 1.0 / p
+    if not np.any(x > 0):
+        return 1.0  # one process only: nothing to fit
+    return float(np.clip(np.dot(x, 1.0 - 1.0 / s) / np.dot(x, x), 0.0, 1.0))
+
+
+def probability_any_fails(p, q: float):
+    """P(at least one of p independent workers fails), each with probability q: 1 - (1 - q)^p
+    (lecture note, section 3: the straggler effect)."""
+    return 1.0 - (1.0 - q) ** torch.as_tensor(p, dtype=torch.float64)
+
+
+def bulk_synchronous_timeline(compute_seconds, communication: float, iterations: int = 3):
+    """The model of bulk-synchronous iterations (slides part 1: everyone waits for the slowest
+    worker): worker k computes for ``compute_seconds[k]``, idles until the slowest is done, then
+    all communicate for ``communication`` seconds. Returns Gantt spans."""
+    from course_lib.runtime.timing import Span
+
+    spans, t, slowest = [], 0.0, max(compute_seconds)
+    for _ in range(iterations):
+        for k, c in enumerate(compute_seconds):
+            spans.append(Span(k, t, c, "compute"))
+            if slowest > c:
+                spans.append(Span(k, t + c, slowest - c, "idle (waiting for the straggler)"))
+            spans.append(Span(k, t + slowest, communication, "communicate / wait"))
+        t += slowest + communication
+    return spans
+
+
+# -- messages and collectives --------------------------------------------------------------------
+
+
+def alpha_beta_time(n_bytes, alpha: float, beta: float):
+    """One message of n bytes: t = alpha + beta n (the note's "C/B + L")."""
+    return alpha + beta * torch.as_tensor(n_bytes, dtype=torch.float64)
+
+
+def fit_alpha_beta(n_bytes, seconds) -> tuple[float, float]:
+    """Fit t = alpha + beta n to measured times, in relative terms (each point's error divided
+    by its time), so that the small messages fix alpha and the large ones fix beta."""
+    n = torch.as_tensor(n_bytes, dtype=torch.float64)
+    t = torch.as_tensor(seconds, dtype=torch.float64)
+    if len(n) < 3:
+        raise ValueError(f"fitting alpha and beta needs at least 3 sizes, got {len(n)}")
+    design = torch.stack([1 / t, n / t], dim=1)
+    solution = torch.linalg.lstsq(design, torch.ones_like(t).unsqueeze(1)).solution.squeeze(1)
+    alpha, beta = solution.tolist()
+    return max(alpha, 0.0), max(beta, 0.0)
+
+
+ALL_REDUCE_ALGORITHMS = ("reduce + broadcast", "all-to-all", "naive ring", "efficient ring")
+
+
+def all_reduce_bytes(algorithm: str, n_bytes: float, p: int) -> float:
+    """Bytes the busiest rank sends in one all-reduce of ``n_bytes`` on p ranks (slides part 3):
+    reduce + broadcast and all-to-all (p - 1) n; the naive ring 2n (n for p = 2); the efficient
+    ring 2 (p - 1) / p n, almost independent of p."""
+    if algorithm not in ALL_REDUCE_ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}: use one of {ALL_REDUCE_ALGORITHMS}")
+    if p == 1:
+        return 0
+    return {"reduce + broadcast": (p - 1) * n_bytes, "all-to-all": (p - 1) * n_bytes,
+            "naive ring": 2 * n_bytes if p > 2 else n_bytes,
+            "efficient ring": 2 * (p - 1) / p * n_bytes}[algorithm]
+
+
+def ring_all_reduce_time(n_bytes, p: int, alpha: float, beta: float):
+    """The efficient ring: 2 (p - 1) messages in sequence, 2 (p - 1) / p n bytes in all:
+    2 (p - 1) alpha + 2 (p - 1) / p n beta."""
+    n = torch.as_tensor(n_bytes, dtype=torch.float64)
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta
+
+
+def bus_bandwidth(n_bytes: float, seconds: float, p: int, op: str = "all_reduce") -> float:
+    """Bus bandwidth in bytes/s as nccl-tests report it: algbw = bytes / time, times 2(p-1)/p
+    for all-reduce and (p-1)/p for all-gather and reduce-scatter, to compare across p."""
+    factor = {"all_reduce": 2 * (p - 1) / p, "all_gather": (p - 1) / p,
+              "reduce_scatter": (p - 1) / p}
+    if op not in factor:
+        raise ValueError(f"unknown op {op!r}: use one of {sorted(factor)}")
+    return n_bytes / seconds * factor[op]
+
+
+def parameter_server_words(p: int, d: int, topology: str) -> int:
+    """Words through the server in one synchronous iteration, both ways (lecture note, section
+    2): O(dp) on a star, 2 d (p - 1); O(d log p) on a binomial tree, 2 d ceil(log2 p)."""
+    if topology == "star":
+        return 2 * d * (p - 1)
+    if topology == "tree":
+        return 2 * d * math.ceil(math.log2(p)) if p > 1 else 0
+    raise ValueError(f"unknown topology {topology!r}: use 'star' or 'tree'")
+
+
+def parameter_server_epoch_seconds(n: int, batch: int, compute_seconds, round_trip: float,
+                                   mode: str) -> float:
+    """Seconds per epoch of n rows with p workers (slides part 2), worker k taking
+    ``compute_seconds[k]`` per mini-batch of ``batch`` rows and a pull-push ``round_trip``:
+    synchronous, every step waits for the slowest, n / (p b) (max_k c_k + r); asynchronous,
+    the workers' rates add up, (n / b) / sum_k 1 / (c_k + r)."""
+    c = np.asarray(compute_seconds, dtype=float)
+    if mode == "sync":
+        return n / (len(c) * batch) * (c.max() + round_trip)
+    if mode == "async":
+        return n / batch / float(np.sum(1.0 / (c + round_trip)))
+    raise ValueError(f"unknown mode {mode!r}: use 'sync' or 'async'")
+
+
+def async_staleness(p: int, slowdown: float = 1.0) -> float:
+    """Typical staleness of an asynchronous gradient with p equally fast workers, p - 1 (each of
+    the others pushes once while it computes); for a worker ``slowdown`` times slower than the
+    rest, about slowdown (p - 1)."""
+    return slowdown * (p - 1)
+
+
+def federated_bytes_per_round(clients: int, d: int, messages: int = 1,
+                              bytes_per_number: int = 4) -> int:
+    """A federated round: the model to each of ``clients`` and back, ``messages`` vectors of d
+    numbers each way (SCAFFOLD: 2, the model and a control variate)."""
+    return 2 * clients * d * messages * bytes_per_number
+
+
+def quantized_sum_error_bound(p: int, scale: float, stochastic: bool = True) -> float:
+    """Largest error of one entry of a sum of p int8-quantised vectors with step ``scale``: each
+    rank's code is off by less than one step (stochastic rounding) or half a step (nearest)."""
+    return p * scale * (1.0 if stochastic else 0.5)
+
+
+# -- model parallelism ---------------------------------------------------------------------------
+
+
+def bubble_fraction(p: int, micro_batches: int, chunks: int = 1) -> float:
+    """Idle fraction of a pipeline flush with p stages (GPipe, 1F1B): (p - 1) / (m + p - 1).
+    Interleaved 1F1B with ``chunks`` v model chunks per stage cuts the bubble time v-fold:
+    ((p - 1) / v) / (m + (p - 1) / v)."""
+    if p < 1 or micro_batches < 1 or chunks < 1:
+        raise ValueError(f"need p, micro_batches, chunks >= 1, got {p}, {micro_batches}, {chunks}")
+    bubble = (p - 1) / chunks
+    return bubble / (micro_batches + bubble)
+
+
+def megatron_all_reduces(blocks: int = 1) -> dict:
+    """Megatron-LM's all-reduces per training step of ``blocks`` tensor-parallel MLP or attention
+    blocks: one in the forward pass (g) and one in the backward pass (f) for each."""
+    return {"forward": blocks, "backward": blocks}
+
+
+def megatron_bytes(tokens: int, d_model: int, p: int, blocks: int = 1,
+                   bytes_per_number: int = 4) -> float:
+    """Bytes each rank sends per step: every all-reduce carries a tokens x d_model activation
+    (or its gradient) on the efficient ring."""
+    n = tokens * d_model * bytes_per_number
+    calls = sum(megatron_all_reduces(blocks).values())
+    return calls * all_reduce_bytes("efficient ring", n, p)
+
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def zero_bytes_per_rank(psi: float, p: int, stage: int) -> float:
+    """Bytes of mixed-precision Adam training state per rank (ZeRO): baseline 16 Psi; stage 1
+    shards the optimizer state (4 Psi + 12 Psi / p); stage 2 also the gradients (2 Psi + 14 Psi
+    / p); stage 3 also the parameters (16 Psi / p)."""
+    if stage not in ZERO_STAGES:
+        raise ValueError(f"ZeRO stage must be one of {ZERO_STAGES}, got {stage!r}")
+    return {0: 16 * psi, 1: 4 * psi + 12 * psi / p, 2: 2 * psi + 14 * psi / p,
+            3: 16 * psi / p}[stage]

@@ -1,0 +1,153 @@
+"""The course's networks, in one place: every lesson builds its model here.
+
+* :func:`mlp`: a fully-connected network of any sizes and activation (lecture note on
+  backpropagation, section 3) -- the digits MLP of lessons 4, 7 and 9, the deep MLP whose many
+  small gradients show DDP's buckets, the network lesson 5 cuts into pipeline stages;
+* :func:`digits_cnn`: the small CNN of slides part 3, trained with data parallelism;
+* :func:`feed_forward`: a transformer's MLP block, which Megatron-LM splits across ranks;
+* :func:`small_cnn`: lesson 1's CNN made of the hand-written layers of ``backprop``;
+* :class:`FlatMLP`: an MLP whose parameters are one flat vector, for federated learning, where
+  averaging models, control variates and server optimisers are vector arithmetic.
+
+The same ``seed`` gives the same weights in every process, so ranks can build their replica
+(or their piece) of one model without sending it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from course_lib import backprop as bp
+
+
+def mlp(sizes, *, activation=torch.nn.ReLU, flatten: bool = False, seed: int = 0,
+        dtype=torch.float32) -> torch.nn.Sequential:
+    """Linear layers from ``sizes[0]`` inputs through the hidden widths to ``sizes[-1]`` outputs,
+    with ``activation`` between them; ``flatten`` first flattens image inputs."""
+    if len(sizes) < 2:
+        raise ValueError(f"an MLP needs at least input and output sizes, got {sizes!r}")
+    torch.manual_seed(seed)
+    layers = [torch.nn.Flatten()] if flatten else []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        layers.append(torch.nn.Linear(a, b, dtype=dtype))
+        if i < len(sizes) - 2:
+            layers.append(activation())
+    return torch.nn.Sequential(*layers)
+
+
+def digits_mlp(width: int = 128, depth: int = 2, seed: int = 0,
+               inputs: int = 64) -> torch.nn.Sequential:
+    """The digits MLP: ``depth`` hidden ReLU layers of ``width`` units, 10 classes."""
+    return mlp((inputs, *[width] * depth, 10), seed=seed)
+
+
+def deep_mlp(depth: int = 24, width: int = 128, seed: int = 0) -> torch.nn.Sequential:
+    """``depth`` linear layers for (flattened) digits: many small weight tensors, which is what
+    DDP's gradient buckets are for."""
+    return mlp((64, *[width] * (depth - 1), 10), flatten=True, seed=seed)
+
+
+def digits_cnn(seed: int = 0, width: int = 16, dtype=torch.float32) -> torch.nn.Sequential:
+    """The small CNN for 8x8 digits: two 3x3 convolutions (width, 2 width channels), ReLU, then
+    a linear layer to 10 classes. ``width`` sets how much computation a step costs."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, width, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(width, 2 * width, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(2 * width * 64, 10)).to(dtype)
+
+
+def feed_forward(d_model: int = 16, d_hidden: int = 64, seed: int = 0,
+                 dtype=torch.float64) -> torch.nn.Sequential:
+    """A transformer's MLP block Y = GeLU(X A) B: ``fc1`` (d_model -> d_hidden), GeLU, ``fc2``
+    (d_hidden -> d_model)."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential()
+    model.add_module("fc1", torch.nn.Linear(d_model, d_hidden, dtype=dtype))
+    model.add_module("act", torch.nn.GELU())
+    model.add_module("fc2", torch.nn.Linear(d_hidden, d_model, dtype=dtype))
+    return model
+
+
+def small_cnn(seed: int = 0, channels: int = 8, hidden: int = 32,
+              dtype=torch.float64) -> bp.Network:
+    """Lesson 1's network of hand-written layers for 8x8 digits: conv 3x3 (padding 1) -> ReLU ->
+    flatten -> linear -> tanh -> linear to 10 classes."""
+    g = torch.Generator().manual_seed(seed)
+    return bp.Network([bp.Conv2d(1, channels, 3, padding=1, generator=g, dtype=dtype),
+                       bp.Activation("relu"), bp.Flatten(),
+                       bp.Linear(channels * 64, hidden, generator=g, dtype=dtype),
+                       bp.Activation("tanh"), bp.Linear(hidden, 10, generator=g, dtype=dtype)])
+
+
+@dataclass(frozen=True)
+class FlatMLP:
+    """A ReLU MLP of layer ``sizes`` whose weights and biases are one flat float64 vector w.
+
+    Its backward pass is lesson 1's, written out (several times faster than autograd for a model
+    this small). float64 makes sums taken in different orders (one process, several ranks)
+    agree to about 1e-12.
+    """
+
+    sizes: tuple = (64, 32, 10)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum((a + 1) * b for a, b in zip(self.sizes[:-1], self.sizes[1:], strict=True))
+
+    def init(self, seed: int = 0) -> torch.Tensor:
+        """PyTorch's default initialisation of each layer, U(-1/sqrt(fan_in), +), flattened."""
+        g = torch.Generator().manual_seed(seed)
+        pieces = []
+        for a, b in zip(self.sizes[:-1], self.sizes[1:], strict=True):
+            bound = 1 / math.sqrt(a)
+            pieces.append((torch.rand(b * a + b, generator=g, dtype=torch.float64) * 2 - 1)
+                          * bound)
+        return torch.cat(pieces)
+
+    def layers(self, w):
+        """(weight, bias) views of each layer inside the flat vector w."""
+        start, layers = 0, []
+        for a, b in zip(self.sizes[:-1], self.sizes[1:], strict=True):
+            layers.append((w[start:start + a * b].view(b, a), w[start + a * b:start + a * b + b]))
+            start += a * b + b
+        return layers
+
+    def forward(self, w, x, keep_inputs: list | None = None):
+        """The logits; with ``keep_inputs`` (a list) each layer's input is kept for backward."""
+        h = x.to(w.dtype)
+        layers = self.layers(w)
+        for i, (weight, bias) in enumerate(layers):
+            if keep_inputs is not None:
+                keep_inputs.append(h)
+            h = h @ weight.T + bias
+            if i < len(layers) - 1:
+                h = torch.relu(h)
+        return h
+
+    def loss_and_gradient(self, w, x, y):
+        """Mean cross-entropy on (x, y) and its gradient with respect to w, by backpropagation."""
+        inputs = []
+        log_p = torch.log_softmax(self.forward(w, x, inputs), dim=1)
+        rows = torch.arange(len(y), device=w.device)
+        loss = -log_p[rows, y].mean()
+        delta = log_p.exp()
+        delta[rows, y] -= 1
+        delta /= len(y)  # dQ/dZ of the last layer
+        grads = []
+        layers = self.layers(w)
+        for i in range(len(layers) - 1, -1, -1):
+            grads.append(torch.cat([(delta.T @ inputs[i]).flatten(), delta.sum(dim=0)]))
+            if i > 0:  # back through the ReLU that made inputs[i]
+                delta = (delta @ layers[i][0]) * (inputs[i] > 0)
+        return loss.item(), torch.cat(grads[::-1])
+
+    def accuracy(self, w, x, y) -> float:
+        with torch.no_grad():
+            return (self.forward(w, x).argmax(dim=1) == y).double().mean().item()
+
+
+DIGITS_MLP = FlatMLP()  # 64 pixels, 32 hidden units, 10 classes

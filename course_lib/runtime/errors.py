@@ -1,0 +1,141 @@
+"""What went wrong on a worker, in words: the errors ``launch`` raises and how they are built.
+
+Lecture: slides part 1 (message passing: a worker that fails or waits forever stops everyone).
+Every message names the rank, what happened and what to do.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import pickle
+import signal
+import time
+from pathlib import Path
+
+
+class WorkerError(RuntimeError):
+    """A worker raised, exited non-zero or died from a signal.
+
+    Attributes: ``rank``; ``exc_type`` and ``exc_message`` (when it raised); ``worker_traceback``
+    (the worker's traceback text); ``exitcode`` (when it exited); ``signal_name`` (when killed).
+    """
+
+    def __init__(self, message, *, rank, exc_type=None, exc_message=None,
+                 worker_traceback=None, exitcode=None, signal_name=None):
+        super().__init__(message)
+        self.rank = rank
+        self.exc_type = exc_type
+        self.exc_message = exc_message
+        self.worker_traceback = worker_traceback
+        self.exitcode = exitcode
+        self.signal_name = signal_name
+
+
+class LaunchTimeout(TimeoutError):
+    """The workers did not all finish within ``timeout`` seconds; ``ranks`` were still running."""
+
+    def __init__(self, message, *, ranks, timeout, stacks=None):
+        super().__init__(message)
+        self.ranks = ranks
+        self.timeout = timeout
+        self.stacks = stacks or {}
+
+
+def format_worker_traceback(record) -> str:
+    """The worker's traceback, with source lines filled in from this process when the worker had
+    none (a function defined in a notebook cell: only the kernel knows the cell's text)."""
+    lines = ["Traceback (most recent call last):\n"]
+    for filename, lineno, name, line in record["frames"]:
+        line = line or linecache.getline(filename, lineno).strip()
+        lines.append(f'  File "{filename}", line {lineno}, in {name}\n')
+        if line:
+            lines.append(f"    {line}\n")
+    return "".join(lines) + "".join(record["exception_only"])
+
+
+def _signal_name(returncode):
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+_SIGNAL_HINTS = {
+    "SIGSEGV": "a crash in native code (segmentation fault)",
+    "SIGKILL": "killed from outside; often the out-of-memory killer: use less memory per worker",
+    "SIGABRT": "aborted by native code (a failed C++ check or 'terminate called ...')",
+    "SIGBUS": "a memory access error in native code (is /dev/shm full?)",
+}
+
+
+def describe_failure(rank, proc, jobdir):
+    """Build the WorkerError for a worker that is not running and did not succeed."""
+    error_file = Path(jobdir, f"error-{rank}.pkl")
+    if error_file.exists():
+        record = pickle.loads(error_file.read_bytes())
+        tb = format_worker_traceback(record)
+        return record["time"], WorkerError(
+            f"rank {rank} raised {record['type']}: {record['message']}\n\n"
+            f"Worker traceback (rank {rank}):\n{tb.rstrip()}",
+            rank=rank, exc_type=record["type"], exc_message=record["message"],
+            worker_traceback=tb, exitcode=proc.returncode)
+    now = time.time()
+    rc = proc.returncode
+    if rc is not None and rc < 0:
+        name = _signal_name(rc)
+        hint = _SIGNAL_HINTS.get(name, "stopped by a signal")
+        return now, WorkerError(f"rank {rank} died from signal {name} ({-rc}): {hint}.",
+                                rank=rank, exitcode=rc, signal_name=name)
+    what = ("exited with code 0 without returning a result" if rc == 0
+            else f"exited with code {rc}")
+    return now, WorkerError(
+        f"rank {rank} {what}: fn (or code it called) ended the process with sys.exit or "
+        f"os._exit before returning. Return from fn instead of exiting.",
+        rank=rank, exitcode=rc)
+
+
+def dump_stacks(procs, running, jobdir):
+    """Ask each stuck worker where it is (faulthandler on SIGUSR1) and read the answers."""
+    if not hasattr(signal, "SIGUSR1"):
+        return {}
+    for rank in running:
+        try:
+            os.kill(procs[rank].pid, signal.SIGUSR1)
+        except OSError:
+            pass
+    time.sleep(0.5)
+    stacks = {}
+    for rank in running:
+        path = Path(jobdir, f"stack-{rank}.txt")
+        text = path.read_text(errors="replace") if path.exists() else ""
+        if text.strip():
+            stacks[rank] = _main_thread_stack(text)
+    return stacks
+
+
+def _main_thread_stack(dump: str) -> str:
+    """From a faulthandler dump keep the thread that runs fn, without the launcher's frames."""
+    block = dump.split("Current thread", 1)[-1].splitlines()[1:]
+    keep = [line for line in block if line.strip() and "course_lib/_worker.py" not in line
+            and "<frozen runpy>" not in line]
+    return "\n".join(keep) or dump.strip()
+
+
+def timeout_error(timeout, running, returned, world_size, stacks):
+    ranks = ", ".join(map(str, running))
+    done = sorted(set(range(world_size)) - set(running))
+    finished = f"rank(s) {', '.join(map(str, done))} had finished" if done else "none had finished"
+    where = ""
+    for r in running:
+        if r in returned:
+            where += (f"\n\nRank {r} had returned from fn and was waiting for the other ranks "
+                      f"in the launcher's closing barrier.")
+        elif r in stacks:
+            where += f"\n\nWhere rank {r} was (most recent call first):\n{stacks[r]}"
+    return LaunchTimeout(
+        f"launch timed out after {timeout:g} s: rank(s) {ranks} still running ({finished}). "
+        f"A rank waiting in a collective usually means another rank never called the same "
+        f"collective, or called a different one; a rank in an endless loop never returns. If the "
+        f"work is simply long, pass a larger timeout=.{where}",
+        ranks=list(running), timeout=timeout, stacks=stacks)

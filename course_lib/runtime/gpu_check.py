@@ -1,0 +1,211 @@
+"""GPU acceptance: every lesson's rank functions on CUDA, one line each.
+
+    python -m course_lib.runtime.gpu_check [--world-sizes 1 2] [--timeout 300]
+
+Launches each lesson's functions with ``backend="auto"`` for world sizes 1 and min(2, GPUs) --
+so the ranks get ``cuda:LOCAL_RANK`` and a ``"cpu:gloo,cuda:nccl"`` group -- and prints, per
+function: ok (with what was checked) or failed (with the error), and its time. A function is
+ok when it ran, its result matches a reference where one is cheap, and the tensors it returned
+live on the GPU (except the parameter server's, which keeps its messages in host memory for
+gloo by design). Without a GPU it says so and exits 0. Checks print; they assert nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from course_lib.runtime.devices import device, gpu_count
+from course_lib.runtime.launching import launch
+
+# -- the cases: (lesson, name, world sizes it needs, function run on every rank) ---------------
+
+
+def _on_gpu(value) -> bool:
+    """Every tensor in a (nested) result is on a CUDA device."""
+    if isinstance(value, torch.Tensor):
+        return value.is_cuda
+    if isinstance(value, dict):
+        return all(_on_gpu(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(_on_gpu(v) for v in value)
+    return True
+
+
+def _hello():
+    from course_lib.hello import expected_sum, hello_all_reduce
+
+    out = hello_all_reduce()
+    assert out["all_reduce_sum"] == expected_sum(dist.get_world_size()), out
+    return torch.tensor(out["all_reduce_sum"], device=device()), "sum right"
+
+
+def _all_reduces():
+    from course_lib import collectives as C
+
+    p, x = dist.get_world_size(), torch.arange(10.0) + dist.get_rank()
+    want = sum(torch.arange(10.0) + r for r in range(p)).to(device())
+    for name, fn in {**C.ALL_REDUCES, "torch": C.torch_all_reduce}.items():
+        got = fn(x)[0]
+        torch.testing.assert_close(got, want, msg=name)
+    C.time_all_reduce(C.ring_all_reduce, [1024], repeats=2)
+    return got, "5 all-reduces equal the sum; timed"
+
+
+def _data_parallel():
+    from course_lib import data_parallel as dp
+    from course_lib.data import load_digits
+    from course_lib.models import digits_cnn
+
+    split = load_digits(images=True)
+    x, y, model_fn = split.x_train[:256], split.y_train[:256], digits_cnn
+    a = dp.train_from_scratch(model_fn, x, y, 16, 0.05)["params"]
+    b = dp.train_ddp(model_fn, x, y, 16, 0.05)["params"]
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    dp.train_ddp(model_fn, x, y, 16, 0.05, comm_hook=dp.compression_hook(torch.float16))
+    dp.time_ddp_steps(model_fn, x, y, 16, steps=2, warmup=1)
+    return a, "by hand = DDP; fp16 hook; timed"
+
+
+def _pipeline():
+    from course_lib import pipeline as pp
+    from course_lib.models import mlp
+
+    p = dist.get_world_size()
+    model = mlp((64, 32, 32, 32, 10), activation=torch.nn.Tanh, dtype=torch.float64)
+    pieces = pp.split_into_stages(model, p)
+    x = torch.randn(16, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    y = torch.arange(16) % 10
+    ours = pp.run_pipeline(pieces, x, y, 4, "1F1B")
+    if p > 1:
+        theirs = pp.run_torch_pipeline(pp.split_into_stages(model, p), x, y, 4, "1F1B")
+        for a, b in zip(ours["grads"], theirs["grads"], strict=True):
+            torch.testing.assert_close(a, b)
+    return ours["grads"], "hand-written 1F1B" + (" = torch.distributed.pipelining" if p > 1
+                                                  else "")
+
+
+def _tensor_parallel():
+    from course_lib import sharding
+    from course_lib import tensor_parallel as tp
+    from course_lib.models import feed_forward, mlp
+
+    model, g = feed_forward(), torch.Generator().manual_seed(0)
+    x = torch.randn(6, 16, dtype=torch.float64, generator=g)
+    out = tp.run_megatron_mlp(model, x, torch.zeros(6, 16, dtype=torch.float64))["out"]
+    torch.testing.assert_close(out, feed_forward()(x).to(device()))
+    dt = tp.run_dtensor_mlp(feed_forward(), x)["out"]
+    torch.testing.assert_close(dt, out)
+    sharding.fsdp_parameter_bytes(lambda: mlp((32, 64, 8)))
+    return out, "Megatron MLP = unsplit = DTensor; FSDP2 trains"
+
+
+def _parameter_server_and_gossip():
+    from course_lib import decentralized as dec
+    from course_lib import parameter_server as ps
+    from course_lib.erm import diabetes_problem
+
+    problem, p = diabetes_problem(), dist.get_world_size()
+    log = ps.parameter_server(problem, ps.sgd(0.1), mode="async", batch=16, gradients=20)
+    graph = {i: sorted({(i - 1) % p, (i + 1) % p}) for i in range(p)}
+    run = dec.decentralized_sgd(problem, graph, steps=5, lr=0.1)
+    local = dec.local_sgd(problem, local_steps=2, rounds=2, lr=0.1, batch=16)
+    steps = log.get("steps", len(log.get("staleness", [])))
+    return [run["iterates"], local["averaged"]], f"parameter server ({steps} gradients), " \
+        f"gossip and local SGD"
+
+
+def _precision():
+    from course_lib import mixed_precision as mp
+    from course_lib import quantization as qz
+    from course_lib.data import load_digits
+
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(dist.get_rank()))
+    sums = [qz.compressed_all_reduce(x, m)["sum"] for m in qz.METHODS]
+    split = load_digits()
+    runs = [mp.train(split, precision, epochs=1, device=str(device()))
+            for precision in ("bf16", "fp16 + loss scaling")]
+    return sums, f"{len(sums)} compressed all-reduces; autocast accuracy " + \
+        ", ".join(f"{r['accuracy'][-1]:.2f}" for r in runs)
+
+
+def _federated():
+    from course_lib import federated as fl
+    from course_lib import partitions as pt
+    from course_lib.data import load_digits
+
+    split = load_digits()
+    parts = pt.iid(split.y_train.numpy(), 8)
+    local = fl.LocalTraining(epochs=1, batch=10, lr=0.1)
+    log = fl.federated(split, parts, local, rounds=2, fraction=0.5, scaffold=True)
+    return log["params"], f"FedAvg + SCAFFOLD on ranks, accuracy {log['accuracy'][-1]:.2f}"
+
+
+CASES = [  # lesson, what, smallest world size, function
+    ("00", "hello: one all-reduce", 1, _hello),
+    ("03", "all-reduce four ways, timing", 1, _all_reduces),
+    ("04", "data parallel by hand, DDP, hook", 1, _data_parallel),
+    ("05", "pipeline (ours, torch's)", 1, _pipeline),
+    ("05", "Megatron MLP, DTensor, FSDP2", 1, _tensor_parallel),
+    ("02/06", "parameter server, gossip, local SGD", 2, _parameter_server_and_gossip),
+    ("07", "compressed all-reduce, autocast", 1, _precision),
+    ("08", "federated on ranks", 1, _federated),
+]
+
+
+def _run_case(fn, on_gpu: bool = True):
+    """On every rank: run one case; report ok/failed, the time and where the results live.
+    (``on_gpu=False`` lets the tests run the cases on CPU ranks.)"""
+    start = time.perf_counter()
+    try:
+        result, detail = fn()
+        if on_gpu:
+            torch.cuda.synchronize()
+        placed = not on_gpu or _on_gpu(result) or fn is _parameter_server_and_gossip
+        return dict(ok=placed, seconds=time.perf_counter() - start,
+                    detail=detail if placed else f"{detail}; BUT a result is not on the GPU")
+    except Exception as err:  # report, do not stop the other cases
+        return dict(ok=False, seconds=time.perf_counter() - start,
+                    detail=f"{type(err).__name__}: {err}".splitlines()[0][:300],
+                    trace=traceback.format_exc())
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-sizes", type=int, nargs="*", default=None)
+    parser.add_argument("--timeout", type=float, default=300)
+    args = parser.parse_args(argv)
+    gpus = gpu_count()
+    if gpus == 0:
+        print("gpu_check: no GPU here (torch.cuda.is_available() is False): nothing to check. "
+              "Run this on a machine with CUDA.")
+        return 0
+    sizes = args.world_sizes or sorted({1, min(2, gpus)})
+    print(f"gpu_check: {gpus} GPU(s) ({torch.cuda.get_device_name(0)}), torch {torch.__version__}"
+          f", world sizes {sizes}")
+    failures = 0
+    for p in sizes:
+        for lesson, what, smallest, fn in CASES:
+            if p < smallest:
+                print(f"p={p} lesson {lesson:5s} {what:38s} skipped (needs {smallest} ranks)")
+                continue
+            start = time.perf_counter()
+            try:
+                results = launch(_run_case, world_size=p, args=(fn,), timeout=args.timeout)
+                ok = all(r["ok"] for r in results)
+                detail = next((r["detail"] for r in results if not r["ok"]), results[0]["detail"])
+            except Exception as err:  # a launch that failed: name it, go on
+                ok, detail = False, f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+            failures += not ok
+            print(f"p={p} lesson {lesson:5s} {what:38s} {'ok    ' if ok else 'FAILED'} "
+                  f"{time.perf_counter() - start:6.1f} s  {detail}", flush=True)
+    print(f"gpu_check: {failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

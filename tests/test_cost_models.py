@@ -1,0 +1,114 @@
+"""The course's closed-form predictions (course_lib.cost_models), checked on hand-worked cases."""
+
+import math
+
+import pytest
+import torch
+
+from course_lib import cost_models as M
+
+
+def test_amdahl_and_gustafson():
+    assert M.amdahl_speedup(4, 1.0) == pytest.approx(4.0)
+    assert M.amdahl_speedup(4, 0.0) == pytest.approx(1.0)
+    assert M.amdahl_speedup(2, 0.5) == pytest.approx(1 / (0.5 + 0.25))
+    assert M.gustafson_speedup(4, 0.5) == pytest.approx(0.5 + 2.0)
+    assert M.gustafson_speedup(1, 0.3) == pytest.approx(1.0)
+
+
+def test_fit_amdahl_recovers_f_and_refuses_nonsense():
+    p = [1, 2, 4, 8]
+    assert M.fit_amdahl(p, M.amdahl_speedup(p, 0.8)) == pytest.approx(0.8)
+    assert M.fit_amdahl([1], [1.0]) == 1.0  # one process: nothing to fit
+    with pytest.raises(ValueError):
+        M.fit_amdahl([1, 2], [1.0])
+
+
+def test_probability_any_fails_is_one_minus_all_survive():
+    assert M.probability_any_fails(50, 0.01).item() == pytest.approx(1 - 0.99 ** 50)
+    assert M.probability_any_fails(1, 0.3).item() == pytest.approx(0.3)
+
+
+def test_alpha_beta_fit_recovers_a_linear_cost_and_needs_three_points():
+    n = torch.tensor([8.0, 1e3, 1e5, 1e7])
+    alpha, beta = M.fit_alpha_beta(n, M.alpha_beta_time(n, 5e-4, 1e-9))
+    assert alpha == pytest.approx(5e-4, rel=1e-6) and beta == pytest.approx(1e-9, rel=1e-6)
+    with pytest.raises(ValueError, match="at least 3"):
+        M.fit_alpha_beta([1.0, 2.0], [1.0, 2.0])
+
+
+def test_all_reduce_bytes_per_algorithm():
+    n = 1200
+    assert M.all_reduce_bytes("efficient ring", n, 4) == pytest.approx(2 * 3 / 4 * n)
+    assert M.all_reduce_bytes("reduce + broadcast", n, 4) == 3 * n
+    assert M.all_reduce_bytes("all-to-all", n, 4) == 3 * n
+    assert M.all_reduce_bytes("naive ring", n, 4) == 2 * n
+    assert M.all_reduce_bytes("naive ring", n, 2) == n
+    assert M.all_reduce_bytes("efficient ring", n, 1) == 0
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        M.all_reduce_bytes("tree", n, 4)
+
+
+def test_ring_time_and_bus_bandwidth():
+    assert M.ring_all_reduce_time(1000, 2, 1.0, 0.001).item() == pytest.approx(2 + 1.0)
+    assert M.bus_bandwidth(1e9, 1.0, 4) == pytest.approx(1.5e9)
+    assert M.bus_bandwidth(1e9, 1.0, 4, "all_gather") == pytest.approx(0.75e9)
+    with pytest.raises(ValueError):
+        M.bus_bandwidth(1, 1, 2, "broadcast")
+
+
+def test_parameter_server_words_star_and_tree():
+    assert M.parameter_server_words(8, 10, "star") == 2 * 10 * 7
+    assert M.parameter_server_words(8, 10, "tree") == 2 * 10 * 3
+    assert M.parameter_server_words(1, 10, "tree") == 0
+    with pytest.raises(ValueError):
+        M.parameter_server_words(4, 10, "ring")
+
+
+def test_parameter_server_epoch_seconds_sync_waits_async_adds_rates():
+    # 4 workers, one 8x slower: sync runs at the straggler's pace, async at the sum of rates
+    c, r = [0.01, 0.01, 0.01, 0.08], 0.002
+    sync = M.parameter_server_epoch_seconds(640, 16, c, r, "sync")
+    assert sync == pytest.approx(640 / (4 * 16) * (0.08 + r))
+    rate = 3 / (0.01 + r) + 1 / (0.08 + r)
+    assert M.parameter_server_epoch_seconds(640, 16, c, r, "async") == pytest.approx(40 / rate)
+    assert M.async_staleness(5) == 4 and M.async_staleness(5, slowdown=8) == 32
+
+
+def test_bulk_synchronous_timeline_waits_for_the_slowest():
+    spans = M.bulk_synchronous_timeline([1.0, 3.0], 0.5, iterations=2)
+    idle = [s for s in spans if s.kind.startswith("idle")]
+    assert [(s.lane, s.start, s.duration) for s in idle] == [(0, 1.0, 2.0), (0, 4.5, 2.0)]
+    assert max(s.start + s.duration for s in spans) == pytest.approx(2 * 3.5)
+
+
+def test_pipeline_bubble_plain_and_interleaved():
+    assert M.bubble_fraction(4, 4) == pytest.approx(3 / 7)
+    assert M.bubble_fraction(1, 8) == 0.0
+    assert M.bubble_fraction(4, 8, chunks=3) == pytest.approx(1 / (8 + 1))
+    with pytest.raises(ValueError):
+        M.bubble_fraction(0, 4)
+
+
+def test_zero_bytes_per_rank_follow_the_paper():
+    psi = 7.5e9
+    assert M.zero_bytes_per_rank(psi, 64, 0) == 16 * psi  # 120 GB
+    assert M.zero_bytes_per_rank(psi, 64, 1) == pytest.approx(4 * psi + 12 * psi / 64)
+    assert M.zero_bytes_per_rank(psi, 64, 2) == pytest.approx(2 * psi + 14 * psi / 64)
+    assert M.zero_bytes_per_rank(psi, 64, 3) == pytest.approx(16 * psi / 64)
+    with pytest.raises(ValueError):
+        M.zero_bytes_per_rank(psi, 4, 4)
+
+
+def test_megatron_two_all_reduces_per_block_on_the_ring():
+    assert M.megatron_all_reduces(3) == {"forward": 3, "backward": 3}
+    n = 8 * 16 * 4  # 8 tokens x d_model 16, float32
+    assert M.megatron_bytes(8, 16, 2) == pytest.approx(2 * (2 * 1 / 2 * n))
+
+
+def test_federated_bytes_and_quantized_error_bound():
+    assert M.federated_bytes_per_round(10, 100) == 2 * 10 * 100 * 4
+    assert M.federated_bytes_per_round(10, 100, messages=2) == 2 * 2 * 10 * 100 * 4
+    assert M.quantized_sum_error_bound(4, 0.5) == 2.0
+    assert M.quantized_sum_error_bound(4, 0.5, stochastic=False) == 1.0
+    assert math.isclose(M.quantized_sum_error_bound(1, 1.0), 1.0)
