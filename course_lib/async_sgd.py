@@ -104,12 +104,6 @@ def convergence(problem: ERMProblem, log, best: float = 0.0) -> dict:
                 loss=[loss - best for loss in losses(problem, log)])
 
 
-def spans_until(log, seconds: float) -> list[Span]:
-    """The timeline spans of a run that start in its first ``seconds``, cut at ``seconds``."""
-    return [Span(k, start, min(duration, seconds - start), kind)
-            for k, start, duration, kind in log["spans"] if start < seconds]
-
-
 def staleness_counts(log, largest: int | None = None) -> torch.Tensor:
     """How many applied gradients had staleness 0, 1, 2, ... (up to ``largest``)."""
     tau = torch.tensor(log["staleness"], dtype=torch.long)

@@ -232,9 +232,10 @@ def parameter_server(problem: ERMProblem, optimizer, *, mode: str = "sync",
             send(state.w, 0, 0, STOP, src if group is None else dist.get_group_rank(group, src))
         return state.log | dict(words_sent=words["sent"], start=start)
     dev = device(group)
-    X, y = problem.X.to(dev), problem.y.to(dev)
-    local = ERMProblem(X, y, problem.lam, problem.kind)
-    shard = shard_rows(problem.n, p - 1, seed)[rank - 1].to(dev)
+    shard = shard_rows(problem.n, p - 1, seed)[rank - 1]  # copied once: a worker holds its rows
+    local = ERMProblem(problem.X[shard].to(dev), problem.y[shard].to(dev), problem.lam,
+                       problem.kind)
+    positions = torch.arange(len(shard), device=dev)
     wait = pad.get(rank, 0.0) if isinstance(pad, dict) else (pad or 0.0)
     timeline, step, incoming, last = Timeline(rank), 0, torch.empty_like(message), start
     while True:
@@ -246,10 +247,10 @@ def parameter_server(problem: ERMProblem, optimizer, *, mode: str = "sync",
         timeline.add("communicate / wait", last)
         with timeline.span("compute", dev):
             c0 = time.time()
-            rows = shard if batch is None else batch_rows(shard, batch, seed, rank, step)
-            w = message[:-3].to(dev)
-            g = local.gradient_sum(w, rows) / len(rows) + problem.lam * w
-            total, count, grads = len(rows) * g, float(len(rows)), 1
+            rows = None if batch is None else batch_rows(positions, batch, seed, rank, step)
+            w, count = message[:-3].to(dev), float(len(shard) if rows is None else len(rows))
+            g = local.gradient_sum(w, rows) / count + problem.lam * w
+            total, grads = count * g, 1
             time.sleep(max(0.0, wait - (time.time() - c0)))
         last = timeline.records[-1][2]
         for child in children:  # relay the pushes of the subtree up

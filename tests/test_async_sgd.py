@@ -10,6 +10,7 @@ from course_lib import async_sgd as a
 from course_lib.data import shard_rows
 from course_lib.erm import diabetes_problem
 from course_lib.parameter_server import fixed_lr, sgd
+from course_lib.runtime.timing import spans_until
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +103,13 @@ def test_staleness_counts_histogram():
     assert a.staleness_counts({"staleness": [2, 2]}).tolist() == [0, 0, 2]
 
 
-def test_convergence_and_spans_until_read_a_run(problem):
+def test_convergence_and_cut_spans_read_a_run(problem):
     log = a.simulate_parameter_server(problem, 2, sgd(0.1), gradients=6, pad={1: 0.01, 2: 0.02})
     run = a.convergence(problem, log, best=0.1)
     assert run["step"] == list(range(7)) and len(run["time"]) == 7
     start = problem.loss(torch.zeros(problem.d, dtype=torch.float64))
     assert run["loss"][0] == pytest.approx(start - 0.1)
-    cut = a.spans_until(log, 0.015)
+    cut = spans_until(log["spans"], 0.015)
     assert cut and all(start < 0.015 and start + length <= 0.015 + 1e-12
                        for _, start, length, _ in cut)
     assert (2, 0.0, 0.015, "compute") in cut  # worker 2's first gradient, cut at 15 ms

@@ -107,6 +107,12 @@ def to_spans(timelines, origin: float | None = None) -> list[Span]:
     return spans
 
 
+def spans_until(spans, seconds: float) -> list[Span]:
+    """The spans that start in the first ``seconds``, cut at ``seconds``."""
+    return [Span(lane, start, min(duration, seconds - start), kind)
+            for lane, start, duration, kind in spans if start < seconds]
+
+
 class Span(NamedTuple):
     """One bar of a Gantt chart: on ``lane`` (a worker, rank or stage), from ``start`` for
     ``duration`` (seconds, or a model's time units), doing ``kind``."""
