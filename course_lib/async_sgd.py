@@ -55,12 +55,15 @@ def simulate_parameter_server(problem: ERMProblem, workers: int, optimizer, *,
     process, simulated time.
 
     The same server rules, the same batches and the same log, with ``spans`` for every worker.
-    Worker k's gradient takes ``pad`` seconds (or ``pad[k]``, a dict; default 0.01) times a
+    Worker k's gradient takes ``pad`` seconds (or ``pad[k]``, a dict with every worker) times a
     random factor in [1 - jitter, 1 + jitter]; a message takes ``latency``. Cheap enough to
     sweep 64 workers, which real processes on a laptop cannot.
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    if isinstance(pad, dict) and set(pad) != set(range(1, workers + 1)):
+        raise ValueError(f"pad as a dict needs a time for every worker 1..{workers}, got keys "
+                         f"{sorted(pad)}")
     shards = shard_rows(problem.n, workers, seed)
     noise = torch.Generator().manual_seed(seed)
     state = ServerState(torch.zeros(problem.d, dtype=problem.X.dtype), range(1, workers + 1),
@@ -71,7 +74,7 @@ def simulate_parameter_server(problem: ERMProblem, workers: int, optimizer, *,
         rows = batch_rows(shards[k - 1], batch, seed, k, steps[k])
         g = local_gradient(problem, rows, state.w)
         factor = 1.0 + jitter * (2 * torch.rand((), generator=noise).item() - 1)
-        took = (pad.get(k, 0.01) if isinstance(pad, dict) else pad) * factor
+        took = (pad[k] if isinstance(pad, dict) else pad) * factor
         spans.append(Span(k, now, took, "compute"))
         steps[k] += 1
         heapq.heappush(events, (now + took + latency, k, len(rows) * g, len(rows),

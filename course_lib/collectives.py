@@ -24,11 +24,14 @@ from course_lib.runtime.timing import synchronize
 
 
 def _exchange(send_buf, dst, recv_buf, src, group):
-    """Send to ``dst`` while receiving from ``src`` (ranks of ``group``): posting the send first
-    (non-blocking) means two neighbours that both send and receive never wait for each other."""
-    request = dist.isend(send_buf, group=group, group_dst=dst)
-    dist.recv(recv_buf, group=group, group_src=src)
-    request.wait()
+    """Send to ``dst`` while receiving from ``src`` (ranks of ``group``). The send and the
+    receive are posted together, as one batch: two neighbours that both send and receive then
+    never wait for each other (NCCL needs this; with a plain send first, both could wait in
+    their sends for a receive that is never reached)."""
+    for request in dist.batch_isend_irecv([
+            dist.P2POp(dist.isend, send_buf, group=group, group_peer=dst),
+            dist.P2POp(dist.irecv, recv_buf, group=group, group_peer=src)]):
+        request.wait()
 
 
 def _bytes(t) -> int:

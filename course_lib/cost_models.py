@@ -180,6 +180,47 @@ def bubble_fraction(p: int, micro_batches: int, chunks: int = 1) -> float:
     return bubble / (micro_batches + bubble)
 
 
+def pipeline_timeline(p: int, micro_batches: int, schedule: str = "1F1B",
+                      forward: float = 1.0, backward: float = 2.0) -> list:
+    """A model (not a measurement) of a pipeline run with p stages: every forward takes
+    ``forward`` time units, every backward ``backward``, messages are free. A stage runs its
+    schedule (``pipeline.SCHEDULES``) in order; an action starts when the stage is free and its
+    input is there (forward i on stage s needs forward i on s - 1; backward i needs backward i
+    on s + 1, or on the last stage its own forward i). Returns Gantt spans."""
+    from course_lib.pipeline import SCHEDULES
+    from course_lib.runtime.timing import Span
+
+    orders = [SCHEDULES[schedule](s, p, micro_batches) for s in range(p)]
+    done, free, position, spans = {}, [0.0] * p, [0] * p, []  # done: (kind, stage, i) -> end
+    while any(position[s] < len(orders[s]) for s in range(p)):
+        progressed = False
+        for s in range(p):
+            if position[s] == len(orders[s]):
+                continue
+            kind, i = orders[s][position[s]]
+            if kind == "forward":
+                needs = ("forward", s - 1, i) if s > 0 else None
+            else:
+                needs = ("backward", s + 1, i) if s < p - 1 else ("forward", s, i)
+            if needs is not None and needs not in done:
+                continue  # its input is not there yet
+            start = max(free[s], done.get(needs, 0.0))
+            duration = forward if kind == "forward" else backward
+            done[(kind, s, i)] = free[s] = start + duration
+            spans.append(Span(s, start, duration, kind))
+            position[s] += 1
+            progressed = True
+        if not progressed:  # pragma: no cover - a schedule that waits for itself
+            raise RuntimeError(f"{schedule} deadlocks with p={p}, m={micro_batches}")
+    return spans
+
+
+def idle_fraction(spans, lanes: int) -> float:
+    """Idle fraction of a timeline of busy spans: 1 - busy / (lanes x makespan)."""
+    makespan = max(start + duration for _, start, duration, _ in spans)
+    return 1.0 - sum(duration for _, _, duration, _ in spans) / (lanes * makespan)
+
+
 def megatron_all_reduces(blocks: int = 1) -> dict:
     """Megatron-LM's all-reduces per training step of ``blocks`` tensor-parallel MLP or attention
     blocks: one in the forward pass (g) and one in the backward pass (f) for each."""

@@ -120,7 +120,7 @@ def train_ddp(model_fn, x, y, local_batch: int, lr: float, epochs: int = 1, seed
     model = ddp_model(model_fn(), group, **options)  # broadcasts rank 0's weights itself
     dev = device(group)
     if comm_hook is not None:
-        model.register_comm_hook(None, comm_hook)
+        model.register_comm_hook(group, comm_hook)  # the hook gets the group as its state
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     loader, sampler = ddp_loader(x, y, local_batch, seed, group)
     losses = []
@@ -175,16 +175,17 @@ def time_ddp_steps(model_fn, x, y, local_batch: int, steps: int = 10, warmup: in
     return out
 
 
-def compression_hook(dtype, log: list | None = None, group=None):
+def compression_hook(dtype, log: list | None = None):
     """A DDP communication hook that all-reduces each gradient bucket in ``dtype`` (e.g.
-    torch.float16 or torch.bfloat16; None sends float32 as is) over ``group`` and records the
-    bytes it sends.
+    torch.float16 or torch.bfloat16; None sends float32 as is) and records the bytes it sends.
+    DDP passes the hook the state it was registered with: here the process group (None: all
+    ranks), as torch's own hooks expect.
 
     What torch's ``fp16_compress_hook`` does, written out: cast the bucket down, divide by the
     world size (so the sum cannot overflow as easily), all-reduce, cast back into the bucket.
     """
 
-    def hook(state, bucket):
+    def hook(group, bucket):
         buffer = bucket.buffer()
         message = buffer if dtype is None else buffer.to(dtype)
         message.div_(dist.get_world_size(group))

@@ -27,6 +27,7 @@ from course_lib.erm_simulators import (  # noqa: F401  (consensus_distance: for 
     local_gradient,
 )
 from course_lib.runtime.devices import device
+from course_lib.runtime.timing import synchronize
 
 RING_7 = {i: [(i - 1) % 7, (i + 1) % 7] for i in range(7)}
 COMPLETE_7 = {i: [j for j in range(7) if j != i] for i in range(7)}
@@ -90,13 +91,13 @@ def spectral_gap(W: torch.Tensor) -> float:
 def gossip_average(x: torch.Tensor, graph: dict, W: torch.Tensor, group=None) -> torch.Tensor:
     """Run on every rank: send x to each neighbour, receive theirs, return sum_j W[i, j] x_j.
 
-    All sends and receives are posted before any is waited on, so no pair of neighbours can
-    block each other whatever the graph."""
+    All sends and receives are posted together, as one batch, before any is waited on, so no
+    pair of neighbours can block each other whatever the graph."""
     i, x = dist.get_rank(group), x.to(device(group))
     received = {j: torch.empty_like(x) for j in graph[i]}
-    requests = [dist.isend(x, group=group, group_dst=j) for j in graph[i]]
-    requests += [dist.irecv(received[j], group=group, group_src=j) for j in graph[i]]
-    for request in requests:
+    ops = [dist.P2POp(dist.isend, x, group=group, group_peer=j) for j in graph[i]]
+    ops += [dist.P2POp(dist.irecv, received[j], group=group, group_peer=j) for j in graph[i]]
+    for request in dist.batch_isend_irecv(ops) if ops else []:
         request.wait()
     return float(W[i, i]) * x + sum(float(W[i, j]) * received[j] for j in graph[i])
 
@@ -130,6 +131,7 @@ def decentralized_sgd(problem: ERMProblem, graph: dict, *, steps: int, lr: float
         g = local_gradient(local, rows, x)
         x = gossip_average(x, graph, W, group) - lr * g
         iterates.append(x.clone())
+        synchronize(dev)  # on a GPU the step is done when its kernels are
         times.append(time.time() - start)
     return dict(iterates=torch.stack(iterates), times=times)
 

@@ -7,11 +7,12 @@ a fraction C of them per round, E local epochs of mini-batches of B rows (B = No
 local dataset, "B = infinity"), learning rate lr. FedSGD is FedAvg with E = 1, B = infinity.
 
 The lecture's steps, one function each: :func:`sample_clients` (the server picks C K clients),
-:func:`client_update` (a client's local SGD), :func:`fedavg_round` (every chosen client trains,
-the server averages the models weighted by their data and takes its step) and :func:`federated`
-(rounds of that). Remedies for heterogeneity from the reference numbers: FedProx (a squared
-proximal term, and stragglers' partial work kept), SCAFFOLD (:class:`ControlVariates`), and
-server optimisers passed as functions -- :func:`fedavg_server`, :func:`fedavgm_server`,
+:func:`client_update` (a client's local SGD), :func:`fedavg_round` (every chosen client trains;
+their models averaged, weighted by their data) and :func:`federated` (rounds of that, each
+ending with the server's step from the old model towards the average). Remedies for
+heterogeneity from the reference numbers: FedProx (a squared proximal term, and stragglers'
+partial work kept), SCAFFOLD (:class:`ControlVariates`), and server optimisers passed as
+functions -- :func:`fedavg_server`, :func:`fedavgm_server`,
 :func:`fedadam_server` (Hsu et al. 2019; Reddi et al. 2021).
 
 The model is ``models.FlatMLP``: one flat float64 vector, so averaging, control variates and

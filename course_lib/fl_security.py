@@ -9,8 +9,9 @@ al. 2019), DP-FedAvg (McMahan et al. 2018), coordinate-wise median and trimmed m
 2018), Krum (Blanchard et al. 2017); secure aggregation with pairwise masks (Bonawitz et al.
 2017, without its dropout handling).
 
-An aggregator is a function ``aggregate(updates, w) -> step`` of the chosen clients' updates
-(rows w_k - w) and the current model; an attack is a function too. :func:`simulate_federation`
+An aggregator is a function ``aggregate(updates, w, state) -> step`` of the chosen clients'
+updates (rows w_k - w), the current model and a dict the federation loop owns for it (DP's
+noise generator); an attack is a function too. :func:`simulate_federation`
 is an in-process **simulator** of the federation (the aggregation rules need every update at
 the server, not only their sum); lesson 8 checks the same FedAvg clients against real
 processes.
@@ -100,17 +101,17 @@ def pairwise_masks(clients: int, d: int, seed: int = 0, scale: float = 1e3) -> t
 # -- robustness: attacks and aggregation rules ----------------------------------------------------
 
 
-def mean(updates: torch.Tensor, w=None) -> torch.Tensor:
+def mean(updates: torch.Tensor, w=None, state=None) -> torch.Tensor:
     """No defence: the plain average of the updates."""
     return updates.mean(dim=0)
 
 
-def coordinate_median(updates: torch.Tensor, w=None) -> torch.Tensor:
+def coordinate_median(updates: torch.Tensor, w=None, state=None) -> torch.Tensor:
     """Coordinate-wise median of the rows (Yin et al. 2018)."""
     return updates.median(dim=0).values if len(updates) % 2 else updates.quantile(0.5, dim=0)
 
 
-def trimmed_mean(updates: torch.Tensor, w=None, trim: float = 0.2) -> torch.Tensor:
+def trimmed_mean(updates: torch.Tensor, w=None, state=None, trim: float = 0.2) -> torch.Tensor:
     """Per coordinate, drop the ``trim`` fraction of largest and of smallest values, average
     the rest (Yin et al. 2018)."""
     k = int(trim * len(updates))
@@ -120,7 +121,7 @@ def trimmed_mean(updates: torch.Tensor, w=None, trim: float = 0.2) -> torch.Tens
     return ordered[k:len(updates) - k].mean(dim=0)
 
 
-def krum(updates: torch.Tensor, w=None, byzantine: int = 1) -> torch.Tensor:
+def krum(updates: torch.Tensor, w=None, state=None, byzantine: int = 1) -> torch.Tensor:
     """Krum (Blanchard et al. 2017): the update whose n - f - 2 nearest neighbours are closest
     (sum of squared distances), for at most f = ``byzantine`` Byzantine updates."""
     n = len(updates)
@@ -132,14 +133,14 @@ def krum(updates: torch.Tensor, w=None, byzantine: int = 1) -> torch.Tensor:
     return updates[int(scores.argmin())]
 
 
-def norm_check(updates: torch.Tensor, w=None, factor: float = 2.0) -> torch.Tensor:
+def norm_check(updates: torch.Tensor, w=None, state=None, factor: float = 2.0) -> torch.Tensor:
     """The server checks update statistics: average only the updates whose norm is at most
     ``factor`` times the median norm."""
     norms = updates.norm(dim=1)
     return updates[norms <= factor * norms.median()].mean(dim=0)
 
 
-def validation_check(updates: torch.Tensor, w, validation, margin: float = 0.1,
+def validation_check(updates: torch.Tensor, w, state=None, *, validation, margin: float = 0.1,
                      model=DIGITS_MLP) -> torch.Tensor:
     """The server checks validation accuracy: score the model w + update of every update on
     ``validation`` = (x, y), data the server holds; average those at least the median score
@@ -152,10 +153,12 @@ def dp_mean(clip: float, noise: float, seed: int = 0):
     """DP-FedAvg's aggregator (McMahan et al. 2018): clip every update to norm ``clip``, average,
     add N(0, (noise clip / m)^2) per coordinate for m updates. ``noise`` is the noise multiplier
     sigma; turning it into an (epsilon, delta) guarantee needs a privacy accountant, which this
-    lesson does not do."""
-    generator = torch.Generator().manual_seed(seed)
+    lesson does not do. The noise generator lives in the run's ``state``: the same seed gives
+    the same noise in every run."""
 
-    def aggregate(updates, w=None):
+    def aggregate(updates, w=None, state=None):
+        state = {} if state is None else state
+        generator = state.setdefault("noise", torch.Generator().manual_seed(seed))
         m = len(updates)
         clipped = torch.stack([clip_and_noise(u, clip, 0.0) for u in updates])
         return clipped.mean(dim=0) + noise * clip / m * torch.randn(
@@ -203,18 +206,18 @@ def simulate_federation(split, parts, *, rounds: int, aggregator=mean, attackers
                         poison_labels=None, poison_update=None, fraction: float = 0.5,
                         local: fl.LocalTraining | None = None, seed: int = 0) -> dict:
     """FedAvg in one process (a simulator) where the server combines the chosen clients' updates
-    with ``aggregator(updates, w)`` and clients in ``attackers`` poison their labels or their
+    with ``aggregator(updates, w, state)`` and clients in ``attackers`` poison their labels or their
     update. ``local`` defaults to E = 2, B = 10. Returns the test ``accuracy`` per round (index
     0: before training) and ``params``."""
     local = local or fl.LocalTraining(epochs=2)
     x, y = split.x_train.double(), split.y_train
-    w, attackers = DIGITS_MLP.init(seed), set(attackers)
+    w, attackers, state = DIGITS_MLP.init(seed), set(attackers), {}
     accuracy = [DIGITS_MLP.accuracy(w, split.x_test, split.y_test)]
     for r in range(rounds):
         chosen = fl.sample_clients(len(parts), fraction, seed, r)
         updates = client_updates(w, x, y, parts, chosen, local, seed, r, attackers,
                                  poison_labels, poison_update)
-        w = w + aggregator(updates, w)
+        w = w + aggregator(updates, w, state)
         accuracy.append(DIGITS_MLP.accuracy(w, split.x_test, split.y_test))
     return dict(accuracy=accuracy, params=w)
 

@@ -187,8 +187,9 @@ def parameter_server(problem: ERMProblem, optimizer, *, mode: str = "sync",
     ``seed=None``) and computes its gradient on a mini-batch of ``batch`` of them (``None``: the
     whole shard, as in the lecture note's gradient descent). ``pad`` (seconds, or {worker:
     seconds}) makes each of a worker's gradients take at least that long, sleeping the rest (a
-    model of a bigger model or a slower machine). The run stops after ``gradients`` applied
-    gradients or ``seconds`` of wall-clock.
+    model of a bigger model or a slower machine; a worker missing from the dict does not wait).
+    The run stops once ``gradients`` gradients are applied (a synchronous round applies one per
+    worker, so the count can pass the budget by up to m - 1) or ``seconds`` have passed.
 
     Returns on the server its log: per arriving message its ``time`` (seconds since the start),
     ``worker`` (who pushed it) and ``staleness``; the ``iterates`` after every update with their

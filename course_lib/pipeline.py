@@ -5,8 +5,8 @@ and 1F1B / PipeDream-Flush (Narayanan et al. 2021). A model is cut into p consec
 one per rank of ``group``; a batch is cut into m micro-batches. Stage s receives activations
 from s - 1 and sends its outputs to s + 1; in the backward pass gradients flow the other way.
 Idle time (the "bubble") is (p - 1) / (m + p - 1) of the total for both schedules
-(``cost_models.bubble_fraction``); 1F1B keeps at most p micro-batches of activations alive
-instead of m.
+(``cost_models.bubble_fraction``; ``cost_models.pipeline_timeline`` models a run); 1F1B keeps
+at most p micro-batches of activations alive instead of m.
 
 A schedule is a list of ("forward", i) and ("backward", i) actions per stage; a :class:`Stage`
 carries them out on its rank, each action one receive, one computation and one send.
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.runtime.devices import device
-from course_lib.runtime.timing import Span, Timeline, to_spans
+from course_lib.runtime.timing import Span, Timeline, synchronize, to_spans
 
 # -- the schedules: who does what, in which order ----------------------------------------------
 
@@ -60,47 +60,6 @@ def peak_live_activations(schedule) -> int:
         live += 1 if kind == "forward" else -1
         peak = max(peak, live)
     return peak
-
-
-def simulate_schedule(stages: int, micro_batches: int, schedule: str = "1F1B",
-                      forward: float = 1.0, backward: float = 2.0) -> list[tuple]:
-    """A model (not a measurement) of a pipeline run: every forward takes ``forward`` time units,
-    every backward ``backward``, messages are free. A stage runs its schedule in order; an
-    action starts when the stage is free and its input is there (forward i on stage s needs
-    forward i on s - 1; backward i needs backward i on s + 1, or on the last stage its own
-    forward i). Returns Gantt spans (stage, start, duration, kind)."""
-    orders = [SCHEDULES[schedule](s, stages, micro_batches) for s in range(stages)]
-    done = {}  # (kind, stage, micro-batch) -> finish time
-    free = [0.0] * stages
-    position = [0] * stages
-    spans = []
-    while any(position[s] < len(orders[s]) for s in range(stages)):
-        progressed = False
-        for s in range(stages):
-            if position[s] == len(orders[s]):
-                continue
-            kind, i = orders[s][position[s]]
-            if kind == "forward":
-                needs = ("forward", s - 1, i) if s > 0 else None
-            else:
-                needs = ("backward", s + 1, i) if s < stages - 1 else ("forward", s, i)
-            if needs is not None and needs not in done:
-                continue  # its input is not there yet
-            start = max(free[s], done.get(needs, 0.0))
-            duration = forward if kind == "forward" else backward
-            done[(kind, s, i)] = free[s] = start + duration
-            spans.append(Span(s, start, duration, kind))
-            position[s] += 1
-            progressed = True
-        if not progressed:  # pragma: no cover - a schedule that waits for itself
-            raise RuntimeError(f"{schedule} deadlocks with p={stages}, m={micro_batches}")
-    return spans
-
-
-def simulated_bubble(spans, stages: int) -> float:
-    """Idle fraction of simulated spans: 1 - busy / (stages x makespan)."""
-    makespan = max(start + duration for _, start, duration, _ in spans)
-    return 1.0 - sum(duration for _, _, duration, _ in spans) / (stages * makespan)
 
 
 # -- a model cut into stages ----------------------------------------------------------------------
@@ -163,21 +122,15 @@ class Stage:
         self.ys = y.to(self.dev).tensor_split(micro_batches)
         self.micro_batches, self.hold = micro_batches, (forward_seconds, backward_seconds)
         self.saved = {}  # micro-batch -> (input, output): activations kept for the backward pass
+        self.posted = {}  # receives already posted, with a send: key -> (buffer, request)
         self.pending, self.timeline, self.order = [], Timeline(self.index), []
         self.loss, self.micro_losses, self.live, self.peak = 0.0, [], 0, 0
 
-    def forward(self, i: int) -> None:
+    def forward(self, i: int, following=None) -> None:
         """Receive micro-batch i's activation from the previous stage, run this piece, send the
         output to the next stage (the last stage computes the loss instead)."""
-        if self.first:
-            inp = self.xs[i]
-        else:
-            inp = torch.empty(len(self.xs[i]), self.in_width, dtype=self.xs[i].dtype,
-                              device=self.dev)
-            start = time.time()
-            dist.recv(inp, group=self.group, group_src=self.index - 1)
-            self.timeline.add("idle", start)
-            inp.requires_grad_(True)
+        inp = self.xs[i] if self.first else self._receive(
+            ("activation", i), self._activation_buffer(i), self.index - 1).requires_grad_(True)
         start = time.time()
         out = self.module(inp)
         if self.last:
@@ -185,34 +138,63 @@ class Stage:
             self.micro_losses.append(loss.item())
             out = loss / self.micro_batches  # the mean over micro-batches is the batch's loss
             self.loss += out.item()
-        _hold(self.hold[0], start)
-        if not self.last:
-            self.pending.append(dist.isend(out.detach(), group=self.group,
-                                           group_dst=self.index + 1))
-        self.timeline.add("forward", start)
+        self._done("forward", start)
         self.saved[i] = (inp, out)
+        if not self.last:
+            j = following[1] if following and following[0] == "backward" else None
+            self._send(out.detach(), self.index + 1, None if j is None else (
+                ("gradient", j), torch.empty_like(self.saved[j][1])))
         self.live += 1
         self.peak = max(self.peak, self.live)
 
-    def backward(self, i: int) -> None:
+    def backward(self, i: int, following=None) -> None:
         """Receive the gradient of micro-batch i's output from the next stage (the last stage
         starts from its loss), backpropagate through this piece, send the input's gradient to
         the previous stage. Parameter gradients accumulate over the micro-batches."""
         inp, out = self.saved.pop(i)
-        grad_out = None
-        if not self.last:
-            grad_out = torch.empty_like(out)
-            start = time.time()
-            dist.recv(grad_out, group=self.group, group_src=self.index + 1)
-            self.timeline.add("idle", start)
+        grad_out = None if self.last else self._receive(("gradient", i), torch.empty_like(out),
+                                                        self.index + 1)
         start = time.time()
         out.backward(grad_out)
-        _hold(self.hold[1], start)
+        self._done("backward", start)
         if not self.first:
-            self.pending.append(dist.isend(inp.grad, group=self.group,
-                                           group_dst=self.index - 1))
-        self.timeline.add("backward", start)
+            k = following[1] if following and following[0] == "forward" else None
+            self._send(inp.grad, self.index - 1, None if k is None else (
+                ("activation", k), self._activation_buffer(k)))
         self.live -= 1
+
+    def _activation_buffer(self, i):
+        return torch.empty(len(self.xs[i]), self.in_width, dtype=self.xs[i].dtype,
+                           device=self.dev)
+
+    def _receive(self, key, buffer, peer):
+        """Wait for a message (its receive may already be posted, with a send); "idle" span."""
+        start = time.time()
+        if key in self.posted:
+            buffer, request = self.posted.pop(key)
+            request.wait()
+        else:
+            dist.recv(buffer, group=self.group, group_src=peer)
+        synchronize(self.dev)  # on a GPU the data is there once the copy has run
+        self.timeline.add("idle", start)
+        return buffer
+
+    def _send(self, tensor, peer, then=None):
+        """Send without waiting. With ``then`` = (key, buffer), post the next receive from the
+        same peer in the same batch: between two stages a send and a receive cross, and NCCL
+        needs them to travel together, or both stages can wait in their sends."""
+        ops = [dist.P2POp(dist.isend, tensor, group=self.group, group_peer=peer)]
+        if then is not None:
+            ops.append(dist.P2POp(dist.irecv, then[1], group=self.group, group_peer=peer))
+        requests = dist.batch_isend_irecv(ops)
+        self.pending.append(requests[0])
+        if then is not None:
+            self.posted[then[0]] = (then[1], requests[1])
+
+    def _done(self, kind, start):
+        synchronize(self.dev)  # the step is done when its kernels are
+        _hold(self.hold[kind == "backward"], start)
+        self.timeline.add(kind, start)
 
     def result(self) -> dict:
         """Wait for the last sends; this stage's gradients, loss, action order and timeline."""
@@ -224,13 +206,14 @@ class Stage:
 
 
 def run_schedule(stage: Stage, actions) -> dict:
-    """Carry out a schedule's actions on this stage, in order."""
-    for kind, i in actions:
+    """Carry out a schedule's actions on this stage, in order (each learns what follows it,
+    so that its send can travel with the next receive)."""
+    for (kind, i), following in zip(actions, [*actions[1:], None], strict=True):
         stage.order.append((kind, i))
         if kind == "forward":
-            stage.forward(i)
+            stage.forward(i, following)
         else:
-            stage.backward(i)
+            stage.backward(i, following)
     return stage.result()
 
 

@@ -129,42 +129,33 @@ def run_dtensor_mlp(model, x, group=None) -> dict:
                 fc2_shard=tuple(split.fc2.weight.to_local().shape))
 
 
-def mesh_groups(data: int, tensor: int, group=None) -> dict:
-    """This rank's place on a ``data`` x ``tensor`` mesh of ``group``'s ranks (what
-    ``init_device_mesh(..., (data, tensor), mesh_dim_names=("data", "tensor"))`` lays out): the
-    ranks of its row form its tensor-parallel group, those of its column its data-parallel
-    group. Only the members of each new group take part in creating it."""
-    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-    if len(ranks) != data * tensor:
-        raise ValueError(f"a {data} x {tensor} mesh needs {data * tensor} ranks, the group has "
-                         f"{len(ranks)}")
-    me = ranks.index(dist.get_rank())
-    row, col = divmod(me, tensor)
-    tp_ranks = ranks[row * tensor:(row + 1) * tensor]
-    dp_ranks = ranks[col::tensor]
-    return dict(dp_rank=row, tp_rank=col,
-                tp_group=dist.new_group(tp_ranks, use_local_synchronization=True),
-                dp_group=dist.new_group(dp_ranks, use_local_synchronization=True))
-
-
-def run_hybrid_data_tensor(model, x, target, data: int = 2, tensor: int = 2,
-                           group=None) -> dict:
-    """Data x tensor parallelism on a ``data`` x ``tensor`` mesh (4 processes for 2 x 2).
+def run_hybrid_data_tensor(model, x, target, mesh=None) -> dict:
+    """Data x tensor parallelism on a 2-D device mesh with dimensions ("data", "tensor").
 
     Ranks in the same row of the mesh form a tensor-parallel group that splits the MLP as
     Megatron does; the rows are data-parallel replicas, each with its share of the batch, and
-    their shard gradients are averaged over the column (data-parallel) group.
+    their shard gradients are averaged over the column (data-parallel) group. ``mesh=None``:
+    a 2 x 2 mesh of the whole job (4 processes). A mesh makes new groups, which every rank of
+    the job must create together, so a bigger job builds its mesh on all its ranks and passes
+    it (``init_device_mesh(..., mesh_dim_names=("data", "tensor"))``): the 2-D counterpart of
+    the ``group`` argument of the other functions.
     """
-    dev = device(group)
-    mesh = mesh_groups(data, tensor, group)
-    shard = shard_mlp(model.to(dev), mesh["tp_rank"], tensor)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dev = device()
+    if mesh is None:
+        mesh = init_device_mesh(dev.type, (2, 2), mesh_dim_names=("data", "tensor"))
+    data, tensor = mesh["data"].size(), mesh["tensor"].size()
+    dp_group, tp_group = mesh.get_group("data"), mesh.get_group("tensor")
+    dp_rank, tp_rank = mesh.get_local_rank("data"), mesh.get_local_rank("tensor")
+    shard = shard_mlp(model.to(dev), tp_rank, tensor)
     counter = new_counter()
-    mine = x.to(dev).tensor_split(data)[mesh["dp_rank"]]
-    out = megatron_mlp(mine, shard, counter, mesh["tp_group"])
-    loss = torch.nn.functional.mse_loss(out, target.to(dev).tensor_split(data)[mesh["dp_rank"]])
+    mine = x.to(dev).tensor_split(data)[dp_rank]
+    out = megatron_mlp(mine, shard, counter, tp_group)
+    loss = torch.nn.functional.mse_loss(out, target.to(dev).tensor_split(data)[dp_rank])
     loss.backward()
     for p in shard.values():  # data parallelism: average the replicas' gradients
-        dist.all_reduce(p.grad, group=mesh["dp_group"])
+        dist.all_reduce(p.grad, group=dp_group)
         p.grad /= data
-    return dict(dp_rank=mesh["dp_rank"], tp_rank=mesh["tp_rank"], out=out.detach(),
-                counter=counter, grads={k: p.grad for k, p in shard.items()})
+    return dict(dp_rank=dp_rank, tp_rank=tp_rank, out=out.detach(), counter=counter,
+                grads={k: p.grad for k, p in shard.items()})

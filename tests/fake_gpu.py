@@ -16,6 +16,7 @@ import contextlib
 import sys
 
 import torch
+import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
@@ -129,6 +130,18 @@ class _Audit(TorchDispatchMode):
                         else t, out)
 
 
+def _one_by_one(ops):
+    """``batch_isend_irecv`` asks the group for the backend of the tensors' device, and the
+    marker has none: post the messages one by one, as batch_isend_irecv itself does for gloo."""
+    works = []
+    for op in ops:
+        peer = {"group_dst" if op.op is dist.isend else "group_src": op.group_peer}
+        work = op.op(op.tensor, group=op.group, tag=op.tag, **peer)
+        if work is not None:
+            works.append(work)
+    return works
+
+
 @contextlib.contextmanager
 def pretend_gpu(messages_on_cpu: bool = False):
     """Run the ``with`` block as if this rank's device were a GPU (see the module docstring).
@@ -141,10 +154,13 @@ def pretend_gpu(messages_on_cpu: bool = False):
                and getattr(m, "device", None) is real]
     for module in patched:
         module.device = lambda group=None: MARKER
+    batch = dist.batch_isend_irecv
+    dist.batch_isend_irecv = _one_by_one
     try:
         with _Audit(messages_on_cpu), _Placement():
             yield
     finally:
+        dist.batch_isend_irecv = batch
         for module in patched:
             module.device = real
 

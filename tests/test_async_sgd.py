@@ -41,6 +41,8 @@ def test_unknown_mode_and_missing_bound_are_clear_errors(problem):
         a.simulate_parameter_server(problem, 2, sgd(0.1), mode="ssp")
     with pytest.raises(ValueError, match="workers must be"):
         a.simulate_parameter_server(problem, 0, sgd(0.1))
+    with pytest.raises(ValueError, match="every worker 1..3"):
+        a.simulate_parameter_server(problem, 3, sgd(0.1), pad={3: 0.05})
 
 
 def test_simulated_staleness_of_equal_workers_is_m_minus_one(problem):
@@ -51,15 +53,15 @@ def test_simulated_staleness_of_equal_workers_is_m_minus_one(problem):
 
 def test_simulated_mean_staleness_is_m_minus_one_whatever_the_speeds(problem):
     # every update is seen by the m - 1 gradients in flight: the mean cannot depend on speeds
-    log = a.simulate_parameter_server(problem, 4, sgd(0.1), gradients=3000, pad={4: 0.05},
-                                      jitter=0.5)
+    pad = {1: 0.01, 2: 0.01, 3: 0.01, 4: 0.05}
+    log = a.simulate_parameter_server(problem, 4, sgd(0.1), gradients=3000, pad=pad, jitter=0.5)
     assert statistics.mean(log["staleness"]) == pytest.approx(3, rel=0.02)
 
 
 def test_simulated_straggler_staleness_is_slowdown_times_the_others(problem):
     k, m = 4, 3
-    log = a.simulate_parameter_server(problem, m, sgd(0.1), gradients=400, pad={m: 0.01 * k},
-                                      jitter=0.05)
+    pad = {1: 0.01, 2: 0.01, m: 0.01 * k}
+    log = a.simulate_parameter_server(problem, m, sgd(0.1), gradients=400, pad=pad, jitter=0.05)
     slow = [t for t, w in zip(log["staleness"], log["worker"], strict=True) if w == m][2:]
     assert statistics.median(slow) == pytest.approx(k * (m - 1), abs=1)
 
@@ -76,13 +78,14 @@ def test_simulated_sync_rounds_take_the_slowest_workers_time(problem):
 def test_ssp_keeps_every_worker_within_the_bound_of_the_slowest(problem):
     bound, m = 2, 3
     log = a.simulate_parameter_server(problem, m, sgd(0.1), mode="ssp", bound=bound,
-                                      gradients=200, pad={3: 0.06})
+                                      gradients=200, pad={1: 0.01, 2: 0.01, 3: 0.06})
     pushed = dict.fromkeys(range(1, m + 1), 0)
     for w in log["worker"]:
         pushed[w] += 1
         # a worker may push one gradient beyond the bound before it is held
         assert pushed[w] - min(pushed.values()) <= bound + 1
-    free = a.simulate_parameter_server(problem, m, sgd(0.1), gradients=200, pad={3: 0.06})
+    free = a.simulate_parameter_server(problem, m, sgd(0.1), gradients=200,
+                                       pad={1: 0.01, 2: 0.01, 3: 0.06})
     assert max(log["staleness"]) < max(free["staleness"])
 
 

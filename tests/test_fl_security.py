@@ -128,6 +128,11 @@ def test_dp_mean_clips_every_update_then_adds_the_stated_noise():
         [[0.6, 0.8], [0.3, 0.4]], dtype=torch.float64).mean(dim=0))
     noisy = torch.stack([sec.dp_mean(1.0, 2.0, seed=s)(updates) for s in range(2000)])
     assert noisy.std(dim=0).mean().item() == pytest.approx(2.0 * 1.0 / 2, rel=0.05)
+    aggregate, run_a, run_b = sec.dp_mean(1.0, 2.0, seed=3), {}, {}
+    a = [aggregate(updates, None, run_a) for _ in range(2)]  # two rounds of one run
+    b = [aggregate(updates, None, run_b) for _ in range(2)]  # the same aggregator, another run
+    torch.testing.assert_close(a, b)  # the noise lives in each run's state: reuse is safe
+    assert not torch.equal(a[0], a[1])  # and every round draws fresh noise
 
 
 def test_validation_check_drops_the_update_that_ruins_the_validation_accuracy(digits):
@@ -138,5 +143,5 @@ def test_validation_check_drops_the_update_that_ruins_the_validation_accuracy(di
     poisoned = -10 * honest[0]
     updates = torch.stack([*honest, poisoned])
     validation = (digits.x_test[:200], digits.y_test[:200])
-    torch.testing.assert_close(sec.validation_check(updates, w, validation),
+    torch.testing.assert_close(sec.validation_check(updates, w, validation=validation),
                                torch.stack(honest).mean(dim=0))

@@ -5,7 +5,7 @@ import torch
 
 from course_lib import launch
 from course_lib import pipeline as pp
-from course_lib.cost_models import bubble_fraction
+from course_lib.cost_models import bubble_fraction, idle_fraction, pipeline_timeline
 from course_lib.models import mlp
 from course_lib.runtime.timing import Timeline
 
@@ -129,6 +129,6 @@ def test_torch_pipelining_gives_the_same_losses_and_gradients_as_the_hand_writte
 @pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
 @pytest.mark.parametrize("p, m", [(2, 1), (2, 4), (4, 8), (4, 4), (3, 7)])
 def test_simulated_schedules_have_exactly_the_formulas_bubble(schedule, p, m):
-    spans = pp.simulate_schedule(p, m, schedule, forward=1.0, backward=2.0)
+    spans = pipeline_timeline(p, m, schedule, forward=1.0, backward=2.0)
     assert len(spans) == 2 * p * m
-    assert pp.simulated_bubble(spans, p) == pytest.approx(bubble_fraction(p, m))
+    assert idle_fraction(spans, p) == pytest.approx(bubble_fraction(p, m))

@@ -75,7 +75,8 @@ def run_with_spawn(world_size: int = 2) -> None:
 
 
 def run_with_launch(world_size: int = 2) -> None:
-    launch(one_all_reduce, world_size=world_size, timeout=120)
+    # gloo, as the torchrun and spawn runs use: on a GPU node "auto" would time NCCL's start-up
+    launch(one_all_reduce, world_size=world_size, backend="gloo", timeout=120)
 
 
 def compare_launchers(world_size: int = 2, repeats: int = 5, warmup: int = 1,

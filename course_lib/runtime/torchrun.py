@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from course_lib.runtime.devices import choose_backend, loopback_interface, threads_per_worker
 from course_lib.runtime.launching import launch
+from course_lib.runtime.worker import to_cpu
 
 
 def launched_by_torchrun() -> bool:
@@ -65,7 +66,7 @@ def run_experiment(fn, *, world_size: int = 2, kwargs=None, backend: str = "auto
         return launch(fn, world_size=world_size, kwargs=kwargs, backend=backend, timeout=timeout)
     init_from_environment(backend)
     try:
-        result = fn(**kwargs)
+        result = to_cpu(fn(**kwargs))  # rank 0 may be on another node, or another GPU
         gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object(result, gathered, dst=0)
         dist.barrier()

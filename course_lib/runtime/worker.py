@@ -26,16 +26,16 @@ def _exit_when_parent_dies():
     os._exit(70)
 
 
-def _to_cpu(value):
+def to_cpu(value):
     """Move tensors to the CPU so the launcher can unpickle results without touching a GPU."""
     import torch
 
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
     if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
-        return type(value)(_to_cpu(v) for v in value)
+        return type(value)(to_cpu(v) for v in value)
     if type(value) is dict:
-        return {k: _to_cpu(v) for k, v in value.items()}
+        return {k: to_cpu(v) for k, v in value.items()}
     return value
 
 
@@ -86,7 +86,7 @@ def main(jobdir: str, rank: int) -> None:
                                 world_size=world_size, timeout=timeout, device_id=device_id)
         result = fn(*args, **kwargs)
         try:
-            payload = cloudpickle.dumps(_to_cpu(result))
+            payload = cloudpickle.dumps(to_cpu(result))
         except Exception as err:
             raise TypeError(f"fn returned a {type(result).__name__} that can't be sent back to "
                             f"the launcher ({err}); return plain data or tensors") from err
