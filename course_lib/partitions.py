@@ -10,6 +10,8 @@ disjoint, cover every row, and the same seed gives the same partition.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -24,6 +26,14 @@ def _rng(seed):
 
 def _as_tensors(parts):
     return [torch.as_tensor(np.sort(np.asarray(p, dtype=np.int64))) for p in parts]
+
+
+def _check_alpha(alpha):
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or \
+            not math.isfinite(alpha) or alpha <= 0:
+        raise PartitionError(f"alpha must be a positive, finite number (the Dirichlet "
+                             f"concentration: small means skewed, large means even), got "
+                             f"{alpha!r}")
 
 
 def _check(labels, clients):
@@ -101,8 +111,7 @@ def dirichlet_per_class(labels, clients: int, alpha: float, min_size: int = 10,
     least ``min_size`` rows, and after ``retries`` failures a PartitionError says what to change.
     Small alpha: each class lives on few clients."""
     labels = _check(labels, clients)
-    if alpha <= 0:
-        raise PartitionError(f"alpha must be positive, got {alpha}")
+    _check_alpha(alpha)
     if min_size * clients > len(labels):
         raise PartitionError(f"{clients} clients x min_size {min_size} exceeds the "
                              f"{len(labels)} rows")
@@ -127,10 +136,10 @@ def dirichlet_per_client(labels, clients: int, alpha: float,
     """Each client's class mix drawn from Dir(alpha p), p the global class distribution (Hsu et
     al. 2019), with fixed sizes (n / clients). Clients draw their rows in turn from what is left;
     when a class runs out its share goes to the classes still available, so the last clients'
-    mixes can differ from their draw."""
+    mixes can differ from their draw: a client whose classes have run out goes on with the
+    class that has the most rows left, so it stays as concentrated as it can."""
     labels = _check(labels, clients)
-    if alpha <= 0:
-        raise PartitionError(f"alpha must be positive, got {alpha}")
+    _check_alpha(alpha)
     rng = _rng(seed)
     classes, counts = np.unique(labels, return_counts=True)
     pools = {c: list(rng.permutation(np.flatnonzero(labels == c))) for c in classes}
@@ -138,13 +147,14 @@ def dirichlet_per_client(labels, clients: int, alpha: float,
     sizes = [len(a) for a in np.array_split(np.arange(len(labels)), clients)]
     parts = []
     for size in sizes:
-        mix = rng.dirichlet(alpha * prior)
+        mix = np.nan_to_num(rng.dirichlet(alpha * prior))
         rows = []
         while len(rows) < size:
             left = np.array([len(pools[c]) for c in classes], dtype=float)
+            if not (mix * (left > 0)).sum() > 0:  # its classes ran out: take the fullest one
+                mix = np.eye(len(classes))[np.argmax(left)]
             weights = mix * (left > 0)
-            weights = weights / weights.sum() if weights.sum() > 0 else left / left.sum()
-            c = classes[rng.choice(len(classes), p=weights)]
+            c = classes[rng.choice(len(classes), p=weights / weights.sum())]
             rows.append(pools[c].pop())
         parts.append(rows)
     return _as_tensors(parts)
@@ -155,6 +165,7 @@ def quantity_skew(labels, clients: int, alpha: float = 1.0, min_size: int = 1,
     """IID label mixes but sizes drawn from Dir(alpha) (at least ``min_size`` each): some clients
     hold much more data than others."""
     labels = _check(labels, clients)
+    _check_alpha(alpha)
     if min_size * clients > len(labels):
         raise PartitionError(f"{clients} clients x min_size {min_size} exceeds the "
                              f"{len(labels)} rows")

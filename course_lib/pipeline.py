@@ -102,10 +102,12 @@ def _hold(seconds, start):
 class Stage:
     """Stage ``group rank`` of a pipeline over the pieces of one model, on this rank's device.
 
-    The batch (x, y) is cut into ``micro_batches`` parts. :meth:`forward` and :meth:`backward`
-    carry out one action of a schedule; ``forward_seconds`` / ``backward_seconds`` pad every step
-    to a fixed duration before its result is sent on (the real arithmetic still runs), so that
-    stage times are steady even on shared cores.
+    The batch (x, y) is cut into ``micro_batches`` parts (sizes differing by at most one; each
+    micro-batch's loss weighted by its size, so their sum is the batch's mean loss exactly).
+    :meth:`forward` and :meth:`backward` carry out one action of a schedule;
+    ``forward_seconds`` / ``backward_seconds`` pad every step to a fixed duration before its
+    result is sent on (the real arithmetic still runs), so that stage times are steady even on
+    shared cores.
     """
 
     def __init__(self, pieces, x, y, micro_batches: int, *, forward_seconds: float = 0.0,
@@ -114,13 +116,16 @@ class Stage:
         self.index, self.stages = dist.get_rank(group), dist.get_world_size(group)
         if len(pieces) != self.stages:
             raise ValueError(f"{len(pieces)} pieces for {self.stages} ranks: one piece per rank")
+        if not 1 <= micro_batches <= len(x):
+            raise ValueError(f"micro_batches must be between 1 and the batch size {len(x)}, got "
+                             f"{micro_batches}: a micro-batch needs at least one example")
         self.module = pieces[self.index].to(self.dev)
         self.module.zero_grad()
         self.first, self.last = self.index == 0, self.index == self.stages - 1
         self.in_width = None if self.first else _output_width(pieces[self.index - 1])
         self.xs = x.to(self.dev).tensor_split(micro_batches)
         self.ys = y.to(self.dev).tensor_split(micro_batches)
-        self.micro_batches, self.hold = micro_batches, (forward_seconds, backward_seconds)
+        self.batch, self.hold = len(x), (forward_seconds, backward_seconds)
         self.saved = {}  # micro-batch -> (input, output): activations kept for the backward pass
         self.posted = {}  # receives already posted, with a send: key -> (buffer, request)
         self.pending, self.timeline, self.order = [], Timeline(self.index), []
@@ -136,7 +141,7 @@ class Stage:
         if self.last:
             loss = torch.nn.functional.cross_entropy(out, self.ys[i])
             self.micro_losses.append(loss.item())
-            out = loss / self.micro_batches  # the mean over micro-batches is the batch's loss
+            out = loss * len(self.ys[i]) / self.batch  # weighted: they add up to the batch mean
             self.loss += out.item()
         self._done("forward", start)
         self.saved[i] = (inp, out)
@@ -265,6 +270,11 @@ def run_torch_pipeline(pieces, x, y, micro_batches: int, schedule: str = "1F1B",
     this stage's gradients, to compare with :func:`run_pipeline`."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+    if len(x) % micro_batches:
+        raise ValueError(f"torch.distributed.pipelining cuts the batch into micro-batches and "
+                         f"averages their losses with equal weights: a batch of {len(x)} does "
+                         f"not divide into {micro_batches} equal parts; choose a divisor of "
+                         f"{len(x)} (run_pipeline weights unequal micro-batches itself)")
     stage, stages, dev = dist.get_rank(group), dist.get_world_size(group), device(group)
     module = pieces[stage].to(dev)
     module.zero_grad()

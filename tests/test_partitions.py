@@ -93,3 +93,29 @@ def test_bad_client_counts_are_rejected(labels):
     for bad in (0, len(labels) + 1, 2.5):
         with pytest.raises(pt.PartitionError, match="clients must be"):
             pt.iid(labels, bad)
+
+
+@pytest.mark.parametrize("scheme, clients, kw", [("dirichlet_per_class", 5, dict(min_size=1)),
+                                                 ("dirichlet_per_client", 20, {})])
+def test_skew_grows_as_alpha_falls_over_the_whole_range(labels, scheme, clients, kw):
+    alphas = [1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3]
+    skew = [np.mean([pt.earth_movers_distance(pt.label_counts(labels, getattr(pt, scheme)(
+        labels, clients, alpha=a, seed=seed, **kw))).mean() for seed in range(3)])
+        for a in alphas]
+    # non-increasing in alpha, with 0.01 of slack where it saturates (one class per client)
+    assert all(small >= large - 0.01 for small, large in zip(skew, skew[1:], strict=False)), skew
+    assert skew[0] > 1.4 and skew[-1] < 0.4
+
+
+@pytest.mark.parametrize("scheme", ["dirichlet_per_class", "dirichlet_per_client",
+                                    "quantity_skew"])
+@pytest.mark.parametrize("alpha", [0, 0.0, -1.0, float("nan"), float("inf"), "1", True])
+def test_every_alpha_scheme_refuses_an_invalid_alpha(labels, scheme, alpha):
+    with pytest.raises(pt.PartitionError, match="alpha must be a positive, finite number"):
+        getattr(pt, scheme)(labels, 10, alpha=alpha)
+
+
+def test_too_few_classes_for_the_clients_at_tiny_alpha_is_a_clear_error(labels):
+    # every class goes to one client: 10 classes cannot give 20 clients a row each
+    with pytest.raises(pt.PartitionError, match="fewer than 1 rows"):
+        pt.dirichlet_per_class(labels, 20, alpha=1e-3, min_size=1)

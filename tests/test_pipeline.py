@@ -86,8 +86,9 @@ def test_measured_bubble_and_spans_from_a_timeline():
     # rank 1's wait before the pipeline started (from -5) is not bubble
     assert pp.measured_bubble(results) == pytest.approx(1 - 4 / 8)
     spans = pp.pipeline_spans(results)
-    assert spans[0] == (0, 0.0, 1.0, "forward")
-    assert (0, 1.0, 2.0, "idle") in spans
+    assert (spans[0][0], spans[0][3]) == (0, "forward")
+    assert spans[0][1:3] == pytest.approx((0.0, 1.0))
+    assert any(s[0] == 0 and s[3] == "idle" and s[1:3] == pytest.approx((1.0, 2.0)) for s in spans)
     assert (1, 0.0, 1.0, "idle") in spans  # the wait from -5 is cut at the pipeline's start
 
 
@@ -132,3 +133,25 @@ def test_simulated_schedules_have_exactly_the_formulas_bubble(schedule, p, m):
     spans = pipeline_timeline(p, m, schedule, forward=1.0, backward=2.0)
     assert len(spans) == 2 * p * m
     assert idle_fraction(spans, p) == pytest.approx(bubble_fraction(p, m))
+
+
+@pytest.mark.parametrize("micro_batches", [3, 7, 16])
+def test_uneven_micro_batches_are_weighted_by_size_and_exact(batch, micro_batches):
+    x, y = batch  # 16 rows: 3 and 7 do not divide them, 16 gives micro-batches of one row
+    pieces = mlp_stages(2, width=16)
+    loss, grads = pp.reference_gradients(pieces, x, y)
+    results = launch(pp.run_pipeline, 2, args=(pieces, x, y, micro_batches, "1F1B"))
+    assert results[1]["loss"] == pytest.approx(loss, abs=1e-12)
+    for g, want in zip(results[0]["grads"] + results[1]["grads"], grads, strict=True):
+        torch.testing.assert_close(g, want, atol=1e-10, rtol=0)
+
+
+def test_micro_batch_counts_that_cannot_work_are_refused_clearly(batch):
+    from course_lib import WorkerError
+    x, y = batch
+    with pytest.raises(WorkerError, match="micro_batches must be between 1 and the batch size"):
+        launch(pp.run_pipeline, 2, args=(mlp_stages(2), x, y, 17))
+    with pytest.raises(WorkerError, match="micro_batches must be between 1"):
+        launch(pp.run_pipeline, 2, args=(mlp_stages(2), x, y, 0))
+    with pytest.raises(WorkerError, match="does not divide into 3 equal parts"):
+        launch(pp.run_torch_pipeline, 2, args=(mlp_stages(2), x, y, 3))
