@@ -10,7 +10,7 @@ Each lesson puts a measurement next to a formula from here. One vocabulary throu
 * ``f``: the parallel fraction of a program; ``micro_batches``: a pipeline's m;
 * ``psi``: a model's parameter count (ZeRO's Psi).
 
-Sources: the lecture note on parallel ERM (sections 2-3), slides parts 1-3, and the papers in
+Sources: the lecture note on parallel ERM (section 2.4), slides parts 1-3, and the papers in
 the course's reference numbers (Amdahl, Gustafson, GPipe, Megatron-LM, ZeRO, nccl-tests).
 """
 
@@ -46,9 +46,20 @@ def fit_amdahl(p, speedups) -> float:
     return float(np.clip(np.dot(x, 1.0 - 1.0 / s) / np.dot(x, x), 0.0, 1.0))
 
 
+def fit_gustafson(p, speedups) -> float:
+    """Least-squares f in [0, 1] for Gustafson's law; S - 1 = f (p - 1) is linear in f."""
+    p, s = np.asarray(p, dtype=float), np.asarray(speedups, dtype=float)
+    if p.shape != s.shape or p.size == 0:
+        raise ValueError("p and speedups must be non-empty and of the same length")
+    x = p - 1.0
+    if not np.any(x > 0):
+        return 1.0  # one process only: nothing to fit
+    return float(np.clip(np.dot(x, s - 1.0) / np.dot(x, x), 0.0, 1.0))
+
+
 def probability_any_fails(p, q: float):
     """P(at least one of p independent workers fails), each with probability q: 1 - (1 - q)^p
-    (lecture note, section 3: the straggler effect)."""
+    (lecture note, section 2.4: the straggler effect)."""
     return 1.0 - (1.0 - q) ** torch.as_tensor(p, dtype=torch.float64)
 
 

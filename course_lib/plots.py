@@ -1,6 +1,6 @@
 """Figures every lesson shares: speedup and efficiency, convergence by step and by wall-clock.
 
-Lecture: "Parallel computing for empirical risk minimization", section 3 (speedup ratio: ideal
+Lecture: "Parallel computing for empirical risk minimization", section 2.4 (speedup ratio: ideal
 m, actual lower and flattening as m grows) and slides part 1 (speedup against processors).
 Each function returns a matplotlib Figure, draws the theory next to the measurement and works
 without a display.
@@ -16,7 +16,12 @@ import matplotlib.patches
 import matplotlib.pyplot as plt
 import numpy as np
 
-from course_lib.cost_models import amdahl_speedup, fit_amdahl
+from course_lib.cost_models import (
+    amdahl_speedup,
+    fit_amdahl,
+    fit_gustafson,
+    gustafson_speedup,
+)
 from course_lib.runtime.timing import Span, Timing
 
 STYLE = {
@@ -78,11 +83,14 @@ def _medians_and_errors(times):
 
 def plot_speedup(workers, times, *, title: str = "Speedup", label: str = "measured",
                  scaling: str = "strong", cores: int | None = None):
-    """Speedup and efficiency against the number of workers, with the ideal line and an Amdahl
-    fit. ``times[i]`` is the time with ``workers[i]`` workers (a Timing, a list of runs or a
-    number); ``workers`` must include 1, the baseline. ``scaling="weak"`` reads times of a
-    problem that grows with p (speedup = p T(1) / T(p)). Counts above ``cores`` are marked as
-    oversubscribed and left out of the Amdahl fit: they measure contention, not speedup.
+    """Speedup and efficiency against the number of workers, with the ideal line and the fitted
+    law: Amdahl's for strong scaling (fixed total work), Gustafson's for weak scaling (work
+    grows with p; speedup = p T(1) / T(p)). ``times[i]`` is the time with ``workers[i]`` workers
+    (a Timing, a list of runs or a number); ``workers`` must include 1, the baseline.
+
+    The law's one parameter f is fitted to every measured p > 1, and only when there are at
+    least two of them (a point more than the parameters). Counts above ``cores`` are drawn
+    hollow and shaded as oversubscribed: they measure processes sharing cores.
     """
     p = np.asarray(workers, dtype=float)
     if 1 not in list(workers):
@@ -94,31 +102,39 @@ def plot_speedup(workers, times, *, title: str = "Speedup", label: str = "measur
     work = p if scaling == "weak" else np.ones_like(p)
     speedup = work * t1 / med
     # a slower run (high time) gives a lower speedup: error bars swap ends
-    err = np.vstack([speedup - work * t1 / high, work * t1 / low - speedup])
-    real = p <= cores if cores is not None else np.ones_like(p, dtype=bool)
-    f = fit_amdahl(p[real], speedup[real])
+    err = np.abs(np.vstack([speedup - work * t1 / high, work * t1 / low - speedup]))
+    law, fit_f, model = (("Amdahl", fit_amdahl, amdahl_speedup) if scaling == "strong" else
+                         ("Gustafson", fit_gustafson, gustafson_speedup))
+    informative = p > 1  # S(1) = 1 whatever f is
+    f = fit_f(p[informative], speedup[informative]) if informative.sum() >= 2 else None
+    over = p > cores if cores is not None else np.zeros_like(p, dtype=bool)
     grid = np.linspace(1, p.max(), 100)
     with course_style():
         fig, (ax_s, ax_e) = plt.subplots(1, 2)
         ax_s.plot(grid, grid, label="ideal (S = p)", **THEORY)
-        ax_s.plot(grid, amdahl_speedup(grid, f), label=f"Amdahl fit, f = {f:.2f}",
-                  color="0.2", linestyle=":")
-        ax_s.errorbar(p, speedup, yerr=np.abs(err), marker="o", capsize=3, label=label)
+        ax_e.axhline(1.0, label="ideal", **THEORY)
+        fit_label = (f"{law} fit, f = {f:.2f} ({informative.sum()} points)" if f is not None
+                     else f"no {law} fit: needs 2 points with p > 1")
+        if f is not None:
+            ax_s.plot(grid, model(grid, f), label=fit_label, color="0.2", linestyle=":")
+            ax_e.plot(grid, model(grid, f) / grid, color="0.2", linestyle=":", label=f"{law} fit")
+        else:
+            ax_s.plot([], [], " ", label=fit_label)
+        for ax, values, errors in ((ax_s, speedup, err), (ax_e, speedup / p, err / p)):
+            line = ax.errorbar(p[~over], values[~over], yerr=errors[:, ~over], marker="o",
+                               capsize=3, label=label)
+            if over.any():
+                ax.errorbar(p[over], values[over], yerr=errors[:, over], marker="o", capsize=3,
+                            linestyle="none", mfc="white", color=line[0].get_color(),
+                            label=f"{label}, oversubscribed (> {cores} cores)")
+                ax.axvspan(cores + 0.5, p.max() + 0.5, color="0.93", zorder=0)
         ax_s.set(xlabel="workers p", ylabel="speedup S = T(1) / T(p)" if scaling == "strong"
                  else "scaled speedup p T(1) / T(p)", title=f"{title} ({scaling} scaling)")
-        ax_e.axhline(1.0, label="ideal", **THEORY)
-        ax_e.plot(grid, amdahl_speedup(grid, f) / grid, color="0.2", linestyle=":",
-                  label="Amdahl fit")
-        ax_e.plot(p, speedup / p, marker="o", label=label)
         ax_e.set(xlabel="workers p", ylabel="efficiency E = S / p", title="Efficiency",
                  ylim=(0, 1.15 * max(1.0, float(np.max(speedup / p)))))
-        if cores is not None and p.max() > cores:
-            for ax in (ax_s, ax_e):
-                ax.axvspan(cores + 0.5, p.max() + 0.5, color="0.9", zorder=0,
-                           label=f"oversubscribed (> {cores} cores)")
         for ax in (ax_s, ax_e):
             ax.set_xticks(p)
-            ax.legend()
+            ax.legend(fontsize=8)
         fig.tight_layout()
     return fig
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from course_lib import plots
-from course_lib.cost_models import amdahl_speedup
+from course_lib.cost_models import amdahl_speedup, gustafson_speedup
 from course_lib.runtime.timing import Timing
 
 
@@ -19,9 +19,13 @@ def test_plot_speedup_draws_measured_ideal_and_fit():
     assert "speedup" in speedup_ax.get_ylabel() and "efficiency" in efficiency_ax.get_ylabel()
 
 
-def test_plot_speedup_weak_scaling_and_errors():
-    fig = plots.plot_speedup([1, 2], [1.0, 1.0], scaling="weak")
+def test_plot_speedup_weak_scaling_fits_gustafson_and_errors():
+    p = [1, 2, 4]
+    times = [1.0] + [q / gustafson_speedup(q, 0.7) for q in p[1:]]  # T(p) = p T(1) / S(p)
+    fig = plots.plot_speedup(p, times, scaling="weak")
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert "weak" in fig.axes[0].get_title()
+    assert any("Gustafson fit, f = 0.70 (2 points)" in x for x in legend)
     with pytest.raises(ValueError, match="include 1"):
         plots.plot_speedup([2, 4], [1.0, 0.5])
     with pytest.raises(ValueError, match="scaling"):
@@ -75,11 +79,20 @@ def test_plot_gantt_draws_one_row_per_worker_and_a_legend_per_kind():
         plots.plot_gantt([])
 
 
-def test_amdahl_fit_ignores_oversubscribed_points():
+def test_the_fit_uses_every_measured_p_and_marks_the_oversubscribed_ones():
     p = [1, 2, 3]
-    times = [1.0, 1.0 / amdahl_speedup(2, 0.9), 5.0]  # p = 3 on 2 cores: contention
-    legend = plots.plot_speedup(p, times, cores=2).axes[0].get_legend().get_texts()
-    assert any("f = 0.90" in t.get_text() for t in legend)
+    times = [1.0] + [1.0 / amdahl_speedup(q, 0.9) for q in p[1:]]
+    legend = [t.get_text() for t in
+              plots.plot_speedup(p, times, cores=2).axes[0].get_legend().get_texts()]
+    assert any("Amdahl fit, f = 0.90 (2 points)" in x for x in legend)
+    assert any("oversubscribed (> 2 cores)" in x for x in legend)
+
+
+def test_no_fit_from_a_single_informative_point():
+    legend = [t.get_text() for t in
+              plots.plot_speedup([1, 2], [1.0, 0.6]).axes[0].get_legend().get_texts()]
+    assert any("no Amdahl fit: needs 2 points with p > 1" in x for x in legend)
+    assert not any("f =" in x for x in legend)
 
 
 def test_plot_rank_chunks_writes_every_cell_and_leaves_empty_ones_blank():
@@ -127,7 +140,7 @@ def test_plot_convergence_without_times_has_one_panel_with_its_own_x_label():
 def test_plot_gantt_can_label_model_time_units():
     ax = plots.plot_gantt([(0, 0.0, 1.0, "forward")], unit="forward steps").axes[0]
     assert ax.get_xlabel() == "time (forward steps)"
-    assert ax.patches[0].get_width() == 1.0  # not rescaled
+    assert ax.patches[0].get_width() == pytest.approx(1.0)  # not rescaled
 
 
 def test_plot_label_counts_draws_one_heatmap_per_partition():
