@@ -36,8 +36,8 @@ def test_all_reduce_on_two_ranks_equals_single_process_sum():
 
 
 def test_args_and_kwargs_reach_every_rank():
-    results = launch(workers.echo, 2, args=(1, "two"), kwargs={"three": [3.0]})
-    assert results == [(0, (1, "two"), {"three": [3.0]}), (1, (1, "two"), {"three": [3.0]})]
+    results = launch(workers.echo, 2, args=(1, "two"), kwargs={"three": [3]})
+    assert results == [(0, (1, "two"), {"three": [3]}), (1, (1, "two"), {"three": [3]})]
 
 
 def test_environment_is_set_as_torchrun_sets_it():
@@ -222,14 +222,15 @@ def test_rank_stuck_in_a_collective_raises_launch_timeout_naming_ranks(tmp_path)
         launch(workers.stuck_in_collective, 2, args=(str(tmp_path),), timeout=10)
     err = info.value
     assert err.ranks == [0, 1]
-    assert "rank(s) 0, 1 still running" in str(err)
-    assert "all_reduce" in err.stacks[0]  # where rank 0 was stuck
-    assert "closing barrier" in str(err)  # rank 1 had returned
+    assert ("rank 0 still in fn; rank 1 returned from fn and waited for the others in the "
+            "launcher's closing barrier.") in str(err)
+    assert "all_reduce" in err.stacks[0] and "Where rank 0 was" in str(err)
+    assert "finished" not in str(err).split(".")[0]  # nobody had finished: not said
     assert pids_alive(read_pids(tmp_path)) == []
 
 
 def test_endless_loop_raises_launch_timeout(tmp_path):
-    with pytest.raises(LaunchTimeout, match="after 8 s"):
+    with pytest.raises(LaunchTimeout, match="after 8 s: ranks 0, 1 still in fn"):
         launch(workers.endless_loop, 2, args=(str(tmp_path),), timeout=8)
     assert pids_alive(read_pids(tmp_path)) == []
 

@@ -123,19 +123,25 @@ def _main_thread_stack(dump: str) -> str:
 
 
 def timeout_error(timeout, running, returned, world_size, stacks):
-    ranks = ", ".join(map(str, running))
+    """The LaunchTimeout for ranks still ``running`` after ``timeout`` s (``returned``: those of
+    them that had returned from fn and wait for the others in the closing barrier)."""
+    def names(ranks):
+        return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+    in_fn = [r for r in running if r not in returned]
+    waiting = [r for r in running if r in returned]
     done = sorted(set(range(world_size)) - set(running))
-    finished = f"rank(s) {', '.join(map(str, done))} had finished" if done else "none had finished"
-    where = ""
-    for r in running:
-        if r in returned:
-            where += (f"\n\nRank {r} had returned from fn and was waiting for the other ranks "
-                      f"in the launcher's closing barrier.")
-        elif r in stacks:
-            where += f"\n\nWhere rank {r} was (most recent call first):\n{stacks[r]}"
+    state = [f"{names(in_fn)} still in fn"] if in_fn else []
+    if waiting:
+        state.append(f"{names(waiting)} returned from fn and waited for the others in the "
+                     f"launcher's closing barrier")
+    if done:
+        state.append(f"{names(done)} finished")
+    where = "".join(f"\n\nWhere rank {r} was (most recent call first):\n{stacks[r]}"
+                    for r in in_fn if r in stacks)
     return LaunchTimeout(
-        f"launch timed out after {timeout:g} s: rank(s) {ranks} still running ({finished}). "
-        f"A rank waiting in a collective usually means another rank never called the same "
-        f"collective, or called a different one; a rank in an endless loop never returns. If the "
-        f"work is simply long, pass a larger timeout=.{where}",
+        f"launch timed out after {timeout:g} s: {'; '.join(state)}. A rank waiting in a "
+        f"collective usually means another rank never called the same collective, or called a "
+        f"different one; a rank in an endless loop never returns. If the work is simply long, "
+        f"pass a larger timeout=.{where}",
         ranks=list(running), timeout=timeout, stacks=stacks)
