@@ -146,7 +146,9 @@ def time_ddp_steps(model_fn, x, y, local_batch: int, steps: int = 10, warmup: in
 
     ``with_sync``: normal steps (forward, backward with all-reduce overlapped, optimizer);
     ``no_sync``: the same steps inside ``no_sync`` (no all-reduce), so the difference estimates
-    what communication adds. Each rank uses ``threads`` CPU threads (m workers use m cores).
+    what synchronising adds. The two kinds alternate step by step, so that a machine getting
+    slower or faster during the run does not show up as a difference. Each rank uses
+    ``threads`` CPU threads (m workers use m cores).
     """
     torch.set_num_threads(threads)
     options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
@@ -155,10 +157,9 @@ def time_ddp_steps(model_fn, x, y, local_batch: int, steps: int = 10, warmup: in
     x, y = x.to(dev), y.to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     g = torch.Generator().manual_seed(dist.get_rank(group))
-    out = {}
-    for mode in ("with_sync", "no_sync"):
-        times = []
-        for step in range(warmup + steps):
+    out = {"with_sync": [], "no_sync": []}
+    for step in range(warmup + steps):
+        for mode, times in out.items():
             idx = torch.randint(0, len(y), (local_batch,), generator=g).to(dev)
             dist.barrier(group=group)
             synchronize(dev)
@@ -171,7 +172,6 @@ def time_ddp_steps(model_fn, x, y, local_batch: int, steps: int = 10, warmup: in
             synchronize(dev)
             if step >= warmup:
                 times.append(time.perf_counter() - start)
-        out[mode] = times
     return out
 
 

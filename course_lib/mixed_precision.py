@@ -15,7 +15,7 @@ import torch
 
 from course_lib.loss_scaling import LossScaler
 from course_lib.models import digits_mlp
-from course_lib.runtime.timing import Timing, measure
+from course_lib.runtime.timing import measure_interleaved
 
 PRECISIONS = ("fp32", "bf16", "fp16 + loss scaling", "fp16, no scaling")
 
@@ -94,10 +94,11 @@ def gradient_values(model, x, y) -> dict:
                 activations=torch.cat([a.flatten() for a in activations]))
 
 
-def time_training_step(precision: str, *, device: str = "cpu", width: int = 1024,
-                       depth: int = 4, batch: int = 256, repeats: int = 5,
-                       warmup: int = 2) -> Timing:
-    """Time one forward-backward-update step of a matrix-product-heavy MLP in a precision."""
+def training_step(precision: str, *, device: str = "cpu", width: int = 1024, depth: int = 4,
+                  batch: int = 256):
+    """One forward-backward-update step of a matrix-product-heavy MLP in a precision, as a
+    function to time (fresh model and random batch; the step is the same every call; its model
+    is ``step.model``)."""
     model = digits_mlp(width=width, depth=depth, inputs=width).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(batch, width, device=device)
@@ -116,4 +117,14 @@ def time_training_step(precision: str, *, device: str = "cpu", width: int = 1024
             scaler.step(opt)
             scaler.update()
 
-    return measure(step, repeats=repeats, warmup=warmup, device=device)
+    step.model = model  # what the step trains, for a look at it
+    return step
+
+
+def time_training_steps(precisions, *, device: str = "cpu", width: int = 1024, depth: int = 4,
+                        batch: int = 256, repeats: int = 20, warmup: int = 3) -> dict:
+    """Time a training step in each precision (precision -> ``Timing``), the precisions taking
+    turns so that the machine's slow moments fall on all of them alike."""
+    steps = {p: training_step(p, device=device, width=width, depth=depth, batch=batch)
+             for p in precisions}
+    return measure_interleaved(steps, repeats=repeats, warmup=warmup, device=device)

@@ -56,8 +56,20 @@ def test_gradient_values_are_the_weight_and_activation_gradients(digits):
     assert len(model[1]._forward_hooks) == 0  # the hooks are removed
 
 
-def test_time_training_step_measures_every_precision():
+def test_time_training_steps_measures_every_precision():
+    precisions = ("fp32", "bf16", "fp16 + loss scaling")
+    timings = mp.time_training_steps(precisions, width=32, depth=1, batch=8, repeats=2, warmup=1)
+    assert list(timings) == list(precisions)
+    assert all(len(t.times) == 2 and t.median > 0 for t in timings.values())
+
+
+def test_training_step_updates_the_model_in_every_precision():
     for precision in ("fp32", "bf16", "fp16 + loss scaling"):
-        timing = mp.time_training_step(precision, width=32, depth=1, batch=8, repeats=2,
-                                       warmup=1)
-        assert len(timing.times) == 2 and timing.median > 0
+        torch.manual_seed(0)
+        step = mp.training_step(precision, width=16, depth=1, batch=8)
+        before = [p.detach().clone() for p in step.model.parameters()]
+        step()
+        after = list(step.model.parameters())
+        assert all(p.dtype == torch.float32 for p in after)  # master weights stay fp32
+        assert all(torch.isfinite(p).all() for p in after)
+        assert any(not torch.allclose(a, b) for a, b in zip(after, before, strict=True)), precision

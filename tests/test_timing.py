@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from course_lib.runtime.timing import (
-    Span,
     Timeline,
     Timing,
     measure,
+    measure_interleaved,
     median_of_slowest,
     synchronize,
     to_spans,
@@ -23,10 +23,10 @@ def test_measure_warms_up_then_times_each_repeat():
 
 def test_median_quartiles_and_spread():
     t = Timing([5.0, 1.0, 3.0, 2.0, 4.0])
-    assert t.median == 3.0
-    assert t.quartiles == (2.0, 4.0)
-    assert t.spread == 2.0
-    assert Timing([0.5]).spread == 0.0
+    assert t.median == pytest.approx(3.0)
+    assert t.quartiles == pytest.approx((2.0, 4.0))
+    assert t.spread == pytest.approx(2.0)
+    assert Timing([0.5]).spread == pytest.approx(0.0)
 
 
 def test_str_reports_median_spread_and_runs():
@@ -46,7 +46,7 @@ def test_synchronize_on_cpu_is_a_no_op():
 
 
 def test_median_of_slowest_takes_the_last_rank_of_each_repeat():
-    assert median_of_slowest([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == 3.0
+    assert median_of_slowest([[1.0, 5.0, 2.0], [3.0, 1.0, 2.5]]) == pytest.approx(3.0)
 
 
 def test_timeline_records_spans_and_busy_time():
@@ -66,7 +66,20 @@ def test_to_spans_puts_lanes_on_one_clock_and_cuts_before_the_origin():
     a, b = Timeline(0, [("idle", 9.0, 10.5), ("forward", 10.5, 11.0)]), Timeline(1)
     b.add("backward", 11.0, 12.0)
     spans = to_spans([a, b], origin=10.0)
-    assert spans == [Span(0, 0.0, 0.5, "idle"), Span(0, 0.5, 0.5, "forward"),
-                     Span(1, 1.0, 1.0, "backward")]
-    assert to_spans([a, b])[0] == Span(0, 0.0, 1.5, "idle")  # default origin: earliest record
+    assert [(s.lane, s.kind) for s in spans] == [(0, "idle"), (0, "forward"), (1, "backward")]
+    assert [x for s in spans for x in (s.start, s.duration)] == pytest.approx([0, 0.5, 0.5, 0.5,
+                                                                                1, 1])
+    first = to_spans([a, b])[0]  # default origin: the earliest record
+    assert (first.lane, first.kind) == (0, "idle")
+    assert (first.start, first.duration) == pytest.approx((0.0, 1.5))
     assert to_spans([Timeline(0, [("idle", 1.0, 2.0)])], origin=3.0) == []  # ended before
+
+
+def test_measure_interleaved_takes_turns():
+    order = []
+    timings = measure_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                                  repeats=3, warmup=1)
+    assert order == ["a", "b"] + ["a", "b"] * 3  # warm-ups, then one of each per round
+    assert {name: len(t.times) for name, t in timings.items()} == {"a": 3, "b": 3}
+    with pytest.raises(ValueError):
+        measure_interleaved({"a": lambda: None}, repeats=0)

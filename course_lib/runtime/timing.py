@@ -1,6 +1,6 @@
 """Honest timing: warm-up, repeats, median and spread, with the GPU synchronised; timelines.
 
-Lecture: "Parallel computing for empirical risk minimization", section 3 (the speedup ratio is a
+Lecture: "Parallel computing for empirical risk minimization", section 2.4 (the speedup ratio is a
 ratio of measured times, so the times must be trustworthy). The first call of anything pays for
 imports, allocations and caches, and single runs on a shared machine vary by tens of percent:
 report the median of several runs and how far they spread.
@@ -79,6 +79,27 @@ def measure(fn, *, repeats: int = 5, warmup: int = 1, device=None) -> Timing:
         synchronize(device)
         times.append(time.perf_counter() - start)
     return Timing(times)
+
+
+def measure_interleaved(fns: dict, *, repeats: int = 5, warmup: int = 1,
+                        device=None) -> dict:
+    """Time several variants of one computation (name -> ``fn``) fairly: warm each up, then run
+    them in turn, ``repeats`` rounds, so that a slow spell of the machine (another process, a
+    clock change) falls on every variant alike instead of on whichever ran during it."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            synchronize(device)
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: Timing(t) for name, t in times.items()}
 
 
 def median_of_slowest(runs_per_rank) -> float:

@@ -1,0 +1,78 @@
+"""Saying what a run showed, truthfully: sentences printed from the values, and figures a reader
+sees without a running kernel.
+
+A lesson never types a measured number into its prose: the number changes with the machine and
+the seed, the prose would not. Code prints it, and a sentence that depends on it ("41% slower
+than the model", "0.93 ± 0.01 over 3 seeds") comes from these helpers. An interactive figure
+shows its default state as a saved picture and redraws that same picture when its controls
+move.
+"""
+
+from __future__ import annotations
+
+import statistics
+import uuid
+
+
+def percent_off(measured: float, expected: float, *, close: float = 0.05,
+                above: str = "above", below: str = "below") -> str:
+    """How ``measured`` stands against ``expected``, in words: "within 5% of", "41% above",
+    "12% below" (``above``/``below`` can say "slower than"/"faster than"). Finish the sentence
+    with what was expected: f"... {percent_off(t, model)} the model"."""
+    if expected == 0:
+        raise ValueError("expected is 0: a relative difference is undefined")
+    off = (measured - expected) / abs(expected)
+    if abs(off) <= close:
+        return f"within {close:.0%} of"
+    return f"{abs(off):.0%} {above if off > 0 else below}"
+
+
+def times_as(measured: float, reference: float, *, more: str = "faster",
+             less: str = "slower") -> str:
+    """A ratio in words: "1.7x faster than" when measured / reference = 1.7, "2.0x slower than"
+    when it is 0.5 (``more``/``less`` name the directions)."""
+    if measured <= 0 or reference <= 0:
+        raise ValueError(f"need positive values, got {measured} and {reference}")
+    ratio = measured / reference
+    return f"{ratio:.1f}x {more} than" if ratio >= 1 else f"{1 / ratio:.1f}x {less} than"
+
+
+def mean_spread(values, fmt: str = "{:.3g}", *, count: bool = True) -> str:
+    """Mean ± sample standard deviation over runs (seeds): "0.935 ± 0.004 (3 seeds)"; without
+    the "(3 seeds)" when ``count`` is False (a table that says it once)."""
+    values = [float(v) for v in values]
+    if not values:
+        raise ValueError("no values")
+    seeds = f" ({len(values)} seed{'s' if len(values) > 1 else ''})" if count else ""
+    if len(values) == 1:
+        return f"{fmt.format(values[0])}{seeds}"
+    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}{seeds}"
+
+
+def interactive_figure(draw, note: str = "", **controls):
+    """Show ``draw(**values)`` -- a function returning a matplotlib Figure -- as one figure with
+    the ipywidgets ``controls`` (name -> widget) under it. The figure of the controls' default
+    values is a plain image, so it is saved with the notebook and seen without a kernel; moving
+    a control redraws that same image in place, in a running notebook."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+    from IPython.display import display, update_display
+
+    handle = f"course-lib-figure-{uuid.uuid4().hex}"
+    figure = draw(**{name: control.value for name, control in controls.items()})
+    display(figure, display_id=handle)
+    plt.close(figure)
+
+    def redraw(change=None):
+        new = draw(**{name: control.value for name, control in controls.items()})
+        update_display(new, display_id=handle)
+        plt.close(new)
+
+    for control in controls.values():
+        control.observe(redraw, names="value")
+    box = widgets.VBox(list(controls.values()))
+    bundle = box._repr_mimebundle_()
+    # what a reader without a kernel sees in place of the controls: a sentence, not a repr
+    bundle["text/plain"] = note or ("(controls: " + ", ".join(controls) + " -- they redraw the "
+                                    "figure above in a running notebook)")
+    display(bundle, raw=True)

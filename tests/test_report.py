@@ -1,0 +1,56 @@
+"""Sentences from values and figures a reader sees (course_lib.report)."""
+
+import IPython.display
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import pytest
+
+from course_lib import report
+
+
+def test_percent_off_says_within_above_or_below():
+    assert report.percent_off(1.02, 1.0) == "within 5% of"
+    assert report.percent_off(1.41, 1.0) == "41% above"
+    assert report.percent_off(0.88, 1.0, above="slower", below="faster") == "12% faster"
+    assert report.percent_off(7.55, 4.54, close=0.1) == "66% above"
+    with pytest.raises(ValueError, match="undefined"):
+        report.percent_off(1.0, 0.0)
+
+
+def test_times_as_names_the_direction():
+    assert report.times_as(1.7, 1.0) == "1.7x faster than"
+    assert report.times_as(0.5, 1.0) == "2.0x slower than"
+    assert report.times_as(2.0, 1.0, more="more", less="less") == "2.0x more than"
+    with pytest.raises(ValueError):
+        report.times_as(0.0, 1.0)
+
+
+def test_mean_spread_over_seeds():
+    assert report.mean_spread([0.93, 0.94, 0.95], "{:.2f}") == "0.94 ± 0.01 (3 seeds)"
+    assert report.mean_spread([3.0]) == "3 (1 seed)"
+    assert report.mean_spread([20, 24, 22], "{:.0f}", count=False) == "22 ± 2"
+    with pytest.raises(ValueError):
+        report.mean_spread([])
+
+
+def test_interactive_figure_saves_one_picture_and_redraws_it_in_place(monkeypatch):
+    shown, updated, drawn = [], [], []
+
+    def draw(n):
+        drawn.append(n)
+        fig, ax = plt.subplots()
+        ax.plot(range(n))
+        return fig
+
+    monkeypatch.setattr(IPython.display, "display",
+                        lambda obj, **kw: shown.append((obj, kw)))
+    monkeypatch.setattr(IPython.display, "update_display",
+                        lambda obj, **kw: updated.append((obj, kw)))
+    slider = widgets.IntSlider(value=3, min=1, max=9)
+    report.interactive_figure(draw, n=slider)
+    (figure, figure_kw), (bundle, bundle_kw) = shown
+    assert isinstance(figure, plt.Figure) and drawn == [3]
+    assert bundle_kw == {"raw": True} and "redraw the figure above" in bundle["text/plain"]
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    slider.value = 5  # a reader moves the slider: the same display is redrawn
+    assert drawn == [3, 5] and updated[0][1]["display_id"] == figure_kw["display_id"]
