@@ -19,9 +19,9 @@ def problem():
 
 
 def test_staleness_aware_lr_divides_by_the_staleness():
-    assert fixed_lr(0.3, 7) == 0.3
-    assert a.staleness_aware_lr(0.3, 0) == 0.3
-    assert a.staleness_aware_lr(0.3, 1) == 0.3
+    assert fixed_lr(0.3, 7) == pytest.approx(0.3)
+    assert a.staleness_aware_lr(0.3, 0) == pytest.approx(0.3)
+    assert a.staleness_aware_lr(0.3, 1) == pytest.approx(0.3)
     assert a.staleness_aware_lr(0.3, 4) == pytest.approx(0.075)
 
 

@@ -80,8 +80,9 @@ def test_efficient_ring_trace_on_four_ranks_matches_the_lectures_pictures():
         assert [t[:2] for t in trace] == phases + [("all-gather", s) for s in (1, 2, 3)]
         after_reduce_scatter = trace[3][2]
         # rank r now owns the full sum of chunk (r + 1) mod p
-        assert after_reduce_scatter[(rank + 1) % p] == [float(total)] * 2
-        assert trace[-1][2] == [[float(total)] * 2] * p
+        assert after_reduce_scatter[(rank + 1) % p] == pytest.approx([total] * 2)
+        assert all(chunk == pytest.approx([total] * 2) for chunk in trace[-1][2])
+        assert len(trace[-1][2]) == p
 
 
 def test_ring_chunks_cover_the_vector_in_near_equal_parts():

@@ -58,7 +58,7 @@ def test_graphs_are_undirected():
 
 
 def test_consensus_distance():
-    assert sim.consensus_distance([torch.ones(3), torch.ones(3)]) == 0.0
+    assert sim.consensus_distance([torch.ones(3), torch.ones(3)]) == pytest.approx(0.0)
     assert sim.consensus_distance([torch.zeros(1), torch.full((1,), 2.0)]) == pytest.approx(1.0)
 
 

@@ -78,7 +78,7 @@ def _tiny_lesson(path):
                       "    return alpha / max(staleness, 1)\n    ### END SOLUTION"),
         new_code_cell("from course_lib.exercises.lesson06 import check_staleness_aware_lr\n\n"
                       "print(check_staleness_aware_lr(staleness_aware))\n"
-                      "### BEGIN HIDDEN TESTS\nassert staleness_aware(1.0, 4) == 0.25\n"
+                      "### BEGIN HIDDEN TESTS\nassert abs(staleness_aware(1.0, 4) - 0.25) < 1e-12\n"
                       "### END HIDDEN TESTS"),
     ]
     nb = hw.mark(new_notebook(cells=cells))

@@ -11,15 +11,15 @@ from course_lib import number_formats as nf
 def test_the_table_matches_the_reference_numbers():
     rows = {row["name"]: row for row in nf.format_table()}
     assert rows["fp16"]["max"] == 65504
-    assert rows["fp16"]["smallest_normal"] == 2.0 ** -14
-    assert rows["fp16"]["smallest_subnormal"] == 2.0 ** -24
-    assert rows["fp16"]["eps"] == 2.0 ** -10
+    assert rows["fp16"]["smallest_normal"] == pytest.approx(2.0 ** -14)
+    assert rows["fp16"]["smallest_subnormal"] == pytest.approx(2.0 ** -24)
+    assert rows["fp16"]["eps"] == pytest.approx(2.0 ** -10)
     assert rows["bf16"]["eps"] == 2.0 ** -7 and rows["bf16"]["max"] == pytest.approx(3.39e38,
                                                                                      rel=1e-3)
     assert rows["fp8 e4m3"]["max"] == 448 and rows["fp8 e5m2"]["max"] == 57344
-    assert rows["fp8 e4m3"]["smallest_subnormal"] == 2.0 ** -9
+    assert rows["fp8 e4m3"]["smallest_subnormal"] == pytest.approx(2.0 ** -9)
     assert rows["int8"]["max"] == 127 and rows["int8"]["bits"] == 8
-    assert rows["fp32"]["smallest_subnormal"] == 2.0 ** -149
+    assert rows["fp32"]["smallest_subnormal"] == pytest.approx(2.0 ** -149, rel=1e-6)
 
 
 @pytest.mark.parametrize("dtype, count", [(torch.float8_e4m3fn, 126), (torch.float8_e5m2, 123),
@@ -36,12 +36,13 @@ def test_positive_values_enumerates_every_finite_positive_value(dtype, count):
 
 def test_fraction_flushed_counts_zeros_subnormals_and_overflow():
     values = torch.tensor([1e-9, 1e-6, 1.0, 1e5], dtype=torch.float64)  # fp16: 0, sub, ok, inf
-    assert nf.fraction_flushed(values, torch.float16) == dict(zero=0.25, subnormal=0.25,
-                                                              overflow=0.25)
+    quarter = dict(zero=0.25, subnormal=0.25, overflow=0.25)
+    assert nf.fraction_flushed(values, torch.float16) == pytest.approx(quarter)
     scaled = nf.fraction_flushed(values, torch.float16, scale=2.0 ** 10)
-    assert scaled["zero"] == 0.0 and scaled["overflow"] == 0.25
-    assert nf.fraction_flushed(values, torch.bfloat16)["zero"] == 0.0
-    assert nf.fraction_flushed(torch.zeros(3), torch.float16)["zero"] != 1.0  # zeros are ignored
+    assert scaled["zero"] == pytest.approx(0.0) and scaled["overflow"] == pytest.approx(0.25)
+    assert nf.fraction_flushed(values, torch.bfloat16)["zero"] == pytest.approx(0.0)
+    # zeros are ignored
+    assert nf.fraction_flushed(torch.zeros(3), torch.float16)["zero"] != pytest.approx(1.0)
 
 
 def test_an_update_is_lost_in_fp16_from_a_ratio_of_2048():

@@ -14,7 +14,7 @@ from course_lib.runtime import torchrun as cluster
 def test_run_experiment_outside_torchrun_uses_launch():
     results = cluster.run_experiment(hello.hello_all_reduce, world_size=2)
     assert [r["rank"] for r in results] == [0, 1]
-    assert all(r["all_reduce_sum"] == hello.expected_sum(2) for r in results)
+    assert all(r["all_reduce_sum"] == pytest.approx(hello.expected_sum(2)) for r in results)
 
 
 def test_this_process_was_not_started_by_torchrun(monkeypatch):
