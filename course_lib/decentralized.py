@@ -3,7 +3,7 @@
 Slides "Parallel computing for machine learning", part 2 (decentralized network: peer-to-peer;
 each node computes a local gradient, pulls its neighbours' parameters, takes a weighted average,
 then steps; it converges — Lian et al. 2017 — at a rate set by how well the graph is connected,
-and not at all on a disconnected graph) and the lecture note's section 5 problem (seven workers
+and not at all on a disconnected graph) and the lecture note's problem 4.2 (seven workers
 on a graph). Local SGD (Lin et al. 2020): H local steps between averages.
 
 Every node is one rank of ``group`` (default: all ranks), node i = group rank i; its

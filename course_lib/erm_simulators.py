@@ -1,6 +1,6 @@
 """In-process simulators for the lecture note's two problems for the reader.
 
-Lecture note "Parallel computing for empirical risk minimization", section 5: (1) simulate
+Lecture note "Parallel computing for empirical risk minimization", section 4: (1) simulate
 Federated Averaging — q local steps per worker, the server averages the directions; (2) simulate
 decentralized optimisation — seven workers on a graph, each averages its neighbours' parameters,
 then takes a gradient step, and we monitor the average model.

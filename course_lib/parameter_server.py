@@ -1,6 +1,6 @@
 """The parameter server: one protocol for synchronous (lesson 2) and asynchronous (lesson 6) SGD.
 
-Lecture note "Parallel computing for empirical risk minimization", sections 2-3 (broadcast w ->
+Lecture note "Parallel computing for empirical risk minimization", section 2 (broadcast w ->
 each worker computes its local gradient -> the server aggregates and updates; O(dm) words on a
 star, O(d log m) on a tree) and slides part 2 (the parameter server of Li et al., OSDI 2014:
 client-server, message passing; workers **pull** w and **push** gradients; synchronous or

@@ -1,6 +1,6 @@
 """Checks for lesson 2's exercises: the lecture note's FedAvg and decentralized problems.
 
-Lecture note "Parallel computing for empirical risk minimization", section 5.
+Lecture note "Parallel computing for empirical risk minimization", sections 4.1 and 4.2.
 """
 
 from __future__ import annotations
