@@ -1,0 +1,102 @@
+"""The prose of the notebooks holds no measured number (issue: "every claim true").
+
+A number a run measures (a time, a bandwidth, a speedup, an accuracy) changes with the machine
+and the seed; typed into markdown it goes stale and then contradicts the output under it. Such
+numbers are printed by code, with the sentence that depends on them. This test reads every
+markdown cell and fails on a number with a unit of time (s, ms, µs, min), bandwidth (GB/s,
+MB/s), speedup (an attached × or x) or share (%) that is not in ``ALLOWED`` below: constants
+from a paper, the lecture, a formula, or a parameter the code sets, each with its reason.
+"""
+
+import json
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+# a number not inside a word, an exponent or a LaTeX group: 7.55 s, 0.74 GB/s, 41%, 1.87x, 8×
+_NUMBER = r"(?<![\w.^{}\\])\d+(?:[.,]\d+)*"
+_PATTERN = re.compile(
+    _NUMBER + r"(?:"
+    r"\s*(?:ms|µs|us|s|min|GB/s|MB/s|Gbit/s|Gb/s)(?![\w/])"  # time, bandwidth
+    r"|%"                                                     # share, accuracy
+    r"|[×x](?![\w])"                                          # speedup: 8×, 1.7x (not 2 × 2)
+    r"|\s*\\times\s*\$"                                       # LaTeX: $10\times$
+    r"|\s+times\s+(?:faster|slower|fewer|more|as)\b"          # 7.8 times faster
+    r")")
+
+# notebook prefix -> {the exact text matched: why it may stand in prose}
+ALLOWED = {
+    "01": {"95%": "the threshold the cell's own check asserts"},
+    "02": {"1%": "the lecture note's §2.4 example, quoted",
+           "60%": "the lecture note's §2.4 figure, quoted to correct it",
+           "39.5%": "1 - 0.99^50, a formula (also printed by the cell above it)",
+           "50%": "the union bound m q for the note's example, a formula"},
+    "03": {"1 ms": "reference numbers: gloo loopback latency seen elsewhere",
+           "1.5 GB/s": "reference numbers: gloo loopback bandwidth seen elsewhere",
+           "30%": "reference numbers: the noise to expect on a shared machine"},
+    "04": {"8×": "256 / 32, the batch ratio of the experiment's parameters",
+           "0.6%": "Goyal et al.: 8192 / 1.28 M images",
+           "38%": "512 / 1,347: the batch against the digits' training set"},
+    "05": {"20 ms": "the padded forward step, a parameter of the cell",
+           "40 ms": "the padded backward step, a parameter of the cell",
+           "10%": "a question's target bubble"},
+    "06": {"60 ms": "the window of the timeline figure, a parameter",
+           "1%": "nnz^2 / d for the sparse problem's parameters, a formula",
+           "500×": "DiLoCo's published reduction in communication"},
+    "07": {"67%": "Micikevicius et al.'s measured share of zeros, a paper's number",
+           "1x": "the break-even speedup"},
+    "08": {"99%": "the FedAvg paper's MNIST target",
+           "90%": "our target accuracy, a parameter",
+           "55%": "Zhao et al.'s largest drop, a paper's number",
+           "10%": "the closeness threshold percent_off is called with",
+           "25%": "a question's drop-out rate"},
+    "09": {"30%": "the attacker shares, parameters (10-30%)",
+           "20%": "the trimmed mean's trim, a parameter",
+           "10\\times$": "the boost factor of the attack, a parameter"},
+}
+
+
+def find_numbers(markdown: str) -> list[str]:
+    """Every number-with-a-unit the guard looks for in a piece of markdown."""
+    return [m.group(0).strip() for m in _PATTERN.finditer(markdown)]
+
+
+def markdown_cells(path):
+    cells = json.loads(path.read_text())["cells"]
+    return [(i, "".join(c["source"])) for i, c in enumerate(cells) if c["cell_type"] == "markdown"]
+
+
+def test_the_guard_catches_typed_measurements():
+    # the sentences the issue found, and their kin
+    caught = find_numbers("torchrun took 7.55 s against 4.54 s predicted; 1/β is 0.74 GB/s, "
+                          "the bus 0.49 GB/s; our ring is 1.87x faster; it reaches about 93%; "
+                          "10 kB all-reduces take 2.6 ms; 8× fewer steps; $10\\times$ the update; "
+                          "7.8 times fewer rounds")
+    assert caught == ["7.55 s", "4.54 s", "0.74 GB/s", "0.49 GB/s", "1.87x", "93%", "2.6 ms",
+                      "8×", "10\\times$", "7.8 times fewer"]
+
+
+def test_the_guard_leaves_shapes_exponents_and_names_alone():
+    assert find_numbers("a 2 × 2 mesh, weights of 32 × 16, global batch 128 × m, $2^{16}$ "
+                        "times smaller, $\\epsilon = 2^{-10}$, fp16, e4m3, 64 rows, lesson 03, "
+                        "x_train, 3 seeds, 0.5–1") == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_markdown_holds_no_measured_number(path):
+    allowed = ALLOWED.get(path.name[:2], {})
+    found = {}
+    for i, text in markdown_cells(path):
+        for number in find_numbers(text):
+            found.setdefault(number, []).append(i)
+    typed = {n: cells for n, cells in found.items() if n not in allowed}
+    assert not typed, (
+        f"{path.name}: markdown cells {typed} hold numbers with units. If a run measured them, "
+        "print them from code (course_lib.report helps with the sentence); if they are constants "
+        "from a paper, the lecture, a formula or a parameter, add them to ALLOWED with the reason.")
+    stale = set(allowed) - set(found)
+    assert not stale, f"{path.name}: ALLOWED lists {stale}, which no longer appear: remove them"
