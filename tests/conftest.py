@@ -13,8 +13,13 @@ def _live_children():
     live = []
     for p in psutil.Process().children(recursive=True):
         try:
+            command = " ".join(p.cmdline())
+            # the fork server of warm launches lives as long as this process (or its idle
+            # timeout) by design; the workers it forks are its children and are checked
             if (p.status() != psutil.STATUS_ZOMBIE
-                    and "multiprocessing.resource_tracker" not in " ".join(p.cmdline())):
+                    and "multiprocessing.resource_tracker" not in command
+                    and not ("course_lib.runtime.forkserver" in command
+                             and p.ppid() == os.getpid())):
                 live.append(p)
         except psutil.NoSuchProcess:
             pass

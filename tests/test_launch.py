@@ -18,6 +18,14 @@ from course_lib import LaunchTimeout, WorkerError, launch
 from course_lib.runtime import devices as D
 
 
+@pytest.fixture(autouse=True, params=["warm", "cold"])
+def start(request, monkeypatch):
+    """Every test of the launch contract runs with warm workers (forked by the fork server, on
+    Linux) and with cold ones (new interpreters)."""
+    monkeypatch.setenv("COURSE_LIB_LAUNCH", request.param)
+    return request.param
+
+
 def read_pids(pid_dir):
     return [int(p.read_text()) for p in Path(pid_dir).glob("*.pid")]
 
@@ -61,7 +69,7 @@ def test_more_workers_than_cores_warns_and_still_runs():
 
 # -- spawn, not fork; functions from a notebook cell ----------------------------------------------
 
-def test_workers_are_fresh_interpreters_not_forks(tmp_path, monkeypatch):
+def test_workers_never_see_what_the_launcher_imported(tmp_path, monkeypatch):
     (tmp_path / "only_in_parent.py").write_text("X = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import only_in_parent  # noqa: F401  (imported here, so a forked child would have it)

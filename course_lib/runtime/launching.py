@@ -3,8 +3,9 @@
 Lecture: "Parallel computing for machine learning", slides part 1 (message passing between
 processes). Every lesson that says "workers run in parallel" starts them here.
 
-``launch(fn, world_size)`` starts ``world_size`` fresh Python interpreters (never ``fork``),
-joins them into one process group and returns what each rank's ``fn`` returned. It is written
+``launch(fn, world_size)`` starts ``world_size`` fresh Python interpreters (never a fork of
+this process; on Linux, children of a fork server that has only imported torch), joins them
+into one process group and returns what each rank's ``fn`` returned. It is written
 against the ways notebook launchers fail elsewhere:
 
 * ``fn`` travels by value (cloudpickle), so a function defined in a notebook cell works and the
@@ -38,6 +39,7 @@ from pathlib import Path
 import cloudpickle
 import torch.distributed as dist
 
+from course_lib.runtime import forkserver
 from course_lib.runtime.devices import (
     choose_backend,
     loopback_interface,
@@ -117,25 +119,37 @@ def _pickle_job(fn, args, kwargs) -> bytes:
 
 # -- the workers ---------------------------------------------------------------------------------
 
-def _worker_env(rank, world_size, port, threads):
-    env = dict(os.environ)
-    env.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", ROLE_RANK=str(rank),
-        ROLE_WORLD_SIZE=str(world_size), MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port),
-        OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-        PYTHONUNBUFFERED="1", MPLBACKEND="Agg",
-    )
-    iface = loopback_interface()
-    if iface and "GLOO_SOCKET_IFNAME" not in os.environ:
-        env["GLOO_SOCKET_IFNAME"] = iface  # gloo must not pick an interface from the hostname
-    # the worker must import this very course_lib, installed or not
+def _base_env():
+    """This process's environment, for a Python that must import this very course_lib
+    (installed or not) and write its output unbuffered."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     package_parent = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
     return env
 
 
-def _start_worker(rank, jobdir, env):
+def _worker_env(rank, world_size, port, threads):
+    env = _base_env()
+    env.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", ROLE_RANK=str(rank),
+        ROLE_WORLD_SIZE=str(world_size), MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port),
+        OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), MPLBACKEND="Agg",
+    )
+    iface = loopback_interface()
+    if iface and "GLOO_SOCKET_IFNAME" not in os.environ:
+        env["GLOO_SOCKET_IFNAME"] = iface  # gloo must not pick an interface from the hostname
+    return env
+
+
+def _start_worker(rank, jobdir, env, server=None):
+    """Worker ``rank``: forked by the fork server when there is one (a warm start, see
+    ``forkserver``), else a new interpreter (a cold start)."""
+    if server is not None:
+        try:
+            return server.start(rank, jobdir, env)
+        except (OSError, RuntimeError):
+            pass  # the server is gone: this worker starts cold
     return subprocess.Popen(
         [sys.executable, "-m", "course_lib.runtime.worker", str(jobdir), str(rank)],
         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -219,7 +233,7 @@ def _supervise(procs, jobdir, timeout, lines):
 
 
 def launch(fn, world_size: int = 2, args=(), kwargs=None, backend: str = "auto",
-           timeout: float | None = 300):
+           timeout: float | None = 300, warm: bool = True):
     """Run ``fn(*args, **kwargs)`` on ``world_size`` worker processes; return their results.
 
     Inside ``fn`` the default process group is initialised (``dist.get_rank()``,
@@ -232,6 +246,11 @@ def launch(fn, world_size: int = 2, args=(), kwargs=None, backend: str = "auto",
     exits or dies, ``LaunchTimeout`` when ranks are still running after ``timeout`` seconds
     (``None``: no limit) and re-raises ``KeyboardInterrupt``; in every case all workers are
     stopped first.
+
+    ``warm`` (on Linux): the workers are forked by a fork server that has already imported
+    torch, so a launch starts in a fraction of a second; each worker is still an interpreter
+    that ran nothing before (see ``forkserver``). ``warm=False``, or ``COURSE_LIB_LAUNCH=cold``
+    in the environment, starts every worker as a new Python, as on other systems.
     """
     kwargs = {} if kwargs is None else kwargs
     _check_arguments(fn, world_size, args, kwargs, timeout)
@@ -254,10 +273,11 @@ def launch(fn, world_size: int = 2, args=(), kwargs=None, backend: str = "auto",
         Path(jobdir, "job.pkl").write_bytes(job)
         procs, pumps = [], []
         lines: queue.Queue = queue.Queue()
+        server = forkserver.server(_base_env()) if warm else None
         try:
             for rank in range(world_size):
                 proc = _start_worker(rank, jobdir, _worker_env(rank, world_size, store.port,
-                                                               threads))
+                                                               threads), server)
                 procs.append(proc)
                 for name in ("stdout", "stderr"):
                     pump = threading.Thread(target=_pump, daemon=True,
