@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from course_lib.client_batch import train_clients
 from course_lib.cost_models import federated_bytes_per_round
 from course_lib.models import DIGITS_MLP
 from course_lib.runtime.devices import device
@@ -150,25 +151,36 @@ def _sum_over_ranks(t, group=None):
 
 
 def fedavg_round(w, x, y, parts, chosen, local: LocalTraining, *, seed, round_, budgets=None,
-                 control: ControlVariates | None = None, model=DIGITS_MLP, group=None):
+                 control: ControlVariates | None = None, model=DIGITS_MLP, group=None,
+                 batched: bool = True):
     """One round of FedAvg: each client k in ``chosen`` trains from w on its rows ``parts[k]``
     (at most ``budgets[k]`` steps when given); returns the average of their models weighted by
     their number of rows -- FedAvg's new global model -- or None if nobody reported (every
-    chosen client dropped). On ranks, this rank trains the clients k % p == its rank and the
-    weighted sums are all-reduced."""
+    chosen client dropped). On ranks, this rank trains the clients k % p == its rank, one after
+    the other, and the weighted sums are all-reduced; in one process (``batched``) all clients
+    train at once (``client_batch.train_clients``: the same models, faster)."""
     rank, p = ((dist.get_rank(group), dist.get_world_size(group))
                if dist.is_available() and dist.is_initialized() else (0, 1))
     dev = device(group)
     w, x, y = w.to(dev), x.to(dev), y.to(dev)
     total = torch.zeros(len(w) + 1, dtype=w.dtype, device=dev)  # sum n_k w_k, and n_k
-    for k in chosen:
-        if k % p != rank:
-            continue  # another rank hosts this client
-        rows = parts[k].to(dev)
-        v, steps = client_update(
-            w, x[rows], y[rows], local, [seed, *_as_tuple(round_), k], model=model,
+    mine = [k for k in chosen if k % p == rank]  # the other clients are other ranks'
+    seeds = [[seed, *_as_tuple(round_), k] for k in mine]
+    if batched and p == 1 and hasattr(model, "loss_and_gradient_batched"):
+        V, steps = train_clients(
+            w, [(x[parts[k].to(dev)], y[parts[k].to(dev)]) for k in mine], local, seeds,
+            budgets=None if budgets is None else [budgets.get(k) for k in mine],
+            corrections=None if control is None else [control.correction(k) for k in mine],
+            model=model)
+        trained = zip(mine, V, steps, strict=True)
+    else:  # one client after the other; a generator, so each reads its correction in turn
+        trained = ((k, *client_update(
+            w, x[parts[k].to(dev)], y[parts[k].to(dev)], local, s, model=model,
             correction=None if control is None else control.correction(k),
-            max_steps=None if budgets is None else budgets.get(k))
+            max_steps=None if budgets is None else budgets.get(k)))
+            for k, s in zip(mine, seeds, strict=True))
+    for k, v, steps in trained:
+        rows = parts[k]
         if control is not None:
             control.update(k, w, v, steps, local.lr)
         total[:-1] += len(rows) * v
@@ -191,13 +203,13 @@ def straggler_budgets(chosen, parts, local: LocalTraining, share: float, seed: i
 def federated(split, parts, local: LocalTraining, *, rounds: int, fraction: float = 0.1,
               server=None, scaffold: bool = False, stragglers: float = 0.0,
               keep_partial: bool = False, target: float | None = None, seed: int = 0,
-              model=DIGITS_MLP, group=None) -> dict:
+              model=DIGITS_MLP, group=None, batched: bool = True) -> dict:
     """Federated training of ``model`` on ``split``; client k holds the training rows
     ``parts[k]``. ``server(w, average, state)`` is the server's step (default
     :func:`fedavg_server`). A share
     ``stragglers`` of each round's clients manage only part of their steps: they are dropped,
     or with ``keep_partial`` their partial work is averaged in (as FedProx does). Stops early
-    once test accuracy reaches ``target``.
+    once test accuracy reaches ``target``. ``batched``: see :func:`fedavg_round`.
 
     Returns the test ``accuracy`` after every round (index 0: before training), ``best`` (the
     best-so-far curve), ``rounds_to_target``, ``bytes_per_round``, ``seconds`` per round and the
@@ -219,7 +231,8 @@ def federated(split, parts, local: LocalTraining, *, rounds: int, fraction: floa
         if not keep_partial:  # dropped: the server does not wait for them
             chosen, budgets = [k for k in sampled if k not in budgets], None
         average = fedavg_round(w, x, y, parts, chosen, local, seed=seed, round_=r,
-                               budgets=budgets, control=control, model=model, group=group)
+                               budgets=budgets, control=control, model=model, group=group,
+                               batched=batched)
         if average is not None:  # else every chosen client dropped: keep w
             w = server(w, average, server_state)
         log["accuracy"].append(model.accuracy(w, x_test, y_test))
@@ -250,7 +263,7 @@ def fedsgd_step(split, parts, w, lr: float, model=DIGITS_MLP) -> torch.Tensor:
 
 def hierarchical(split, parts, edges, local: LocalTraining, *, cloud_rounds: int,
                  edge_rounds: int, fraction: float = 0.5, seed: int = 0,
-                 model=DIGITS_MLP) -> dict:
+                 model=DIGITS_MLP, batched: bool = True) -> dict:
     """Hierarchical FedAvg (the article's clients -> edge aggregators -> cloud), in one process.
 
     ``edges`` lists each edge's clients. Each cloud round, every edge starts from the cloud
@@ -270,7 +283,7 @@ def hierarchical(split, parts, edges, local: LocalTraining, *, cloud_rounds: int
                 chosen = [members[i] for i in
                           sample_clients(len(members), fraction, seed, (r, e, q))]
                 w_e = fedavg_round(w_e, x, y, parts, chosen, local, seed=seed,
-                                   round_=(r, e, q), model=model)
+                                   round_=(r, e, q), model=model, batched=batched)
                 log["client_to_edge"] += federated_bytes_per_round(len(chosen), d)
             edge_models.append(w_e)
             edge_sizes.append(sum(len(parts[k]) for k in members))

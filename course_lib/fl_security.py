@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from course_lib import federated as fl
+from course_lib.client_batch import train_clients
 from course_lib.models import DIGITS_MLP
 
 # -- privacy: what a gradient reveals --------------------------------------------------------------
@@ -190,16 +191,14 @@ def sign_flip(update: torch.Tensor, factor: float = 10.0) -> torch.Tensor:
 
 def client_updates(w, x, y, parts, chosen, local: fl.LocalTraining, seed, round_,
                    attackers=(), poison_labels=None, poison_update=None) -> torch.Tensor:
-    """Each chosen client's update w_k - w after its local SGD (``fl.client_update``), as rows.
-    Clients in ``attackers`` train on ``poison_labels(y)`` and send ``poison_update(update)``
-    (when those are given)."""
-    updates = []
-    for k in chosen:
-        rows, bad = parts[k], k in attackers
-        labels = poison_labels(y[rows]) if bad and poison_labels else y[rows]
-        v, _ = fl.client_update(w, x[rows], labels, local, [seed, round_, k])
-        updates.append(poison_update(v - w) if bad and poison_update else v - w)
-    return torch.stack(updates)
+    """Each chosen client's update w_k - w after its local SGD (``fl.client_update``; all
+    clients at once, ``client_batch.train_clients``), as rows. Clients in ``attackers`` train
+    on ``poison_labels(y)`` and send ``poison_update(update)`` (when those are given)."""
+    data = [(x[parts[k]], poison_labels(y[parts[k]]) if k in attackers and poison_labels
+             else y[parts[k]]) for k in chosen]
+    models, _ = train_clients(w, data, local, [[seed, round_, k] for k in chosen])
+    return torch.stack([poison_update(v - w) if k in attackers and poison_update else v - w
+                        for k, v in zip(chosen, models, strict=True)])
 
 
 def simulate_federation(split, parts, *, rounds: int, aggregator=mean, attackers=(),

@@ -145,6 +145,38 @@ class FlatMLP:
                 delta = (delta @ layers[i][0]) * (inputs[i] > 0)
         return loss.item(), torch.cat(grads[::-1])
 
+    def loss_and_gradient_batched(self, W, X, Y, weights):
+        """:meth:`loss_and_gradient` of k models at once, each on its own batch: ``W`` (k, d)
+        stacks the models, ``X`` (k, b, inputs) and ``Y`` (k, b) their batches, ``weights``
+        (k, b) each row's weight in its model's loss (1 / batch size for a row, 0 for padding
+        that evens out the batch sizes). The same backward pass, each product batched over the
+        k models. Returns the k losses and the (k, d) gradients."""
+        k, inputs = len(W), []
+        layers = []
+        start = 0
+        for a, b in zip(self.sizes[:-1], self.sizes[1:], strict=True):
+            layers.append((W[:, start:start + a * b].reshape(k, b, a),
+                           W[:, start + a * b:start + a * b + b]))
+            start += a * b + b
+        h = X.to(W.dtype)
+        for i, (weight, bias) in enumerate(layers):
+            inputs.append(h)
+            h = torch.baddbmm(bias[:, None, :], h, weight.transpose(1, 2))
+            if i < len(layers) - 1:
+                h = torch.relu(h)
+        log_p = torch.log_softmax(h, dim=2)
+        loss = -(log_p.gather(2, Y[..., None])[..., 0] * weights).sum(dim=1)
+        delta = log_p.exp()
+        delta.scatter_add_(2, Y[..., None], -torch.ones_like(delta[..., :1]))
+        delta *= weights[..., None]  # dQ/dZ of the last layer, each row with its weight
+        grads = []
+        for i in range(len(layers) - 1, -1, -1):
+            grads.append(torch.cat([(delta.transpose(1, 2) @ inputs[i]).flatten(1),
+                                    delta.sum(dim=1)], dim=1))
+            if i > 0:  # back through the ReLU that made inputs[i]
+                delta = (delta @ layers[i][0]) * (inputs[i] > 0)
+        return loss, torch.cat(grads[::-1], dim=1)
+
     def accuracy(self, w, x, y) -> float:
         with torch.no_grad():
             return (self.forward(w, x).argmax(dim=1) == y).double().mean().item()
