@@ -15,6 +15,9 @@ and beside them ``data`` (the digits, row shards), ``models`` (the course's netw
 sits beneath, by role: ``runtime`` (launch, the worker, torchrun, devices, machine report,
 timing), ``exercises`` (a module of checks per lesson and the grader), ``benchmarks``.
 
+Importing course_lib sets torch to one thread in this process (``runtime.machine.use_threads``:
+why, and how to change it); workers set their own threads when they start.
+
 A function that runs on ranks takes ``group=None`` (the default group) and uses only that
 group's ranks, so a lesson's algorithm can run inside a sub-group. Results share one
 vocabulary: ``losses`` per step, ``accuracy`` per round or epoch (index 0 before training),
@@ -22,5 +25,8 @@ vocabulary: ``losses`` per step, ``accuracy`` per round or epoch (index 0 before
 """
 
 from course_lib.runtime import LaunchTimeout, WorkerError, device, launch
+from course_lib.runtime.machine import use_threads
+
+use_threads()  # this process computes in one thread unless COURSE_LIB_THREADS says otherwise
 
 __all__ = ["launch", "device", "WorkerError", "LaunchTimeout"]

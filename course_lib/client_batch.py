@@ -23,14 +23,17 @@ import torch
 from course_lib.models import DIGITS_MLP
 
 
-def _mini_batches(n: int, local, seed, budget) -> list[torch.Tensor]:
-    """The row orders of one client's steps, drawn as ``client_update`` draws them."""
+def _mini_batches(n: int, local, seed, budget) -> torch.Tensor:
+    """The rows of one client's steps, drawn as ``client_update`` draws them, as a (steps,
+    batch) table: row t holds step t's rows, padded with -1 where a batch is short."""
     g = torch.Generator().manual_seed(int(np.random.default_rng(seed).integers(2 ** 62)))
-    batches = []
-    for _ in range(local.epochs):
-        order = torch.randperm(n, generator=g)
-        batches += [order] if local.batch is None else list(order.split(local.batch))
-    return batches if budget is None else batches[:budget]
+    width = n if local.batch is None else min(local.batch, n)
+    per_epoch = -(-n // width)  # ceil: the last batch of an epoch may be short
+    table = torch.full((local.epochs, per_epoch * width), -1, dtype=torch.long)
+    for epoch in range(local.epochs):
+        table[epoch, :n] = torch.randperm(n, generator=g)
+    table = table.view(local.epochs * per_epoch, width)
+    return table if budget is None else table[:budget]
 
 
 def train_clients(w, data, local, seeds, *, budgets=None, corrections=None, model=DIGITS_MLP):
@@ -50,21 +53,19 @@ def train_clients(w, data, local, seeds, *, budgets=None, corrections=None, mode
     schedules = [_mini_batches(len(x), local, s, b) for (x, _), s, b in
                  zip(data, seeds, budgets, strict=True)]
     steps = [len(s) for s in schedules]
-    longest, widest = max(steps), max(len(b) for s in schedules for b in s)
+    longest, widest = max(steps), max(s.shape[1] for s in schedules)
     # pad every client's data and every batch to one shape; padded rows weigh 0
     dev = w.device
     rows = max(len(x) for x, _ in data)
     X = torch.zeros(k, rows, data[0][0].shape[1], dtype=w.dtype, device=dev)
     Y = torch.zeros(k, rows, dtype=torch.long, device=dev)
-    for i, (x, y) in enumerate(data):
+    index = torch.full((longest, k, widest), -1, dtype=torch.long)
+    for i, ((x, y), schedule) in enumerate(zip(data, schedules, strict=True)):
         X[i, :len(x)], Y[i, :len(y)] = x.to(dev, w.dtype), y.to(dev)
-    index = torch.zeros(longest, k, widest, dtype=torch.long)
-    weight = torch.zeros(longest, k, widest, dtype=w.dtype)
-    for i, schedule in enumerate(schedules):
-        for t, batch in enumerate(schedule):
-            index[t, i, :len(batch)] = batch
-            weight[t, i, :len(batch)] = 1.0 / len(batch)  # the batch's mean
-    index, weight = index.to(dev), weight.to(dev)
+        index[:len(schedule), i, :schedule.shape[1]] = schedule
+    real = (index >= 0).to(w.dtype)
+    weight = real / real.sum(dim=2, keepdim=True).clamp(min=1)  # each batch's mean
+    index, weight = index.clamp(min=0).to(dev), weight.to(dev)
     active = (weight.sum(dim=2) > 0)[..., None]  # (steps, k, 1): client i still training
     clients = torch.arange(k, device=dev)[:, None]
     correction = torch.stack(list(corrections)).to(dev) if corrections is not None else None

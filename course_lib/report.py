@@ -5,12 +5,13 @@ A lesson never types a measured number into its prose: the number changes with t
 the seed, the prose would not. Code prints it, and a sentence that depends on it ("41% slower
 than the model", "0.93 ± 0.01 over 3 seeds") comes from these helpers. An interactive figure
 shows its default state as a saved picture and redraws that same picture when its controls
-move.
+move. A long sweep shows a progress bar while it runs, which collapses into one line when done.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 import uuid
 
 
@@ -76,3 +77,41 @@ def interactive_figure(draw, note: str = "", **controls):
     bundle["text/plain"] = note or ("(controls: " + ", ".join(controls) + " -- they redraw the "
                                     "figure above in a running notebook)")
     display(bundle, raw=True)
+
+
+def _in_a_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython comes with the notebooks
+        return False
+    return getattr(get_ipython(), "kernel", None) is not None
+
+
+def progress(iterable, description: str = "", total: int | None = None):
+    """Iterate over ``iterable``; in a notebook, show a progress bar while the loop runs and
+    replace it, when the loop ends, by one line: "description: 30 of 30 in 12.3 s". Outside
+    a notebook (a script, a test, CI's log) it shows and prints nothing."""
+    if not _in_a_kernel():
+        yield from iterable
+        return
+    import ipywidgets as widgets
+    from IPython.display import display, update_display
+
+    total = total if total is not None else len(iterable)
+    bar = widgets.IntProgress(value=0, min=0, max=max(total, 1), description=description,
+                              style={"description_width": "initial"})
+    label = widgets.Label(f"0 of {total}")
+    box, handle, start, done = widgets.HBox([bar, label]), f"progress-{uuid.uuid4().hex}", \
+        time.perf_counter(), 0
+    display(box, display_id=handle)
+    try:
+        for item in iterable:
+            yield item
+            done += 1
+            bar.value = done
+            label.value = f"{done} of {total}, {time.perf_counter() - start:.0f} s"
+    finally:  # also when the loop stops early or raises: the bar never stays behind
+        box.close()
+        update_display({"text/plain": f"{description}: {done} of {total} in "
+                                      f"{time.perf_counter() - start:.1f} s"},
+                       raw=True, display_id=handle)

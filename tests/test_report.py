@@ -54,3 +54,29 @@ def test_interactive_figure_saves_one_picture_and_redraws_it_in_place(monkeypatc
     assert "application/vnd.jupyter.widget-view+json" in bundle
     slider.value = 5  # a reader moves the slider: the same display is redrawn
     assert drawn == [3, 5] and updated[0][1]["display_id"] == figure_kw["display_id"]
+
+
+def test_progress_outside_a_notebook_only_iterates(capsys):
+    assert list(report.progress(range(4), "sweep")) == [0, 1, 2, 3]
+    assert capsys.readouterr().out == ""
+
+
+def test_progress_in_a_notebook_shows_a_bar_then_one_line(monkeypatch):
+    shown, updated = [], []
+    monkeypatch.setattr(report, "_in_a_kernel", lambda: True)
+    monkeypatch.setattr(IPython.display, "display", lambda obj, **kw: shown.append((obj, kw)))
+    monkeypatch.setattr(IPython.display, "update_display",
+                        lambda obj, **kw: updated.append((obj, kw)))
+    seen = []
+    for i in report.progress([10, 20, 30], "Table 2"):
+        seen.append(i)
+        bar = shown[0][0].children[0]
+        assert bar.value == len(seen) - 1  # counted once the step is done
+    assert seen == [10, 20, 30] and len(shown) == 1 and bar.value == 3
+    (line, kw), = updated
+    assert kw["display_id"] == shown[0][1]["display_id"] and kw["raw"]
+    assert line["text/plain"].startswith("Table 2: 3 of 3 in ")  # the bar collapsed to a line
+    with pytest.raises(ZeroDivisionError):  # a loop that fails still collapses its bar
+        for _ in report.progress([1, 0], "failing"):
+            1 / _
+    assert updated[-1][0]["text/plain"].startswith("failing: 1 of 2")

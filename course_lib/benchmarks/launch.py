@@ -1,4 +1,4 @@
-"""Benchmark: how long it takes to start workers and do one all-reduce, three ways.
+"""Benchmark: how long it takes to start workers and do one all-reduce, four ways.
 
 Lecture: slides part 1 (the costs of a parallel step: computation, communication,
 synchronisation; starting the workers is paid before any of them). Prints, asserts nothing:
@@ -6,8 +6,9 @@ synchronisation; starting the workers is paid before any of them). Prints, asser
     python -m course_lib.benchmarks.launch [--repeats 5] [--warmup 1]
 
 Each way runs the same job, ``one_all_reduce``, on 2 ranks, from a process that has already
-imported torch: :func:`course_lib.launch`; ``torchrun --standalone --nproc-per-node=2`` (a new
-command, as a student would type it); ``torch.multiprocessing.spawn``.
+imported torch: :func:`course_lib.launch` warm (workers forked by its fork server, which the
+warm-up run starts) and cold (``warm=False``: new interpreters); ``torchrun --standalone
+--nproc-per-node=2`` (a new command, as a student would type it); ``torch.multiprocessing.spawn``.
 """
 
 from __future__ import annotations
@@ -74,16 +75,18 @@ def run_with_spawn(world_size: int = 2) -> None:
     del store
 
 
-def run_with_launch(world_size: int = 2) -> None:
+def run_with_launch(world_size: int = 2, warm: bool = True) -> None:
     # gloo, as the torchrun and spawn runs use: on a GPU node "auto" would time NCCL's start-up
-    launch(one_all_reduce, world_size=world_size, backend="gloo", timeout=120)
+    launch(one_all_reduce, world_size=world_size, backend="gloo", timeout=120, warm=warm)
 
 
 def compare_launchers(world_size: int = 2, repeats: int = 5, warmup: int = 1,
-                      ways=("launch", "torchrun", "mp.spawn")) -> dict[str, Timing]:
+                      ways=("launch, warm", "launch, cold", "torchrun", "mp.spawn")
+                      ) -> dict[str, Timing]:
     """Time each way of running the job; returns name -> Timing."""
-    runners = {"launch": run_with_launch, "torchrun": run_with_torchrun,
-               "mp.spawn": run_with_spawn}
+    runners = {"launch, warm": run_with_launch,
+               "launch, cold": lambda p: run_with_launch(p, warm=False),
+               "torchrun": run_with_torchrun, "mp.spawn": run_with_spawn}
     unknown = set(ways) - set(runners)
     if unknown:
         raise ValueError(f"unknown launchers {sorted(unknown)}: choose from {sorted(runners)}")
@@ -94,10 +97,10 @@ def compare_launchers(world_size: int = 2, repeats: int = 5, warmup: int = 1,
 def format_comparison(timings: dict[str, Timing], reference: str = "torchrun") -> str:
     """A table of medians and spreads, with each median as a ratio of the reference's."""
     ref = timings[reference].median if reference in timings else None
-    rows = [f"{'launcher':<10} {'median':>9} {'IQR':>8} {'runs':>5}  ratio to {reference}"]
+    rows = [f"{'launcher':<13} {'median':>9} {'IQR':>8} {'runs':>5}  ratio to {reference}"]
     for name, t in timings.items():
         ratio = f"{t.median / ref:.2f}" if ref else "n/a"
-        rows.append(f"{name:<10} {t.median:>8.2f}s {t.spread:>7.2f}s {len(t.times):>5}  {ratio}")
+        rows.append(f"{name:<13} {t.median:>8.2f}s {t.spread:>7.2f}s {len(t.times):>5}  {ratio}")
     return "\n".join(rows)
 
 

@@ -16,6 +16,24 @@ import torch.distributed as dist
 from course_lib.runtime.devices import choose_backend, gpu_count, threads_per_worker, usable_cores
 
 
+def use_threads(threads: int | None = None) -> int:
+    """Set how many threads torch uses for this process's own computations (the notebook's
+    kernel; workers set theirs when they start) and return it.
+
+    The kit's default is one (``COURSE_LIB_THREADS`` changes it), set when ``course_lib`` is
+    imported. The lessons' models are small: a second thread gains little on an idle machine,
+    and when another process keeps a core busy (a browser, a second kernel, a shared CI
+    runner) torch's threads wait for each other at every operation, and a lesson measured at
+    16 s took 350 s. Lesson 00 measures this on your machine.
+    """
+    if threads is None:
+        threads = int(os.environ.get("COURSE_LIB_THREADS", "1"))
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
+    torch.set_num_threads(threads)
+    return threads
+
+
 def describe_machine() -> dict:
     """Cores, memory, GPUs and the backends torch.distributed can use here."""
     gpus = []
