@@ -56,6 +56,8 @@ def test_busy_process_is_gone_after_the_block():
     with busy_process() as proc:
         lowest = 19 if os.name == "posix" else psutil.IDLE_PRIORITY_CLASS
         assert psutil.Process(proc.pid).nice() == lowest
+        if os.name == "posix":  # its own session, as a program beside the kernel would be
+            assert os.getsid(proc.pid) != os.getsid(0)
     assert proc.poll() is not None
 
 

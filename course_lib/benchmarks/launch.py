@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from course_lib.report import progress
 from course_lib.runtime.devices import loopback_interface
 from course_lib.runtime.launching import LOOPBACK, launch
 from course_lib.runtime.timing import Timing, measure
@@ -90,8 +91,9 @@ def compare_launchers(world_size: int = 2, repeats: int = 5, warmup: int = 1,
     unknown = set(ways) - set(runners)
     if unknown:
         raise ValueError(f"unknown launchers {sorted(unknown)}: choose from {sorted(runners)}")
+    # a bar in a notebook (nothing in a script): the cold launchers take seconds each
     return {name: measure(lambda name=name: runners[name](world_size), repeats=repeats,
-                          warmup=warmup) for name in ways}
+                          warmup=warmup) for name in progress(ways, "launchers")}
 
 
 def format_comparison(timings: dict[str, Timing], reference: str = "torchrun") -> str:

@@ -6,7 +6,8 @@ Lecture: slides part 1 (processors and what shares them). Why the kit computes i
 threads for microseconds at a time, and the threads wait for each other at the end of every
 operation. When another process keeps a core busy -- a browser, a second kernel, a shared CI
 runner -- one of those threads waits for the operating system to give it the core back, at
-every operation. Prints, asserts nothing:
+every operation, and a thread's turn on a shared core lasts milliseconds. Prints, asserts
+nothing:
 
     python -m course_lib.benchmarks.threads [--repeats 3] [--steps 20]
 """
@@ -23,6 +24,7 @@ import psutil
 import torch
 
 from course_lib.models import digits_cnn
+from course_lib.report import progress
 from course_lib.runtime.devices import usable_cores
 from course_lib.runtime.timing import Timing, measure
 
@@ -42,8 +44,13 @@ def small_steps(steps: int = 20) -> None:
 
 @contextlib.contextmanager
 def busy_process():
-    """A process that keeps one core busy at the lowest priority while the block runs."""
-    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    """A process that keeps one core busy at the lowest priority while the block runs.
+
+    It runs in a session of its own, like a browser or another terminal's program beside a
+    notebook's kernel (Jupyter starts each kernel in a new session too). On Linux that matters:
+    the scheduler shares the cores fairly between sessions first ("autogroups"), so the lowest
+    priority only lowers a process against the others of its own session."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
     try:
         psutil.Process(proc.pid).nice(19 if os.name == "posix" else psutil.IDLE_PRIORITY_CLASS)
         yield proc
@@ -59,7 +66,7 @@ def compare_threads(threads=None, repeats: int = 3, steps: int = 20) -> dict:
     threads = threads or sorted({1, usable_cores()})
     before, timings = torch.get_num_threads(), {}
     try:
-        for load in ("idle", "busy"):
+        for load in progress(("idle", "busy"), "idle, then beside a busy process"):
             with busy_process() if load == "busy" else contextlib.nullcontext():
                 for n in threads:
                     torch.set_num_threads(n)
