@@ -1,3 +1,4 @@
+import collections
 import os
 import time
 
@@ -47,3 +48,23 @@ def pids_alive(pids):
         except psutil.NoSuchProcess:
             pass
     return alive
+
+
+# -- time per notebook -----------------------------------------------------------------------------
+# nbval reports each cell as a test; CI's log also gets each notebook's total, its cells' setup,
+# call and teardown summed (its kernel's start included). With -n 2, the reports of both
+# workers reach this hook in the main process.
+_notebook_seconds = collections.defaultdict(float)
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::")[0]
+    if path.endswith(".ipynb"):
+        _notebook_seconds[path] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _notebook_seconds:
+        terminalreporter.section("seconds per notebook (its cells' setup, call and teardown)")
+        for path, seconds in sorted(_notebook_seconds.items()):
+            terminalreporter.line(f"{seconds:7.1f} s  {path}")
