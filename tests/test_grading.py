@@ -192,3 +192,80 @@ def test_grading_a_real_lesson_gives_full_marks():
     lesson = ROOT / "notebooks" / "01_backprop.ipynb"
     full = hw.grade(lesson, lesson, cell_timeout=300)
     assert full["score"] == full["points"] >= 2, hw.summary(full)
+
+
+# -- hostile and malformed submissions ---------------------------------------------------------
+
+
+def test_a_copied_check_cell_never_scores_twice(tmp_path):
+    lesson = tmp_path / "lesson" / "tiny.ipynb"
+    lesson.parent.mkdir()
+    _tiny_lesson(lesson)
+    nb = nbformat.read(lesson, as_version=4)
+    nb.cells[2].source = "def aggregate(models, sizes):\n    return models[0]"  # wrong
+    # the student copies the second (solved) exercise's check cell, metadata and all, twice,
+    # and gives the first exercise's grade_id to a cell that only prints
+    nb.cells += [nbformat.from_dict(nb.cells[5]), nbformat.from_dict(nb.cells[5])]
+    fake = new_code_cell("print('correct')")
+    fake.metadata["nbgrader"] = dict(nb.cells[3].metadata["nbgrader"])
+    nb.cells.insert(1, fake)
+    nbformat.write(nb, tmp_path / "tiny.ipynb")
+    report = hw.grade(tmp_path / "tiny.ipynb", lesson, cell_timeout=60)
+    assert [e["score"] for e in report["exercises"]] == [0, 1] and report["score"] == 1
+    assert len(report["exercises"]) == 2
+
+
+def test_a_flood_of_bytes_in_few_outputs_is_capped(tmp_path):
+    lesson = tmp_path / "lesson" / "tiny.ipynb"
+    lesson.parent.mkdir()
+    _tiny_lesson(lesson)
+    flood = _submission(lesson, tmp_path / "tiny.ipynb",
+                        c1="import torch\nfor _ in range(500):\n    print('x' * 10**5)")
+    nb = nbformat.read(flood, as_version=4)
+    client = hw._client(nb, tmp_path, cell_timeout=60)
+    with client.setup_kernel():
+        client.execute_cell(nb.cells[1], 1)
+    kept = sum(len(out.get("text", "")) for out in nb.cells[1].outputs)
+    assert 0 < kept <= hw.MAX_OUTPUT_BYTES  # 50 MB printed in 500 outputs, at most 1 MB kept
+
+
+def test_bad_files_are_reported_and_the_rest_of_the_folder_is_graded(tmp_path):
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    _tiny_lesson(lessons / "tiny.ipynb")
+    nb = nbformat.read(lessons / "tiny.ipynb", as_version=4)
+    nbformat.write(nb, lessons / "other.ipynb")
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    shutil.copy(lessons / "tiny.ipynb", folder / "tiny.ipynb")  # the one good submission
+    (folder / "other.ipynb").write_text("{ not json")
+    (folder / "Tiny.ipynb").write_text("{}")                           # no such lesson
+    (folder / "notes.txt").write_text("hello")
+    (folder / "folder.ipynb").mkdir()
+    (folder / "../secret.ipynb").write_text("{}")
+    (folder / "link.ipynb").symlink_to(tmp_path / "secret.ipynb")
+    (folder / "weird name; rm -rf.ipynb").write_text(json.dumps({"cells": 5}))
+    out = tmp_path / "reports"
+    reports = {r["submission"].split("/")[-1]: r
+               for r in hw.grade_all(folder, lessons, out, cell_timeout=60)}
+    assert reports["tiny.ipynb"]["score"] == 2
+    errors = {name: r["error"] for name, r in reports.items() if "error" in r}
+    assert set(errors) == {"other.ipynb", "Tiny.ipynb", "notes.txt", "folder.ipynb",
+                           "link.ipynb", "weird name; rm -rf.ipynb"}
+    assert "not a valid notebook" in errors["other.ipynb"]
+    assert "no lesson of that name" in errors["Tiny.ipynb"]
+    assert "symbolic link" in errors["link.ipynb"] and "not a file" in errors["folder.ipynb"]
+    written = sorted(p.name for p in out.iterdir())
+    assert "tiny.json" in written and "weird_name__rm_-rf.error.txt" in written
+    assert all(p.parent == out for p in out.iterdir())
+
+
+def test_a_missing_or_empty_folder_is_an_error_not_a_zero(tmp_path):
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    _tiny_lesson(lessons / "tiny.ipynb")
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
+        hw.grade_all(tmp_path / "submisions", lessons, tmp_path / "reports")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty: nothing to grade"):
+        hw.grade_all(tmp_path / "empty", lessons, tmp_path / "reports")

@@ -36,6 +36,7 @@ HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS[^\n]*\n.*?^[ \t]*### END HID
                     r"(\n|$)", re.MULTILINE | re.DOTALL)
 STUB = 'raise NotImplementedError("write your solution here")\n'
 MAX_OUTPUTS = 200  # per cell: a cell that prints without end cannot fill the grader's memory
+MAX_OUTPUT_BYTES = 1_000_000  # per cell, counted over what is kept: few huge prints alike
 
 
 # -- authoring ---------------------------------------------------------------------------------
@@ -112,9 +113,23 @@ def _client(nb, cwd, cell_timeout):
     from nbclient import NotebookClient
 
     class CappedClient(NotebookClient):
+        kept_bytes: dict = {}
+
         def output(self, outs, msg, display_id, cell_index):
-            if len(outs) >= MAX_OUTPUTS:
+            content = msg.get("content", {})
+            size = len(json.dumps(content, default=str))
+            kept = self.kept_bytes.get(cell_index, 0) if outs else 0  # outs empty: a new run
+            if len(outs) >= MAX_OUTPUTS or kept >= MAX_OUTPUT_BYTES:
                 return None  # drop the rest: printing without end must not fill memory
+            if kept + size > MAX_OUTPUT_BYTES:
+                if msg["msg_type"] != "stream":
+                    return None
+                # the kernel batches prints into one message: keep its head, say so
+                room = max(MAX_OUTPUT_BYTES - kept - 200, 0)
+                msg = {**msg, "content": {**content, "text": content.get("text", "")[:room]
+                                          + "\n[output cut by the grader]\n"}}
+                size = MAX_OUTPUT_BYTES - kept
+            self.kept_bytes[cell_index] = kept + size
             return super().output(outs, msg, display_id, cell_index)
 
     timeout_error = dict(ename="CellTimeout", evalue=f"the cell ran longer than {cell_timeout} s "
@@ -152,14 +167,10 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
     source_nb = nbformat.read(source, as_version=4)
     graded = {e["grade_id"]: e for e in exercises(source_nb)}
     nb = nbformat.read(submission, as_version=4)
-    present = {_meta(c).get("grade_id"): i for i, c in enumerate(nb.cells)}
     results = {gid: dict(grade_id=gid, points=e["points"], score=0.0, feedback="not run")
                for gid, e in graded.items()}
-    for gid, e in graded.items():  # the instructor's check cells, hidden tests and all
-        if gid in present:
-            nb.cells[present[gid]] = copy.deepcopy(source_nb.cells[e["index"]])
-        else:
-            results[gid]["feedback"] = "the check cell is missing from the submission"
+    for gid in _place_check_cells(nb, source_nb, graded):
+        results[gid]["feedback"] = "the check cell is missing from the submission"
     client = _client(nb, Path(source).parent, cell_timeout)
     start = time.monotonic()
     earlier = None  # the last failure of an ungraded cell since the previous graded one
@@ -203,6 +214,23 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
     return report
 
 
+def _place_check_cells(nb, source_nb, graded) -> list[str]:
+    """Put the instructor's check cells (hidden tests and all) where the submission has them,
+    in place. The submission's own grading metadata is not trusted: only the first code cell
+    carrying an exercise's grade_id becomes its check cell; every other cell, a copy of a check
+    cell included, loses its grading metadata and runs as plain student code, so it can never
+    score. Returns the grade_ids the submission has no cell for."""
+    first = {}
+    for i, cell in enumerate(nb.cells):
+        meta = cell.get("metadata", {}).pop("nbgrader", None)
+        gid = meta.get("grade_id") if isinstance(meta, dict) else None
+        if cell.cell_type == "code" and gid in graded and gid not in first:
+            first[gid] = i
+    for gid, i in first.items():
+        nb.cells[i] = copy.deepcopy(source_nb.cells[graded[gid]["index"]])
+    return [gid for gid in graded if gid not in first]
+
+
 def _kernel_pid(client):
     try:
         return client.km.provisioner.process.pid
@@ -219,21 +247,61 @@ def summary(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _refusal(path: Path, source: Path) -> str | None:
+    """Why ``path`` can't be graded, or None. Checked before anything is read from it."""
+    if path.is_symlink():
+        return "a symbolic link: submit the notebook itself"
+    if not path.is_file():
+        return "not a file (a folder?): submit each lesson's notebook at the top of the folder"
+    if path.suffix != ".ipynb":
+        return "not a notebook (.ipynb)"
+    if not (Path(source) / path.name).is_file():
+        lessons = ", ".join(sorted(p.name for p in Path(source).glob("*.ipynb")))
+        return f"no lesson of that name to grade it against (lessons: {lessons})"
+    return None
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why ``path`` is not a valid notebook (invalid JSON, an unknown layout), or None."""
+    try:
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+    except Exception as error:  # noqa: BLE001 - whatever the reader raises, the file is bad
+        first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        return f"not a valid notebook ({type(error).__name__}: {first})"
+    return None
+
+
 def grade_all(submissions: Path, source: Path, out: Path, **limits) -> list[dict]:
     """Grade every notebook in ``submissions`` (a folder, or one file) against the lesson of
-    the same name in ``source``; write ``<name>.json`` and ``<name>.txt`` into ``out``."""
+    the same name in ``source``; write ``<name>.json`` and ``<name>.txt`` into ``out``.
+
+    A file that can't be graded -- a symbolic link, a folder, an oddly named file, a notebook
+    that isn't valid JSON -- is reported (``<name>.error.txt``, and a report with its reason)
+    and the rest are graded. A missing or empty ``submissions`` is an error, not a zero."""
     submissions, out = Path(submissions), Path(out)
+    if not submissions.exists():
+        raise FileNotFoundError(f"{submissions}: no such file or folder of submissions")
+    paths = [submissions] if not submissions.is_dir() else sorted(submissions.iterdir())
+    if not paths:
+        raise ValueError(f"{submissions} is empty: nothing to grade")
     out.mkdir(parents=True, exist_ok=True)
-    paths = [submissions] if submissions.is_file() else sorted(submissions.glob("*.ipynb"))
     reports = []
     for path in paths:
-        lesson = Path(source) / path.name
-        if not lesson.exists():
-            raise FileNotFoundError(f"{path.name}: no lesson of that name in {source} to grade "
-                                    f"it against")
-        report = grade(path, lesson, **limits)
-        (out / f"{path.stem}.json").write_text(json.dumps(report, indent=2))
-        (out / f"{path.stem}.txt").write_text(summary(report) + "\n")
-        print(summary(report))
+        why = _refusal(path, source) or _unreadable(path)
+        if why is not None:
+            report = dict(submission=path.name, error=why, exercises=[], score=0, points=0)
+            (out / f"{_safe_stem(path)}.error.txt").write_text(f"{path.name}: {why}\n")
+            print(f"{path.name}: NOT GRADED: {why}")
+        else:
+            report = grade(path, Path(source) / path.name, **limits)
+            (out / f"{_safe_stem(path)}.json").write_text(json.dumps(report, indent=2))
+            (out / f"{_safe_stem(path)}.txt").write_text(summary(report) + "\n")
+            print(summary(report))
         reports.append(report)
     return reports
+
+
+def _safe_stem(path: Path) -> str:
+    """A report's name from a submission's: letters, digits, '-', '_' and '.' only."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", path.stem).lstrip(".") or "unnamed"
