@@ -69,11 +69,3 @@ def pytest_terminal_summary(terminalreporter):
         for path, seconds in sorted(_notebook_seconds.items()):
             terminalreporter.line(f"{seconds:7.1f} s  {path}")
 
-
-def pytest_collection_modifyitems(config, items):
-    """With -n 2 (the README's test command), the notebooks run one after the other on one
-    worker, in order (a notebook's cells share a kernel), while the other worker runs the unit
-    tests: two notebooks, each with its own workers, never share the two cores."""
-    for item in items:
-        if item.nodeid.split("::")[0].endswith(".ipynb"):
-            item.add_marker(pytest.mark.xdist_group("notebooks"))
