@@ -13,6 +13,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from course_lib.exercises import grading as hw
+from course_lib.exercises import submissions as subs
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -247,7 +248,7 @@ def test_bad_files_are_reported_and_the_rest_of_the_folder_is_graded(tmp_path):
     (folder / "weird name; rm -rf.ipynb").write_text(json.dumps({"cells": 5}))
     out = tmp_path / "reports"
     reports = {r["submission"].split("/")[-1]: r
-               for r in hw.grade_all(folder, lessons, out, cell_timeout=60)}
+               for r in subs.grade_all(folder, lessons, out, cell_timeout=60)}
     assert reports["tiny.ipynb"]["score"] == 2
     errors = {name: r["error"] for name, r in reports.items() if "error" in r}
     assert set(errors) == {"other.ipynb", "Tiny.ipynb", "notes.txt", "folder.ipynb",
@@ -265,7 +266,46 @@ def test_a_missing_or_empty_folder_is_an_error_not_a_zero(tmp_path):
     lessons.mkdir()
     _tiny_lesson(lessons / "tiny.ipynb")
     with pytest.raises(FileNotFoundError, match="no such file or folder"):
-        hw.grade_all(tmp_path / "submisions", lessons, tmp_path / "reports")
+        subs.grade_all(tmp_path / "submisions", lessons, tmp_path / "reports")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="empty: nothing to grade"):
-        hw.grade_all(tmp_path / "empty", lessons, tmp_path / "reports")
+        subs.grade_all(tmp_path / "empty", lessons, tmp_path / "reports")
+
+
+def test_a_submission_that_rewrites_another_report_stops_grading_loudly(tmp_path):
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    _tiny_lesson(lessons / "tiny.ipynb")
+    out = tmp_path / "reports"
+    out.mkdir()
+    (out / "alice.txt").write_text("alice: 2 / 2 points\n")
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    nb = nbformat.read(lessons / "tiny.ipynb", as_version=4)
+    nb.cells[1].source = (f"import pathlib, torch\n"
+                          f"pathlib.Path({str(out / 'alice.txt')!r}).write_text('alice: 0')")
+    nbformat.write(nb, folder / "tiny.ipynb")
+    with pytest.raises(subs.Tampered, match="alice.txt"):
+        subs.grade_all(folder, lessons, out, cell_timeout=60)
+    assert (out / "tiny.TAMPERED.txt").read_text().strip() == str(out / "alice.txt")
+    assert not (out / "tiny.json").exists()  # no score for a submission that tampered
+
+
+def test_fingerprints_see_added_changed_and_removed_files_and_keep_the_executed_notebook(
+        tmp_path):
+    (tmp_path / "a").write_text("1")
+    (tmp_path / "b").write_text("2")
+    before = subs.fingerprint(tmp_path)
+    (tmp_path / "a").write_text("changed")
+    (tmp_path / "b").unlink()
+    (tmp_path / "c").write_text("new")
+    assert subs.changes(before, subs.fingerprint(tmp_path)) == [
+        str(tmp_path / n) for n in ("a", "b", "c")]
+    assert subs.changes(before, before) == []
+    lesson = tmp_path / "lesson" / "tiny.ipynb"
+    lesson.parent.mkdir()
+    _tiny_lesson(lesson)
+    hw.grade(lesson, lesson, cell_timeout=60, keep=tmp_path / "kept.ipynb")
+    kept = nbformat.read(tmp_path / "kept.ipynb", as_version=4)
+    assert any("correct" in "".join(o.get("text", "") for o in c.get("outputs", []))
+               for c in kept.cells if c.cell_type == "code")

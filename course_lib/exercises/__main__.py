@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nbformat
 
-from course_lib.exercises import grading
+from course_lib.exercises import grading, submissions
 
 
 def main(argv=None) -> int:
@@ -36,7 +36,7 @@ def main(argv=None) -> int:
         for path in grading.release(args.notebooks, args.target):
             print(f"wrote {path}")
     else:
-        grading.grade_all(args.submissions, args.source, args.out,
+        submissions.grade_all(args.submissions, args.source, args.out,
                           cell_timeout=args.cell_timeout, timeout=args.timeout)
     return 0
 

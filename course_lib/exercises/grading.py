@@ -156,7 +156,8 @@ def _first_line(error) -> str:
     return f"{ename}: {evalue}".strip().splitlines()[0][:500] if (ename or evalue) else str(error)
 
 
-def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900) -> dict:
+def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900,
+          keep: Path | None = None) -> dict:
     """Run a submitted notebook and score each exercise of its lesson ``source``.
 
     The graded cells are the instructor's (from ``source``, hidden tests included), whatever the
@@ -206,6 +207,8 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
             if gid in results:
                 results[gid].update(score=float(results[gid]["points"]), feedback="correct")
                 earlier = None
+    if keep is not None:  # the executed notebook, outputs capped, for audit
+        nbformat.write(nb, keep)
     report = dict(submission=str(submission), lesson=Path(source).name,
                   exercises=list(results.values()),
                   score=sum(r["score"] for r in results.values()),
@@ -245,63 +248,3 @@ def summary(report: dict) -> str:
     for r in report["exercises"]:
         lines.append(f"  {r['grade_id']:12s} {r['score']:g}/{r['points']:g}  {r['feedback']}")
     return "\n".join(lines)
-
-
-def _refusal(path: Path, source: Path) -> str | None:
-    """Why ``path`` can't be graded, or None. Checked before anything is read from it."""
-    if path.is_symlink():
-        return "a symbolic link: submit the notebook itself"
-    if not path.is_file():
-        return "not a file (a folder?): submit each lesson's notebook at the top of the folder"
-    if path.suffix != ".ipynb":
-        return "not a notebook (.ipynb)"
-    if not (Path(source) / path.name).is_file():
-        lessons = ", ".join(sorted(p.name for p in Path(source).glob("*.ipynb")))
-        return f"no lesson of that name to grade it against (lessons: {lessons})"
-    return None
-
-
-def _unreadable(path: Path) -> str | None:
-    """Why ``path`` is not a valid notebook (invalid JSON, an unknown layout), or None."""
-    try:
-        nb = nbformat.read(path, as_version=4)
-        nbformat.validate(nb)
-    except Exception as error:  # noqa: BLE001 - whatever the reader raises, the file is bad
-        first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-        return f"not a valid notebook ({type(error).__name__}: {first})"
-    return None
-
-
-def grade_all(submissions: Path, source: Path, out: Path, **limits) -> list[dict]:
-    """Grade every notebook in ``submissions`` (a folder, or one file) against the lesson of
-    the same name in ``source``; write ``<name>.json`` and ``<name>.txt`` into ``out``.
-
-    A file that can't be graded -- a symbolic link, a folder, an oddly named file, a notebook
-    that isn't valid JSON -- is reported (``<name>.error.txt``, and a report with its reason)
-    and the rest are graded. A missing or empty ``submissions`` is an error, not a zero."""
-    submissions, out = Path(submissions), Path(out)
-    if not submissions.exists():
-        raise FileNotFoundError(f"{submissions}: no such file or folder of submissions")
-    paths = [submissions] if not submissions.is_dir() else sorted(submissions.iterdir())
-    if not paths:
-        raise ValueError(f"{submissions} is empty: nothing to grade")
-    out.mkdir(parents=True, exist_ok=True)
-    reports = []
-    for path in paths:
-        why = _refusal(path, source) or _unreadable(path)
-        if why is not None:
-            report = dict(submission=path.name, error=why, exercises=[], score=0, points=0)
-            (out / f"{_safe_stem(path)}.error.txt").write_text(f"{path.name}: {why}\n")
-            print(f"{path.name}: NOT GRADED: {why}")
-        else:
-            report = grade(path, Path(source) / path.name, **limits)
-            (out / f"{_safe_stem(path)}.json").write_text(json.dumps(report, indent=2))
-            (out / f"{_safe_stem(path)}.txt").write_text(summary(report) + "\n")
-            print(summary(report))
-        reports.append(report)
-    return reports
-
-
-def _safe_stem(path: Path) -> str:
-    """A report's name from a submission's: letters, digits, '-', '_' and '.' only."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", path.stem).lstrip(".") or "unnamed"
