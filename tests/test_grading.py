@@ -309,3 +309,29 @@ def test_fingerprints_see_added_changed_and_removed_files_and_keep_the_executed_
     kept = nbformat.read(tmp_path / "kept.ipynb", as_version=4)
     assert any("correct" in "".join(o.get("text", "") for o in c.get("outputs", []))
                for c in kept.cells if c.cell_type == "code")
+
+
+def test_a_cell_that_ignores_interrupts_costs_only_itself(tmp_path):
+    lesson = tmp_path / "lesson" / "tiny.ipynb"
+    lesson.parent.mkdir()
+    _tiny_lesson(lesson)
+    stubborn = _submission(lesson, tmp_path / "tiny.ipynb", c1=(
+        "import signal, torch\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "while True:\n    pass"))
+    start = time.monotonic()
+    report = hw.grade(stubborn, lesson, cell_timeout=3)
+    assert time.monotonic() - start < 45
+    assert report["score"] == 2, hw.summary(report)  # the kernel was restarted, not waited on
+
+
+def test_a_kernel_that_dies_is_restarted_for_the_next_cells(tmp_path):
+    lesson = tmp_path / "lesson" / "tiny.ipynb"
+    lesson.parent.mkdir()
+    _tiny_lesson(lesson)
+    dying = _submission(lesson, tmp_path / "tiny.ipynb", c1="import os\nos.kill(os.getpid(), 9)")
+    report = hw.grade(dying, lesson, cell_timeout=30)
+    assert report["score"] == 2, hw.summary(report)
+    killer = _submission(lesson, tmp_path / "tiny2.ipynb",
+                         c2="import os\nos.kill(os.getpid(), 9)")   # dies in an exercise
+    report = hw.grade(killer, lesson, cell_timeout=30)
+    assert [e["score"] for e in report["exercises"]] == [0, 1], hw.summary(report)

@@ -188,18 +188,26 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
             try:
                 client.execute_cell(cell, i)
             except CellExecutionError as error:
+                why = _first_line(error)
+                if getattr(error, "ename", "") == "CellTimeout" and not _responsive(client):
+                    # the cell ignored the interrupt: only a new kernel frees the next cells
+                    _kill_children(kernel_pid)
+                    kernel_pid = _restart(client)
+                    why += " (it ignored the interrupt: the kernel was restarted, and later " \
+                           "cells ran without what earlier cells defined)"
                 if gid in results:
                     before = f" (an earlier cell failed: {earlier})" if earlier else ""
-                    results[gid]["feedback"] = _first_line(error) + before
+                    results[gid]["feedback"] = why + before
                     earlier = None
                 else:
-                    earlier = f"cell {i}: {_first_line(error)}"
+                    earlier = f"cell {i}: {why}"
                 continue
             except DeadKernelError:
                 if gid in results:
                     results[gid]["feedback"] = "the kernel died while this cell ran"
-                client.km.restart_kernel()
-                kernel_pid = _kernel_pid(client)
+                else:
+                    earlier = f"cell {i}: the kernel died (restarted: earlier cells' work lost)"
+                kernel_pid = _restart(client)
                 continue
             finally:
                 if kernel_pid:
@@ -232,6 +240,32 @@ def _place_check_cells(nb, source_nb, graded) -> list[str]:
     for gid, i in first.items():
         nb.cells[i] = copy.deepcopy(source_nb.cells[graded[gid]["index"]])
     return [gid for gid in graded if gid not in first]
+
+
+def _responsive(client, within: float = 5.0) -> bool:
+    """Whether the kernel answers a request that does nothing within ``within`` seconds."""
+    from jupyter_core.utils import run_sync
+
+    msg_id = client.kc.execute("pass", silent=True, store_history=False)
+    deadline = time.monotonic() + within
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            reply = run_sync(client.kc.get_shell_msg)(timeout=left)
+        except Exception:  # noqa: BLE001 - queue.Empty: no answer in time
+            return False
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return True
+    return False
+
+
+def _restart(client):
+    """A real restart: the kernel process is killed, a new one started, and the client waits
+    until it answers. Returns the new kernel's pid."""
+    from jupyter_core.utils import run_sync
+
+    run_sync(client.km.restart_kernel)(now=True)
+    run_sync(client.kc.wait_for_ready)(timeout=60)
+    return _kernel_pid(client)
 
 
 def _kernel_pid(client):
