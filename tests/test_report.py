@@ -80,3 +80,29 @@ def test_progress_in_a_notebook_shows_a_bar_then_one_line(monkeypatch):
         for _ in report.progress([1, 0], "failing"):
             1 / _
     assert updated[-1][0]["text/plain"].startswith("failing: 1 of 2")
+
+
+def test_saved_notebooks_keep_no_state_of_closed_progress_bars():
+    """A finished progress bar leaves one line of output and nothing in the notebook's saved
+    widget state: every saved widget model is one a displayed widget needs."""
+    import json
+    import re
+    from pathlib import Path
+
+    ref = re.compile(r"IPY_MODEL_([0-9a-f]+)")
+    for path in sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb")):
+        nb = json.loads(path.read_text())
+        state = (nb["metadata"].get("widgets", {})
+                 .get("application/vnd.jupyter.widget-state+json", {}).get("state", {}))
+        todo = [o["data"]["application/vnd.jupyter.widget-view+json"]["model_id"]
+                for c in nb["cells"] for o in c.get("outputs", [])
+                if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+        needed = set()
+        while todo:
+            model = todo.pop()
+            if model in state and model not in needed:
+                needed.add(model)
+                todo += ref.findall(json.dumps(state[model]))
+        assert set(state) == needed, f"{path.name}: state of {len(set(state) - needed)} " \
+                                     f"widgets no output shows (closed progress bars?)"
+        assert "IntProgressModel" not in {m["model_name"] for m in state.values()}, path.name
