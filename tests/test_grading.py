@@ -335,3 +335,26 @@ def test_a_kernel_that_dies_is_restarted_for_the_next_cells(tmp_path):
                          c2="import os\nos.kill(os.getpid(), 9)")   # dies in an exercise
     report = hw.grade(killer, lesson, cell_timeout=30)
     assert [e["score"] for e in report["exercises"]] == [0, 1], hw.summary(report)
+
+
+def test_hidden_tests_run_last_and_their_text_never_reaches_the_report(tmp_path):
+    lesson = tmp_path / "lesson" / "tiny.ipynb"
+    lesson.parent.mkdir()
+    _tiny_lesson(lesson)
+    # passes the visible check; in the hidden test, raises with the hidden test's own source
+    leaky = _submission(lesson, tmp_path / "tiny.ipynb", c4=(
+        "import inspect\n"
+        "def staleness_aware(alpha, staleness):\n"
+        "    caller = ''.join(inspect.stack()[1].code_context or [])\n"
+        "    if 'assert' in caller:\n"
+        "        raise ValueError('leaked: ' + caller)\n"
+        "    return alpha / max(staleness, 1)"))
+    report = hw.grade(leaky, lesson, cell_timeout=60, keep=tmp_path / "kept.ipynb")
+    first, second = report["exercises"]
+    assert first["score"] == 1 and second["score"] == 0
+    assert second["feedback"] == hw.HIDDEN_FAILED
+    assert "assert" not in json.dumps(report) and "0.25" not in json.dumps(report)
+    kept = nbformat.read(tmp_path / "kept.ipynb", as_version=4)
+    assert "BEGIN HIDDEN TESTS" in kept.cells[-1].source  # last, after every student cell
+    honest = hw.grade(lesson, lesson, cell_timeout=60)
+    assert honest["score"] == 2  # the lesson's own answers pass the hidden tests

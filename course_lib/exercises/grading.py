@@ -28,7 +28,15 @@ import time
 from pathlib import Path
 
 import nbformat
-import psutil
+
+from course_lib.exercises.kernels import (
+    HIDDEN_FAILED,
+    _kernel_pid,
+    _kill_children,
+    _responsive,
+    _restart,
+    _run_hidden,
+)
 
 SOLUTION = re.compile(r"^([ \t]*)### BEGIN SOLUTION[^\n]*\n.*?^[ \t]*### END SOLUTION[^\n]*(\n|$)",
                       re.MULTILINE | re.DOTALL)
@@ -36,6 +44,7 @@ HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS[^\n]*\n.*?^[ \t]*### END HID
                     r"(\n|$)", re.MULTILINE | re.DOTALL)
 STUB = 'raise NotImplementedError("write your solution here")\n'
 MAX_OUTPUTS = 200  # per cell: a cell that prints without end cannot fill the grader's memory
+HIDDEN_KEY = "course_lib_hidden_tests_of"  # cell metadata: the hidden tests of this exercise
 MAX_OUTPUT_BYTES = 1_000_000  # per cell, counted over what is kept: few huge prints alike
 
 
@@ -139,18 +148,6 @@ def _client(nb, cwd, cell_timeout):
                         resources={"metadata": {"path": str(cwd)}})
 
 
-def _kill_children(pid):
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return
-    for child in children:
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-
-
 def _first_line(error) -> str:
     ename, evalue = getattr(error, "ename", type(error).__name__), getattr(error, "evalue", "")
     return f"{ename}: {evalue}".strip().splitlines()[0][:500] if (ename or evalue) else str(error)
@@ -181,6 +178,14 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
             if cell.cell_type != "code":
                 continue
             gid = _meta(cell).get("grade_id") if _meta(cell).get("grade") else None
+            hidden_of = cell.metadata.get(HIDDEN_KEY)
+            if hidden_of is not None:  # its visible check passed: run it; else skip it
+                if results[hidden_of].get("visible_passed") and \
+                        _run_hidden(client, cell, i, kernel_pid):
+                    results[hidden_of].update(score=float(results[hidden_of]["points"]),
+                                              feedback="correct")
+                kernel_pid = _kernel_pid(client)  # a new one if the hidden tests needed it
+                continue
             if time.monotonic() - start > timeout:
                 if gid in results:
                     results[gid]["feedback"] = f"not run: the notebook passed its {timeout} s limit"
@@ -213,8 +218,13 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
                 if kernel_pid:
                     _kill_children(kernel_pid)  # workers a cell left behind
             if gid in results:
-                results[gid].update(score=float(results[gid]["points"]), feedback="correct")
+                if any(c.metadata.get(HIDDEN_KEY) == gid for c in nb.cells):
+                    results[gid].update(visible_passed=True, feedback=HIDDEN_FAILED)
+                else:
+                    results[gid].update(score=float(results[gid]["points"]), feedback="correct")
                 earlier = None
+    for result in results.values():
+        result.pop("visible_passed", None)
     if keep is not None:  # the executed notebook, outputs capped, for audit
         nbformat.write(nb, keep)
     report = dict(submission=str(submission), lesson=Path(source).name,
@@ -226,53 +236,31 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
 
 
 def _place_check_cells(nb, source_nb, graded) -> list[str]:
-    """Put the instructor's check cells (hidden tests and all) where the submission has them,
-    in place. The submission's own grading metadata is not trusted: only the first code cell
-    carrying an exercise's grade_id becomes its check cell; every other cell, a copy of a check
-    cell included, loses its grading metadata and runs as plain student code, so it can never
-    score. Returns the grade_ids the submission has no cell for."""
+    """Put the instructor's check cells where the submission has them, in place, and their
+    hidden tests at the end. The submission's own grading metadata is not trusted: only the
+    first code cell carrying an exercise's grade_id becomes its check cell; every other cell, a
+    copy of a check cell included, loses its grading metadata and runs as plain student code, so
+    it can never score. Returns the grade_ids the submission has no cell for."""
     first = {}
     for i, cell in enumerate(nb.cells):
+        cell.get("metadata", {}).pop(HIDDEN_KEY, None)  # only the grader marks hidden cells
         meta = cell.get("metadata", {}).pop("nbgrader", None)
         gid = meta.get("grade_id") if isinstance(meta, dict) else None
         if cell.cell_type == "code" and gid in graded and gid not in first:
             first[gid] = i
+    hidden_cells = []
     for gid, i in first.items():
-        nb.cells[i] = copy.deepcopy(source_nb.cells[graded[gid]["index"]])
+        check = copy.deepcopy(source_nb.cells[graded[gid]["index"]])
+        hidden = "".join(m.group(0) for m in HIDDEN.finditer(check.source))
+        check.source = HIDDEN.sub("", check.source)
+        nb.cells[i] = check
+        if hidden:
+            hidden_cells.append(nbformat.v4.new_code_cell(hidden, metadata={HIDDEN_KEY: gid}))
+    # Hidden tests run last, apart from the visible checks, and a report only says whether they
+    # passed: no cell runs after them whose error message (the student's code talking) could
+    # carry their text into a report.
+    nb.cells += hidden_cells
     return [gid for gid in graded if gid not in first]
-
-
-def _responsive(client, within: float = 5.0) -> bool:
-    """Whether the kernel answers a request that does nothing within ``within`` seconds."""
-    from jupyter_core.utils import run_sync
-
-    msg_id = client.kc.execute("pass", silent=True, store_history=False)
-    deadline = time.monotonic() + within
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            reply = run_sync(client.kc.get_shell_msg)(timeout=left)
-        except Exception:  # noqa: BLE001 - queue.Empty: no answer in time
-            return False
-        if reply["parent_header"].get("msg_id") == msg_id:
-            return True
-    return False
-
-
-def _restart(client):
-    """A real restart: the kernel process is killed, a new one started, and the client waits
-    until it answers. Returns the new kernel's pid."""
-    from jupyter_core.utils import run_sync
-
-    run_sync(client.km.restart_kernel)(now=True)
-    run_sync(client.kc.wait_for_ready)(timeout=60)
-    return _kernel_pid(client)
-
-
-def _kernel_pid(client):
-    try:
-        return client.km.provisioner.process.pid
-    except AttributeError:
-        return None
 
 
 def summary(report: dict) -> str:
