@@ -89,6 +89,15 @@ def _tiny_lesson(path):
     return nb
 
 
+@pytest.fixture
+def lesson(tmp_path):
+    """The tiny two-exercise lesson, written to tmp_path/lesson/tiny.ipynb."""
+    path = tmp_path / "lesson" / "tiny.ipynb"
+    path.parent.mkdir()
+    _tiny_lesson(path)
+    return path
+
+
 def _submission(lesson, path, **replace):
     """The lesson with some solution cells replaced (index -> new source)."""
     nb = nbformat.read(lesson, as_version=4)
@@ -98,19 +107,13 @@ def _submission(lesson, path, **replace):
     return path
 
 
-def test_grading_the_lesson_itself_gives_full_marks(tmp_path):
-    lesson = tmp_path / "lesson" / "tiny.ipynb"
-    lesson.parent.mkdir()
-    _tiny_lesson(lesson)
+def test_grading_the_lesson_itself_gives_full_marks(tmp_path, lesson):
     report = hw.grade(lesson, lesson, cell_timeout=60)
     assert report["score"] == report["points"] == 2
     assert [e["feedback"] for e in report["exercises"]] == ["correct", "correct"]
 
 
-def test_an_untouched_student_notebook_scores_zero_without_hanging(tmp_path):
-    lesson = tmp_path / "lesson" / "tiny.ipynb"
-    lesson.parent.mkdir()
-    _tiny_lesson(lesson)
+def test_an_untouched_student_notebook_scores_zero_without_hanging(tmp_path, lesson):
     hw.release(lesson.parent, tmp_path / "student")
     start = time.monotonic()
     report = hw.grade(tmp_path / "student" / "tiny.ipynb", lesson, cell_timeout=60)
@@ -119,10 +122,7 @@ def test_an_untouched_student_notebook_scores_zero_without_hanging(tmp_path):
     assert time.monotonic() - start < 60
 
 
-def test_one_wrong_answer_loses_exactly_that_exercise_and_says_why(tmp_path):
-    lesson = tmp_path / "lesson" / "tiny.ipynb"
-    lesson.parent.mkdir()
-    _tiny_lesson(lesson)
+def test_one_wrong_answer_loses_exactly_that_exercise_and_says_why(tmp_path, lesson):
     wrong = _submission(lesson, tmp_path / "tiny.ipynb", c2=(
         "def aggregate(models, sizes):\n    return torch.stack(models).mean(dim=0)"))
     report = hw.grade(wrong, lesson, cell_timeout=60)
@@ -131,10 +131,7 @@ def test_one_wrong_answer_loses_exactly_that_exercise_and_says_why(tmp_path):
     assert "plain mean" in first["feedback"]  # the check's explanation reaches the report
 
 
-def test_a_student_cannot_weaken_the_check_cells(tmp_path):
-    lesson = tmp_path / "lesson" / "tiny.ipynb"
-    lesson.parent.mkdir()
-    _tiny_lesson(lesson)
+def test_a_student_cannot_weaken_the_check_cells(tmp_path, lesson):
     cheat = _submission(lesson, tmp_path / "tiny.ipynb",
                         c4="def staleness_aware(alpha, staleness):\n"
                            "    return alpha / (staleness + 1)",
@@ -143,10 +140,7 @@ def test_a_student_cannot_weaken_the_check_cells(tmp_path):
     assert report["exercises"][1]["score"] == 0  # the instructor's check cell ran, not theirs
 
 
-def test_a_cell_that_never_returns_is_stopped_at_the_limit_and_graded(tmp_path):
-    lesson = tmp_path / "lesson" / "tiny.ipynb"
-    lesson.parent.mkdir()
-    _tiny_lesson(lesson)
+def test_a_cell_that_never_returns_is_stopped_at_the_limit_and_graded(tmp_path, lesson):
     stuck = _submission(lesson, tmp_path / "tiny.ipynb", c2="while True:\n    pass")
     start = time.monotonic()
     report = hw.grade(stuck, lesson, cell_timeout=5)
@@ -156,10 +150,7 @@ def test_a_cell_that_never_returns_is_stopped_at_the_limit_and_graded(tmp_path):
     assert second["score"] == 1  # the kernel was interrupted, not lost
 
 
-def test_endless_printing_and_leftover_workers_cost_nothing_else(tmp_path):
-    lesson = tmp_path / "lesson" / "tiny.ipynb"
-    lesson.parent.mkdir()
-    _tiny_lesson(lesson)
+def test_endless_printing_and_leftover_workers_cost_nothing_else(tmp_path, lesson):
     noisy = _submission(lesson, tmp_path / "tiny.ipynb", c1=(
         "import subprocess, sys, torch\n"
         "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
@@ -198,10 +189,7 @@ def test_grading_a_real_lesson_gives_full_marks():
 # -- hostile and malformed submissions ---------------------------------------------------------
 
 
-def test_a_copied_check_cell_never_scores_twice(tmp_path):
-    lesson = tmp_path / "lesson" / "tiny.ipynb"
-    lesson.parent.mkdir()
-    _tiny_lesson(lesson)
+def test_a_copied_check_cell_never_scores_twice(tmp_path, lesson):
     nb = nbformat.read(lesson, as_version=4)
     nb.cells[2].source = "def aggregate(models, sizes):\n    return models[0]"  # wrong
     # the student copies the second (solved) exercise's check cell, metadata and all, twice,
@@ -216,10 +204,7 @@ def test_a_copied_check_cell_never_scores_twice(tmp_path):
     assert len(report["exercises"]) == 2
 
 
-def test_a_flood_of_bytes_in_few_outputs_is_capped(tmp_path):
-    lesson = tmp_path / "lesson" / "tiny.ipynb"
-    lesson.parent.mkdir()
-    _tiny_lesson(lesson)
+def test_a_flood_of_bytes_in_few_outputs_is_capped(tmp_path, lesson):
     flood = _submission(lesson, tmp_path / "tiny.ipynb",
                         c1="import torch\nfor _ in range(500):\n    print('x' * 10**5)")
     nb = nbformat.read(flood, as_version=4)
@@ -311,10 +296,7 @@ def test_fingerprints_see_added_changed_and_removed_files_and_keep_the_executed_
                for c in kept.cells if c.cell_type == "code")
 
 
-def test_a_cell_that_ignores_interrupts_costs_only_itself(tmp_path):
-    lesson = tmp_path / "lesson" / "tiny.ipynb"
-    lesson.parent.mkdir()
-    _tiny_lesson(lesson)
+def test_a_cell_that_ignores_interrupts_costs_only_itself(tmp_path, lesson):
     stubborn = _submission(lesson, tmp_path / "tiny.ipynb", c1=(
         "import signal, torch\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
         "while True:\n    pass"))
@@ -324,10 +306,7 @@ def test_a_cell_that_ignores_interrupts_costs_only_itself(tmp_path):
     assert report["score"] == 2, hw.summary(report)  # the kernel was restarted, not waited on
 
 
-def test_a_kernel_that_dies_is_restarted_for_the_next_cells(tmp_path):
-    lesson = tmp_path / "lesson" / "tiny.ipynb"
-    lesson.parent.mkdir()
-    _tiny_lesson(lesson)
+def test_a_kernel_that_dies_is_restarted_for_the_next_cells(tmp_path, lesson):
     dying = _submission(lesson, tmp_path / "tiny.ipynb", c1="import os\nos.kill(os.getpid(), 9)")
     report = hw.grade(dying, lesson, cell_timeout=30)
     assert report["score"] == 2, hw.summary(report)
@@ -337,10 +316,7 @@ def test_a_kernel_that_dies_is_restarted_for_the_next_cells(tmp_path):
     assert [e["score"] for e in report["exercises"]] == [0, 1], hw.summary(report)
 
 
-def test_hidden_tests_run_last_and_their_text_never_reaches_the_report(tmp_path):
-    lesson = tmp_path / "lesson" / "tiny.ipynb"
-    lesson.parent.mkdir()
-    _tiny_lesson(lesson)
+def test_hidden_tests_run_last_and_their_text_never_reaches_the_report(tmp_path, lesson):
     # passes the visible check; in the hidden test, raises with the hidden test's own source
     leaky = _submission(lesson, tmp_path / "tiny.ipynb", c4=(
         "import inspect\n"
