@@ -1,34 +1,50 @@
-"""Homework tooling: nbgrader marks, student versions, grading (course_lib.exercises.grading)."""
+"""Homework: the editions, and a grader that assumes the submission is hostile
+(course_lib.exercises: editions, grading, sandbox, submissions).
+
+Each hostile submission below attacks in its second exercise's solution cell, after an honest
+first exercise: graded as if the attack were not there, the honest exercise keeps its point and
+the attacked one scores 0, no process is left and no file outside the reports changes.
+"""
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import nbformat
+import psutil
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+import course_lib
+from course_lib.exercises import editions, sandbox
 from course_lib.exercises import grading as hw
 from course_lib.exercises import submissions as subs
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+LIBRARY = Path(course_lib.__file__).resolve().parent
+if sandbox.unavailable():  # CI installs bubblewrap; elsewhere say what is missing, loudly
+    pytest.fail(f"the grader's tests need the sandbox: {sandbox.unavailable()}",
+                pytrace=False)
 
 
 def _solution_lines(source):
-    """The code lines inside the solution regions of a cell."""
+    """The distinctive code lines inside the solution regions of a cell or file."""
     lines = []
-    for block in re.findall(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", source, re.DOTALL):
-        lines += [line.strip() for line in block.splitlines() if line.strip()]
+    for match in editions.SOLUTION.finditer(source):
+        lines += [line.strip() for line in match.group(0).splitlines()[1:-1]
+                  if len(line.strip()) > 16 and not line.strip().startswith("#")]
     return lines
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
-def test_every_lesson_has_at_least_two_graded_exercises_marked_for_nbgrader(path):
+def test_every_lesson_has_two_graded_exercises_judged_outside_the_kernel(path):
     nb = nbformat.read(path, as_version=4)
     graded = hw.exercises(nb)
     assert len(graded) >= 2
@@ -37,50 +53,111 @@ def test_every_lesson_has_at_least_two_graded_exercises_marked_for_nbgrader(path
     for e in graded:
         cell = nb.cells[e["index"]]
         assert e["points"] > 0 and cell.metadata["nbgrader"]["locked"]
-        assert "check_" in cell.source  # a course_lib check explains what is wrong
+        assert hw._judges(path, nb, cell.source)  # every check in it has a judge outside
+        assert "HIDDEN TESTS" not in cell.source  # hidden cases are the judges' own
     assert hw.mark(nbformat.read(path, as_version=4)).cells == nb.cells  # marking is stable
 
 
-def test_student_versions_contain_no_solution_code_and_no_hidden_tests(tmp_path):
+def test_the_student_edition_holds_no_solution_text_anywhere(tmp_path):
     written = hw.release(ROOT / "notebooks", tmp_path)
     assert [p.name for p in written] == [p.name for p in LESSONS]
-    hidden_seen = 0
+    edition = {p: p.read_text() for p in tmp_path.rglob("*") if p.is_file()
+               and p.suffix in (".py", ".ipynb", ".md", ".txt", ".json")}
+    region = re.compile(r"^\s*### BEGIN SOLUTION", re.MULTILINE)
+    assert not any(region.search(text) for text in edition.values())
+    assert not (tmp_path / "notebooks" / "instructor_guide.md").exists()
+    blocks = [_solution_lines(cell.source) for path in LESSONS
+              for cell in nbformat.read(path, as_version=4).cells]
+    blocks += [_solution_lines(path.read_text()) for path in LIBRARY.rglob("*.py")]
+    assert sum(map(len, blocks)) >= 20
+    # a line the lessons show openly in their own code (``rank = dist.get_rank()``) is lesson
+    # material, not an answer; shown only in an output (a printed source) it is a leak
+    shown = {line.strip() for path in LESSONS for cell in nbformat.read(path, as_version=4).cells
+             if cell.cell_type == "code"
+             for line in editions.SOLUTION.sub("", cell.source).splitlines()}
+    for block in blocks:
+        lines = [line for line in block if line not in shown]
+        for path, text in edition.items():
+            found = [line for line in lines if line in text]
+            # one generic line (a buffer, a loop over parameters) is no answer; two lines of the
+            # same answer, or all of a short one, are
+            if found and (len(found) >= 2 or len(found) == len(lines)):
+                raise AssertionError(f"{path.relative_to(tmp_path)} holds {found}")
     for lesson_path, student_path in zip(LESSONS, written, strict=True):
         lesson = nbformat.read(lesson_path, as_version=4)
         student = nbformat.read(student_path, as_version=4)
         assert len(student.cells) == len(lesson.cells)  # in step with the lesson, cell by cell
+        exercising = False
         for theirs, ours in zip(lesson.cells, student.cells, strict=True):
-            hidden_seen += "BEGIN HIDDEN TESTS" in theirs.source
-            assert "BEGIN SOLUTION" not in ours.source and "HIDDEN TESTS" not in ours.source
-            for line in _solution_lines(theirs.source):
-                if len(line) > 12:  # short lines like "return x" also occur elsewhere
-                    assert line not in ours.source, f"{student_path.name}: {line!r} leaked"
+            exercising = exercising or "BEGIN SOLUTION" in theirs.source
             if "BEGIN SOLUTION" in theirs.source:
                 assert hw.STUB.strip() in ours.source
-            elif "BEGIN HIDDEN TESTS" not in theirs.source:
+            else:
                 assert ours.source == theirs.source
-            if ours.cell_type == "code":
+            if ours.cell_type == "code" and exercising:  # no output of an exercise, or after
                 assert ours.outputs == [] and ours.execution_count is None
-    assert hidden_seen >= 2  # the lessons do have hidden tests to remove
+            elif ours.cell_type == "code":  # the lesson's figures before them stay
+                assert ours.outputs == theirs.outputs
+
+
+def test_the_student_command_writes_the_edition_once_and_opens_it_with_its_library(tmp_path):
+    from course_lib.exercises.__main__ import open_student_edition
+
+    command = open_student_edition(tmp_path / "student", ROOT / "notebooks", start=False)
+    assert command[-3:] == ["jupyter", "lab", str(tmp_path / "student" / "notebooks")]
+    mine = tmp_path / "student" / "notebooks" / LESSONS[0].name
+    mine.write_text(mine.read_text().replace("write your solution here", "my work"))
+    open_student_edition(tmp_path / "student", ROOT / "notebooks", start=False)
+    assert "my work" in mine.read_text()  # a second run never overwrites a student's work
+    done = subprocess.run([sys.executable, "-c", "import course_lib; print(course_lib.__file__)"],
+                          env={**os.environ, "PYTHONPATH": str(tmp_path / "student")},
+                          capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert done.stdout.strip() == str(tmp_path / "student" / "course_lib" / "__init__.py")
+
+
+def test_the_student_library_imports_and_keeps_only_what_is_outside_solution_regions(tmp_path):
+    library = editions.student_library(LIBRARY, tmp_path / "course_lib")
+    stripped = editions.strip_source("def f():\n    ### BEGIN SOLUTION\n    return 42\n"
+                                     "    ### END SOLUTION\n")
+    assert "42" not in stripped and "NotImplementedError" in stripped
+    modules = sorted(".".join(p.relative_to(tmp_path).with_suffix("").parts)
+                     for p in library.rglob("*.py") if p.name not in ("__main__.py",))
+    code = ("import importlib, sys\nfor m in sys.argv[1:]:\n"
+            "    importlib.import_module(m.removesuffix('.__init__'))\n"
+            "import course_lib; print(course_lib.__file__)")
+    done = subprocess.run([sys.executable, "-c", code, *modules], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str(library / "__init__.py")  # the edition's, not ours
+
+
+ROUND = (  # the right answer to the tiny lesson's second exercise
+    "def fp16_round(x, generator):\n"
+    "    lo = x.half()\n"
+    "    lo = torch.where(lo.double() > x, torch.nextafter(lo, torch.tensor(-float('inf'), "
+    "dtype=lo.dtype)), lo)\n"
+    "    hi = torch.nextafter(lo, torch.tensor(float('inf'), dtype=lo.dtype))\n"
+    "    hi = torch.where(lo.double() == x, lo, hi)\n"
+    "    gap = (hi.double() - lo.double()).clamp(min=1e-300)\n"
+    "    up = torch.rand(x.shape, generator=generator, dtype=x.dtype) * gap < x - lo.double()\n"
+    "    return torch.where(up, hi, lo).double()\n")
+WRONG = "def fp16_round(x, generator):\n    return x.half().double()\n"  # round to nearest
 
 
 def _tiny_lesson(path):
-    """A two-exercise lesson that runs in seconds, with course_lib checks."""
+    """A two-exercise lesson that runs in seconds, with course_lib's checks: a number from the
+    run (cells 2-3) and a function (cells 4-5)."""
+    solution = ROUND.replace("def fp16_round(x, generator):\n",
+                             "def fp16_round(x, generator):\n    ### BEGIN SOLUTION\n")
     cells = [
         new_markdown_cell("# Tiny lesson"),
-        new_code_cell("import torch"),
-        new_code_cell("def aggregate(models, sizes):\n    ### BEGIN SOLUTION\n"
-                      "    n = sum(sizes)\n"
-                      "    return sum(k / n * w for k, w in zip(sizes, models))\n"
-                      "    ### END SOLUTION"),
-        new_code_cell("from course_lib.exercises.lesson08 import check_weighted_average\n\n"
-                      "print(check_weighted_average(aggregate))"),
-        new_code_cell("def staleness_aware(alpha, staleness):\n    ### BEGIN SOLUTION\n"
-                      "    return alpha / max(staleness, 1)\n    ### END SOLUTION"),
-        new_code_cell("from course_lib.exercises.lesson06 import check_staleness_aware_lr\n\n"
-                      "print(check_staleness_aware_lr(staleness_aware))\n"
-                      "### BEGIN HIDDEN TESTS\nassert abs(staleness_aware(1.0, 4) - 0.25) < 1e-12\n"
-                      "### END HIDDEN TESTS"),
+        new_code_cell("import torch\n\ngrads = torch.tensor([1e-3, 2.0, -300.0])"),
+        new_code_cell("### BEGIN SOLUTION\nk = 7\n### END SOLUTION"),
+        new_code_cell("from course_lib.exercises.lesson07 import check_fp16_stochastic_round, "
+                      "check_safe_scale\n\nprint(check_safe_scale(k, grads))"),
+        new_code_cell(solution + "    ### END SOLUTION"),
+        new_code_cell("print(check_fp16_stochastic_round(fp16_round))"),
     ]
     nb = hw.mark(new_notebook(cells=cells))
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
@@ -99,7 +176,7 @@ def lesson(tmp_path):
 
 
 def _submission(lesson, path, **replace):
-    """The lesson with some solution cells replaced (index -> new source)."""
+    """The lesson with some cells replaced (c<index> -> new source)."""
     nb = nbformat.read(lesson, as_version=4)
     for index, source in replace.items():
         nb.cells[int(index[1:])].source = source
@@ -107,57 +184,214 @@ def _submission(lesson, path, **replace):
     return path
 
 
-def test_grading_the_lesson_itself_gives_full_marks(tmp_path, lesson):
+def _marked(marker):
+    """Processes anywhere on this machine whose command line holds ``marker``."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if marker in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid():
+            found.append(p.pid)
+    return found
+
+
+def _attack(tmp_path, lesson, attack, **grade_args):
+    """Grade a submission whose first exercise is right and whose second exercise's solution
+    cell is a wrong answer plus ``attack``; check that nothing outside the reports changed."""
+    watched = (lesson.parent, LIBRARY, ROOT / "notebooks")
+    before = subs.fingerprint(*watched)
+    path = _submission(lesson, tmp_path / "tiny.ipynb", c4=WRONG + attack)
+    report = hw.grade(path, lesson, keep=tmp_path / "kept.ipynb",
+                      **{"cell_timeout": 30, **grade_args})
+    assert subs.changes(before, subs.fingerprint(*watched)) == []
+    return report
+
+
+def _scores(report):
+    return [e["score"] for e in report["exercises"]]
+
+
+def test_grading_the_lesson_itself_gives_full_marks(lesson):
     report = hw.grade(lesson, lesson, cell_timeout=60)
-    assert report["score"] == report["points"] == 2
+    assert report["score"] == report["points"] == 2, hw.summary(report)
     assert [e["feedback"] for e in report["exercises"]] == ["correct", "correct"]
+    assert report["ungraded_errors"] == []
 
 
-def test_an_untouched_student_notebook_scores_zero_without_hanging(tmp_path, lesson):
+def test_an_untouched_student_notebook_scores_zero_failing_only_in_its_exercises(tmp_path,
+                                                                                  lesson):
     hw.release(lesson.parent, tmp_path / "student")
-    start = time.monotonic()
-    report = hw.grade(tmp_path / "student" / "tiny.ipynb", lesson, cell_timeout=60)
+    report = hw.grade(tmp_path / "student" / "notebooks" / "tiny.ipynb", lesson, cell_timeout=60)
     assert report["score"] == 0 and report["points"] == 2
-    assert all("NotImplementedError" in e["feedback"] for e in report["exercises"])
-    assert time.monotonic() - start < 60
+    assert all("NameError" in e["feedback"] or "NotImplementedError" in e["feedback"]
+               for e in report["exercises"]), hw.summary(report)
+    # only a solution cell fails outside the checks: cell 2 (its stub raises at once; cell 4
+    # only defines a function whose body raises)
+    assert [f["cell"] for f in report["ungraded_errors"]] == [2]
 
 
 def test_one_wrong_answer_loses_exactly_that_exercise_and_says_why(tmp_path, lesson):
-    wrong = _submission(lesson, tmp_path / "tiny.ipynb", c2=(
-        "def aggregate(models, sizes):\n    return torch.stack(models).mean(dim=0)"))
+    wrong = _submission(lesson, tmp_path / "tiny.ipynb", c2="k = 8")
     report = hw.grade(wrong, lesson, cell_timeout=60)
-    first, second = report["exercises"]
-    assert (first["score"], second["score"], report["score"]) == (0, 1, 1)
-    assert "plain mean" in first["feedback"]  # the check's explanation reaches the report
+    assert _scores(report) == [0, 1]
+    assert "becomes inf" in report["exercises"][0]["feedback"]  # the judge's explanation
 
 
-def test_a_student_cannot_weaken_the_check_cells(tmp_path, lesson):
-    cheat = _submission(lesson, tmp_path / "tiny.ipynb",
-                        c4="def staleness_aware(alpha, staleness):\n"
-                           "    return alpha / (staleness + 1)",
-                        c5="print('correct')")
-    report = hw.grade(cheat, lesson, cell_timeout=60)
-    assert report["exercises"][1]["score"] == 0  # the instructor's check cell ran, not theirs
+def test_without_the_sandbox_untrusted_work_is_refused_unless_the_instructor_says_so(
+        tmp_path, lesson, monkeypatch):
+    monkeypatch.setattr(sandbox, "unavailable", lambda: "bubblewrap (bwrap) is not installed")
+    with pytest.raises(sandbox.SandboxUnavailable, match="not installed.*only in the sandbox"):
+        hw.grade(lesson, lesson)
+    report = hw.grade(lesson, lesson, sandboxed=False, cell_timeout=60)  # trusted: allowed
+    assert report["score"] == 2, hw.summary(report)
 
 
-def test_a_cell_that_never_returns_is_stopped_at_the_limit_and_graded(tmp_path, lesson):
-    stuck = _submission(lesson, tmp_path / "tiny.ipynb", c2="while True:\n    pass")
-    start = time.monotonic()
-    report = hw.grade(stuck, lesson, cell_timeout=5)
-    assert time.monotonic() - start < 45
-    first, second = report["exercises"]
-    assert first["score"] == 0 and "CellTimeout" in first["feedback"]
-    assert second["score"] == 1  # the kernel was interrupted, not lost
+# -- hostile submissions, one per threat class -----------------------------------------------------
 
 
-def test_endless_printing_and_leftover_workers_cost_nothing_else(tmp_path, lesson):
-    noisy = _submission(lesson, tmp_path / "tiny.ipynb", c1=(
-        "import subprocess, sys, torch\n"
+ATTACKS = {
+    # replace the checks, the judges' registry and the writer of the data, in the kernel
+    "patched modules": (
+        "import course_lib.exercises.common as C, course_lib.exercises.lesson07 as L, json\n"
+        "L.check_fp16_stochastic_round = lambda f: 'correct'\n"
+        "C.checked = lambda name, probe, judge: (lambda *a: 'correct')\n"
+        "C.JUDGES.clear()\n"
+        "json.dumps = lambda *a, **k: '{\"visible\": 1}'\n"),
+    "patched builtins": (
+        "import builtins\n"
+        "builtins.isinstance = lambda *a: True\n"
+        "builtins.print = lambda *a, **k: None\n"
+        "builtins.open = lambda *a, **k: (_ for _ in ()).throw(SystemExit)\n"),
+    # the shell runs nothing of the next cell, yet answers that it ran
+    "patched IPython shell": (
+        "shell = get_ipython()\n"
+        "real = shell.run_cell\n"
+        "shell.run_cell = lambda cell, *a, **k: real('None', *a, **k)\n"),
+    # the check cell is interrupted by an event before it starts
+    "check cell left unexecuted": (
+        "def skip(info):\n    raise KeyboardInterrupt\n"
+        "get_ipython().events.register('pre_run_cell', skip)\n"),
+    # a data file for the check written in advance, and a forged one written during it
+    "forged data": (
+        "import os, json, torch\n"
+        "out = os.environ['COURSE_LIB_GRADING_OUT']\n"
+        "x = torch.linspace(1.0, 2.0, 5).double()\n"
+        "forged = {'visible': {'x': {'__tensor__': x.tolist(), 'dtype': 'float64'},\n"
+        "          'r': {'__tensor__': [x.tolist()] * 200, 'dtype': 'float64'}}}\n"
+        "open(os.path.join(out, '000-lesson07.fp16_stochastic_round.json'), 'w')"
+        ".write(json.dumps(forged))\n"),
+}
+
+
+@pytest.mark.parametrize("attack", list(ATTACKS), ids=list(ATTACKS))
+def test_patching_what_checks_rely_on_or_skipping_them_scores_nothing(tmp_path, lesson, attack):
+    report = _attack(tmp_path, lesson, ATTACKS[attack])
+    assert _scores(report) == [1, 0], hw.summary(report)
+
+
+def test_duplicated_grading_metadata_never_scores_twice_or_replaces_a_check(tmp_path, lesson):
+    nb = nbformat.read(lesson, as_version=4)
+    nb.cells[4].source = WRONG
+    fake_check = new_code_cell("print('correct')")  # claims to be the second check
+    fake_check.metadata["nbgrader"] = dict(nb.cells[5].metadata["nbgrader"])
+    second_solution = new_code_cell(ROUND)  # a right answer in a copy of the solution cell
+    second_solution.metadata["nbgrader"] = dict(nb.cells[4].metadata["nbgrader"])
+    nb.cells[5].metadata = {}  # the real check cell loses its metadata ...
+    nb.cells[5].cell_type = "markdown"  # ... and is no code cell any more
+    nb.cells += [nbformat.from_dict(nb.cells[3]), nbformat.from_dict(nb.cells[3]), fake_check,
+                 second_solution]
+    nbformat.write(nb, tmp_path / "tiny.ipynb")
+    report = hw.grade(tmp_path / "tiny.ipynb", lesson, cell_timeout=60)
+    assert _scores(report) == [1, 0] and len(report["exercises"]) == 2, hw.summary(report)
+
+
+def test_the_instructors_files_are_out_of_sight_and_nothing_outside_can_be_written(tmp_path,
+                                                                                     lesson):
+    targets = [str(lesson), str(LIBRARY / "exercises" / "lesson07.py"),
+               str(ROOT / "notebooks" / LESSONS[0].name), str(tmp_path / "reports" / "a.txt"),
+               "/sandbox/course_lib/__init__.py", "/sandbox/data/README.md", "/etc/hostname",
+               sys.prefix + "/pyvenv.cfg"]
+    attack = (
+        "import os, socket, course_lib\n"
+        f"for path in {targets!r}:\n"
+        "    try:\n        open(path).read(1); seen = 'READ'\n"
+        "    except OSError as e:\n        seen = type(e).__name__\n"
+        "    try:\n        open(path, 'a').write('x'); wrote = 'WROTE'\n"
+        "    except OSError as e:\n        wrote = type(e).__name__\n"
+        "    print(path, seen, wrote)\n"
+        "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=3); net = 'ONLINE'\n"
+        "except OSError as e:\n    net = type(e).__name__\n"
+        "print('network', net, 'library', course_lib.__file__)\n"
+        "import re\n"
+        "print('solution regions', sum(bool(re.search(r'^\\s*### BEGIN SOLUTION',\n"
+        "      open(os.path.join(d, f)).read(), re.M))\n"
+        "      for d, _, fs in os.walk('/sandbox/course_lib') for f in fs if f.endswith('.py')))\n")
+    (tmp_path / "reports").mkdir()
+    report = _attack(tmp_path, lesson, attack)
+    assert _scores(report) == [1, 0], hw.summary(report)
+    kept = nbformat.read(tmp_path / "kept.ipynb", as_version=4)
+    seen = "".join(o.get("text", "") for o in kept.cells[4].outputs)
+    lines = dict(line.split(" ", 1) for line in seen.strip().splitlines())
+    for path in targets[:4]:  # the instructor's and the grader's files: not there at all
+        assert lines[path] == "FileNotFoundError FileNotFoundError", seen
+    assert lines["/sandbox/course_lib/__init__.py"].startswith("READ OSError")  # read-only
+    assert lines["/sandbox/data/README.md"].startswith("READ OSError")
+    assert lines["/etc/hostname"].startswith("READ OSError")  # the system: read-only
+    assert lines[sys.prefix + "/pyvenv.cfg"].startswith("READ OSError")
+    assert "ONLINE" not in lines["network"]
+    assert "library /sandbox/course_lib/__init__.py" in lines["network"]
+    assert lines["solution"] == "regions 0"
+    assert not (tmp_path / "reports" / "a.txt").exists()
+
+
+def test_a_process_that_outlives_its_grading_is_gone_when_grading_ends(tmp_path, lesson):
+    marker = f"course-lib-survivor-{uuid.uuid4().hex}"
+    attack = (
+        "import os, subprocess, sys\n"
+        "code = 'import os, signal, time\\n'\\\n"
+        "       'for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):\\n'\\\n"
+        "       '    signal.signal(s, signal.SIG_IGN)\\n'\\\n"
+        "       'time.sleep(600)'\n"
+        f"subprocess.Popen([sys.executable, '-c', code, {marker!r}], start_new_session=True,\n"
+        "                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,\n"
+        "                 stderr=subprocess.DEVNULL)\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        f"    os.execv(sys.executable, [sys.executable, '-c', code, {marker!r} + '-2'])\n")
+    report = _attack(tmp_path, lesson, attack)
+    assert _scores(report) == [1, 0], hw.summary(report)
+    deadline = time.monotonic() + 5
+    while _marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _marked(marker) == []
+
+
+def test_limits_on_memory_and_processes_cost_only_the_cell_that_hits_them(tmp_path, lesson):
+    attack = (
+        "import subprocess, torch\n"
+        "children = []\n"
+        "try:\n"
+        "    for _ in range(200):\n"
+        "        children.append(subprocess.Popen(['sleep', '60']))\n"
+        "except OSError as e:\n"
+        "    print('processes stopped at', len(children), type(e).__name__)\n"
+        "hog = torch.ones(3 * 2**30 // 8, dtype=torch.float64)\n"
+        "print('allocated', hog.sum().item())\n")
+    report = _attack(tmp_path, lesson, attack,
+                     limits=sandbox.Limits(memory_bytes=2 << 30, processes=64))
+    assert _scores(report) == [1, 0], hw.summary(report)
+    kept = nbformat.read(tmp_path / "kept.ipynb", as_version=4)
+    text = json.dumps(kept.cells[4].outputs)
+    assert "processes stopped at" in text and "allocated" not in text
+
+
+def test_endless_printing_and_leftover_workers_cost_only_that_exercise(tmp_path, lesson):
+    report = _attack(tmp_path, lesson, (
+        "import subprocess, sys, time\n"
         "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-        "while True:\n    print('spam ' * 20)"))
-    report = hw.grade(noisy, lesson, cell_timeout=5)
-    assert report["score"] == 2  # the noisy cell is not an exercise
-    # and the sleeping process is gone: the conftest fixture fails the test otherwise
+        "for i in range(10**5):\n    print('spam', i)\n"
+        "while True:\n    time.sleep(0.1)"), cell_timeout=10)
+    assert _scores(report) == [1, 0], hw.summary(report)
+    kept = nbformat.read(tmp_path / "kept.ipynb", as_version=4)
+    assert len(kept.cells[4].outputs) <= hw.MAX_OUTPUTS  # the flood by count, capped
 
 
 def test_the_command_line_releases_and_grades_with_json_and_text_reports(tmp_path):
@@ -169,7 +403,7 @@ def test_the_command_line_releases_and_grades_with_json_and_text_reports(tmp_pat
                    capture_output=True)
     submissions = tmp_path / "submissions"
     submissions.mkdir()
-    shutil.copy(tmp_path / "student" / "tiny.ipynb", submissions / "tiny.ipynb")
+    shutil.copy(tmp_path / "student" / "notebooks" / "tiny.ipynb", submissions / "tiny.ipynb")
     out = subprocess.run([*run, "grade", str(submissions), "--source", str(lessons), "--out",
                           str(tmp_path / "reports"), "--cell-timeout", "60"], check=True,
                          capture_output=True, text=True)
@@ -177,42 +411,23 @@ def test_the_command_line_releases_and_grades_with_json_and_text_reports(tmp_pat
     report = json.loads((tmp_path / "reports" / "tiny.json").read_text())
     assert report["score"] == 0 and len(report["exercises"]) == 2
     assert "NotImplementedError" in (tmp_path / "reports" / "tiny.txt").read_text()
-
-
-def test_grading_a_real_lesson_gives_full_marks():
-    # its untouched student version scores 0: tests/test_readme.py runs that, as the README does
-    lesson = ROOT / "notebooks" / "01_backprop.ipynb"
-    full = hw.grade(lesson, lesson, cell_timeout=300)
-    assert full["score"] == full["points"] >= 2, hw.summary(full)
+    env = {**os.environ, "PATH": "/nonexistent"}  # no bwrap to be found: refused, loudly
+    refused = subprocess.run([sys.executable, *run[1:], "grade", str(submissions), "--source",
+                              str(lessons), "--out", str(tmp_path / "r2")], env=env,
+                             capture_output=True, text=True)
+    assert refused.returncode == 2 and "bubblewrap" in refused.stderr
 
 
 # -- hostile and malformed submissions ---------------------------------------------------------
 
 
-def test_a_copied_check_cell_never_scores_twice(tmp_path, lesson):
-    nb = nbformat.read(lesson, as_version=4)
-    nb.cells[2].source = "def aggregate(models, sizes):\n    return models[0]"  # wrong
-    # the student copies the second (solved) exercise's check cell, metadata and all, twice,
-    # and gives the first exercise's grade_id to a cell that only prints
-    nb.cells += [nbformat.from_dict(nb.cells[5]), nbformat.from_dict(nb.cells[5])]
-    fake = new_code_cell("print('correct')")
-    fake.metadata["nbgrader"] = dict(nb.cells[3].metadata["nbgrader"])
-    nb.cells.insert(1, fake)
-    nbformat.write(nb, tmp_path / "tiny.ipynb")
-    report = hw.grade(tmp_path / "tiny.ipynb", lesson, cell_timeout=60)
-    assert [e["score"] for e in report["exercises"]] == [0, 1] and report["score"] == 1
-    assert len(report["exercises"]) == 2
-
-
 def test_a_flood_of_bytes_in_few_outputs_is_capped(tmp_path, lesson):
-    flood = _submission(lesson, tmp_path / "tiny.ipynb",
-                        c1="import torch\nfor _ in range(500):\n    print('x' * 10**5)")
-    nb = nbformat.read(flood, as_version=4)
-    client = hw._client(nb, tmp_path, cell_timeout=60)
-    with client.setup_kernel():
-        client.execute_cell(nb.cells[1], 1)
-    kept = sum(len(out.get("text", "")) for out in nb.cells[1].outputs)
-    assert 0 < kept <= hw.MAX_OUTPUT_BYTES  # 50 MB printed in 500 outputs, at most 1 MB kept
+    report = _attack(tmp_path, lesson, "import os\nfor _ in range(500):\n    print('x' * 10**5)\n"
+                     "os.write(1, b'y' * 10**8)  # the kernel's own stdout: not the grader's\n")
+    assert _scores(report) == [1, 0], hw.summary(report)
+    kept = nbformat.read(tmp_path / "kept.ipynb", as_version=4)
+    text = sum(len(out.get("text", "")) for out in kept.cells[4].outputs)
+    assert 0 < text <= hw.MAX_OUTPUT_BYTES  # 50 MB printed in 500 outputs, at most 1 MB kept
 
 
 def test_bad_files_are_reported_and_the_rest_of_the_folder_is_graded(tmp_path):
@@ -267,13 +482,40 @@ def test_a_submission_that_rewrites_another_report_stops_grading_loudly(tmp_path
     folder = tmp_path / "submissions"
     folder.mkdir()
     nb = nbformat.read(lessons / "tiny.ipynb", as_version=4)
-    nb.cells[1].source = (f"import pathlib, torch\n"
+    nb.cells[2].source = (f"import pathlib\n"
                           f"pathlib.Path({str(out / 'alice.txt')!r}).write_text('alice: 0')")
+    nb.cells[2].metadata = nbformat.read(lessons / "tiny.ipynb", as_version=4).cells[2].metadata
     nbformat.write(nb, folder / "tiny.ipynb")
+    # in the sandbox the reports are out of sight; without it (trusted work only), a change is
+    # still caught by the fingerprints
     with pytest.raises(subs.Tampered, match="alice.txt"):
-        subs.grade_all(folder, lessons, out, cell_timeout=60)
+        subs.grade_all(folder, lessons, out, cell_timeout=60, sandboxed=False)
     assert (out / "tiny.TAMPERED.txt").read_text().strip() == str(out / "alice.txt")
     assert not (out / "tiny.json").exists()  # no score for a submission that tampered
+
+
+def test_in_the_sandbox_a_submission_cannot_touch_another_submission_or_report(tmp_path):
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    _tiny_lesson(lessons / "tiny.ipynb")
+    shutil.copy(lessons / "tiny.ipynb", lessons / "other.ipynb")
+    out, folder = tmp_path / "reports", tmp_path / "submissions"
+    out.mkdir()
+    folder.mkdir()
+    (out / "alice.txt").write_text("alice: 2 / 2 points\n")
+    shutil.copy(lessons / "tiny.ipynb", folder / "other.ipynb")  # honest, graded second
+    targets = [folder / "other.ipynb", out / "alice.txt", out / "tiny.json"]
+    attack = "".join(f"try:\n    open({str(t)!r}, 'w').write('0 points')\n"
+                     f"except OSError as e:\n    print(type(e).__name__)\n" for t in targets)
+    nb = nbformat.read(lessons / "tiny.ipynb", as_version=4)
+    nb.cells[4].source = WRONG + attack
+    nbformat.write(nb, folder / "tiny.ipynb")
+    reports = {Path(r["submission"]).name: r for r in subs.grade_all(folder, lessons, out,
+                                                                      cell_timeout=60)}
+    assert _scores(reports["tiny.ipynb"]) == [1, 0] and _scores(reports["other.ipynb"]) == [1, 1]
+    assert (out / "alice.txt").read_text() == "alice: 2 / 2 points\n"  # nothing was Tampered
+    kept = nbformat.read(out / "tiny.executed.ipynb", as_version=4)
+    assert json.dumps(kept.cells[4].outputs).count("FileNotFoundError") == 3
 
 
 def test_fingerprints_see_added_changed_and_removed_files_and_keep_the_executed_notebook(
@@ -296,41 +538,56 @@ def test_fingerprints_see_added_changed_and_removed_files_and_keep_the_executed_
                for c in kept.cells if c.cell_type == "code")
 
 
-def test_a_cell_that_ignores_interrupts_costs_only_itself(tmp_path, lesson):
-    stubborn = _submission(lesson, tmp_path / "tiny.ipynb", c1=(
-        "import signal, torch\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-        "while True:\n    pass"))
+def test_a_cell_that_never_returns_is_stopped_at_the_limit_and_graded(tmp_path, lesson):
+    stuck = _submission(lesson, tmp_path / "tiny.ipynb", c2="import time\nwhile True:\n"
+                        "    time.sleep(0.1)")
     start = time.monotonic()
-    report = hw.grade(stubborn, lesson, cell_timeout=3)
-    assert time.monotonic() - start < 45
-    assert report["score"] == 2, hw.summary(report)  # the kernel was restarted, not waited on
+    report = hw.grade(stuck, lesson, cell_timeout=10)
+    assert time.monotonic() - start < 60
+    first, second = report["exercises"]
+    assert first["score"] == 0 and "CellTimeout" in first["feedback"], hw.summary(report)
+    assert second["score"] == 1  # the kernel was interrupted, not lost
+
+
+def test_a_cell_that_ignores_interrupts_costs_only_itself(tmp_path, lesson):
+    report = _attack(tmp_path, lesson, "import signal, time\nsignal.signal(signal.SIGINT, "
+                     "signal.SIG_IGN)\nwhile True:\n    time.sleep(0.1)", cell_timeout=10)
+    assert _scores(report) == [1, 0], hw.summary(report)
+    assert "restarted" in report["ungraded_errors"][0]["error"], hw.summary(report)
+    early = _submission(lesson, tmp_path / "tiny2.ipynb", c2=(
+        "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "while True:\n    time.sleep(0.1)"))
+    report = hw.grade(early, lesson, cell_timeout=10)
+    # the kernel was restarted, not waited on, and the cells before it ran again in it: the
+    # later exercise passed
+    assert _scores(report) == [0, 1], hw.summary(report)
 
 
 def test_a_kernel_that_dies_is_restarted_for_the_next_cells(tmp_path, lesson):
-    dying = _submission(lesson, tmp_path / "tiny.ipynb", c1="import os\nos.kill(os.getpid(), 9)")
-    report = hw.grade(dying, lesson, cell_timeout=30)
-    assert report["score"] == 2, hw.summary(report)
-    killer = _submission(lesson, tmp_path / "tiny2.ipynb",
-                         c2="import os\nos.kill(os.getpid(), 9)")   # dies in an exercise
-    report = hw.grade(killer, lesson, cell_timeout=30)
-    assert [e["score"] for e in report["exercises"]] == [0, 1], hw.summary(report)
+    report = _attack(tmp_path, lesson, "import os\nos.kill(os.getpid(), 9)")
+    assert _scores(report) == [1, 0], hw.summary(report)
+    assert report["ungraded_errors"] == [dict(cell=4, error="the kernel died")]
+    early = _submission(lesson, tmp_path / "tiny2.ipynb", c2="import os\nos.kill(os.getpid(), 9)")
+    report = hw.grade(early, lesson, cell_timeout=30)
+    assert _scores(report) == [0, 1], hw.summary(report)
 
 
-def test_hidden_tests_run_last_and_their_text_never_reaches_the_report(tmp_path, lesson):
-    # passes the visible check; in the hidden test, raises with the hidden test's own source
-    leaky = _submission(lesson, tmp_path / "tiny.ipynb", c4=(
-        "import inspect\n"
-        "def staleness_aware(alpha, staleness):\n"
-        "    caller = ''.join(inspect.stack()[1].code_context or [])\n"
-        "    if 'assert' in caller:\n"
-        "        raise ValueError('leaked: ' + caller)\n"
-        "    return alpha / max(staleness, 1)"))
-    report = hw.grade(leaky, lesson, cell_timeout=60, keep=tmp_path / "kept.ipynb")
-    first, second = report["exercises"]
-    assert first["score"] == 1 and second["score"] == 0
-    assert second["feedback"] == hw.HIDDEN_FAILED
-    assert "assert" not in json.dumps(report) and "0.25" not in json.dumps(report)
+def test_hidden_cases_are_judged_outside_and_never_reach_the_report(tmp_path, lesson):
+    # right on the visible inputs (106 values), wrong on the cases drawn for this grading run
+    sneaky = ROUND.replace("def fp16_round(x, generator):\n", "def fp16_round(x, generator):\n"
+                           "    if x.numel() != 106:\n        return x.half().double()\n")
+    path = _submission(lesson, tmp_path / "tiny.ipynb", c4=sneaky)
+    report = hw.grade(path, lesson, cell_timeout=60, keep=tmp_path / "kept.ipynb")
+    assert _scores(report) == [1, 0]
+    assert report["exercises"][1]["feedback"] == hw.HIDDEN_FAILED
     kept = nbformat.read(tmp_path / "kept.ipynb", as_version=4)
-    assert "BEGIN HIDDEN TESTS" in kept.cells[-1].source  # last, after every student cell
-    honest = hw.grade(lesson, lesson, cell_timeout=60)
-    assert honest["score"] == 2  # the lesson's own answers pass the hidden tests
+    assert "recorded" in json.dumps(kept.cells[5].outputs)  # in the kernel: visible cases passed
+    assert hw.grade(lesson, lesson, cell_timeout=60)["score"] == 2  # the right answer passes
+
+
+def test_feedback_names_no_path_of_the_graders(tmp_path, lesson):
+    path = _submission(lesson, tmp_path / "tiny.ipynb", c2=(
+        "import os\nraise ValueError(os.environ['COURSE_LIB_GRADING_OUT'] + ' ' + os.getcwd())"))
+    report = hw.grade(path, lesson, cell_timeout=60)
+    text = json.dumps(report["exercises"], ensure_ascii=False)
+    assert str(tmp_path) not in text and "/tmp/" not in text and "…" in text, text

@@ -1,15 +1,95 @@
 """Checks every lesson uses: say what is wrong, rank by rank, instead of a bare assert.
 
 Lecture: all of them; an exercise that launches workers checks what each rank ended with.
+
+Every check is two halves. Its **probe** runs the student's code in the student's kernel and
+returns plain data (numbers, lists, tensors); its **judge** decides from that data alone. In a
+notebook, ``check_x(answer)`` runs both and prints the verdict. When the grader runs the
+notebook, the probe also writes its data to a folder (JSON: nothing is unpickled) and the grader
+judges it *outside* the student's kernel, with the instructor's library, and adds cases drawn
+at random for that run (hidden tests): patching the checks in the kernel changes nothing.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import torch
+
+GRADING_OUT = "COURSE_LIB_GRADING_OUT"  # set by the grader: where probes write their data
+GRADING_SEED = "COURSE_LIB_GRADING_SEED"  # set by the grader: the hidden cases of this run
+JUDGES: dict = {}  # name -> judge, filled as the lesson modules define their checks
 
 
 class ExerciseFailed(AssertionError):
     """An exercise's answer is wrong; the message says how."""
+
+
+class HiddenTestFailed(ExerciseFailed):
+    """A hidden case failed; the grader reports only that (the case stays hidden)."""
+
+
+def to_plain(value):
+    """``value`` as JSON-ready plain data: tensors and arrays become tagged nested lists."""
+    if isinstance(value, torch.Tensor) or type(value).__module__ == "numpy":
+        t = torch.as_tensor(value).detach().cpu()
+        if t.ndim == 0 and type(value).__module__ == "numpy":
+            return t.item()
+        return {"__tensor__": t.tolist(), "dtype": str(t.dtype).removeprefix("torch.")}
+    if isinstance(value, dict):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise ExerciseFailed(f"the answer holds a {type(value).__name__}: return numbers, lists "
+                         f"or tensors")
+
+
+def from_plain(value):
+    """The inverse of :func:`to_plain`: tagged lists become tensors again."""
+    if isinstance(value, dict) and "__tensor__" in value:
+        dtype = getattr(torch, str(value.get("dtype", "float64")), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ExerciseFailed(f"unknown dtype {value.get('dtype')!r}")
+        return torch.tensor(value["__tensor__"], dtype=dtype)
+    if isinstance(value, dict):
+        return {k: from_plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_plain(v) for v in value]
+    return value
+
+
+def grading_seed() -> int | None:
+    """The seed of this grading run's hidden cases; None outside the grader."""
+    seed = os.environ.get(GRADING_SEED)
+    return int(seed) if seed and seed.isdigit() else None
+
+
+def checked(name: str, probe, judge):
+    """A check: ``probe(*args)`` runs the student's code and returns plain data, ``judge(data)``
+    returns a verdict or raises :class:`ExerciseFailed`. The judge is registered under ``name``
+    so that the grader can run it outside the kernel."""
+    JUDGES[name] = judge
+
+    def check(*args, **kwargs) -> str:
+        data = to_plain(probe(*args, **kwargs))
+        folder = os.environ.get(GRADING_OUT)
+        if folder:  # a graded run: the grader judges this data itself
+            n = len(list(Path(folder).glob("*.json")))
+            (Path(folder) / f"{n:03d}-{name}.json").write_text(json.dumps(data))
+        try:
+            return judge(from_plain(data))
+        except HiddenTestFailed:
+            if not folder:
+                raise
+            return "recorded: the grader judges it"  # hidden cases: judged outside, in private
+
+    check.judge_name = name
+    check.__doc__ = probe.__doc__
+    return check
 
 
 def _same(a, b) -> bool:

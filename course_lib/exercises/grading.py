@@ -1,266 +1,294 @@
-"""Homework: mark the lessons' exercises for nbgrader, write student versions, grade submissions.
+"""Homework: grade a submitted notebook, assuming it is hostile.
 
-Every lesson ends with exercises: a **solution cell** (the answer between ``### BEGIN SOLUTION``
-and ``### END SOLUTION``) followed by a **check cell** that calls a ``check_`` function of
-``course_lib.exercises.lessonNN``
-(optionally with extra checks between ``### BEGIN HIDDEN TESTS`` and ``### END HIDDEN TESTS``).
-These are nbgrader's own markers, and ``mark`` writes nbgrader's cell metadata (solution cells,
-graded test cells with points, ``grade_id``), so the lesson notebooks also work as the source of
-an nbgrader course. For a classroom without nbgrader, this module is the thin layer that does the
-two jobs an instructor needs::
+Lecture: none (the homework machinery). The commands (``python -m course_lib.exercises``)::
 
     python -m course_lib.exercises mark notebooks               # authoring (idempotent)
-    python -m course_lib.exercises release notebooks student    # the notebooks to hand out
+    python -m course_lib.exercises release notebooks student    # the student edition
     python -m course_lib.exercises grade submissions --source notebooks --out reports
 
-Grading runs each submission in a fresh kernel with a time limit per cell and for the whole
-notebook, replaces the graded check cells by the instructor's (with their hidden tests), and
-gives each exercise its points if its check cell runs without error. A cell that raises, hangs
-or prints without end costs its own exercise at most; worker processes are killed afterwards.
+What is graded is the lesson itself -- the instructor's cells, in the instructor's order -- with
+the student's code in its solution cells and nowhere else: a submission can't remove, reorder,
+copy or weaken a check cell, whatever it does to the file. It runs in a fresh kernel in the
+sandbox (``sandbox``: the student edition only, no network but loopback, limits on memory,
+processes and bytes, and a process tree that ends with it), with a time limit per cell and for
+the whole notebook. Each check writes its data as JSON; the grader judges it here, outside the
+kernel, with the instructor's library, and adds cases drawn at random for this run (the hidden
+tests). An exercise scores only if its check cell ran to completion and every judgement passed.
+A cell that raises, hangs, prints without end or kills its kernel costs its own exercise at most.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import importlib
 import json
+import os
 import re
+import secrets
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import nbformat
+from jupyter_core.utils import run_sync
 
-from course_lib.exercises.kernels import (
+from course_lib.exercises import common, sandbox
+from course_lib.exercises.editions import (  # noqa: F401 - the authoring API, here too
+    HIDDEN,
+    STUB,
+    _meta,
+    exercises,
+    mark,
+    release,
+    student_library,
+    student_version,
+)
+from course_lib.exercises.kernels import (  # noqa: F401 - the limits, here too
     HIDDEN_FAILED,
+    MAX_OUTPUT_BYTES,
+    MAX_OUTPUTS,
+    _client,
     _kernel_pid,
     _kill_children,
+    _replay,
     _responsive,
     _restart,
-    _run_hidden,
+    sandboxed_manager,
 )
 
-SOLUTION = re.compile(r"^([ \t]*)### BEGIN SOLUTION[^\n]*\n.*?^[ \t]*### END SOLUTION[^\n]*(\n|$)",
-                      re.MULTILINE | re.DOTALL)
-HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS[^\n]*\n.*?^[ \t]*### END HIDDEN TESTS[^\n]*"
-                    r"(\n|$)", re.MULTILINE | re.DOTALL)
-STUB = 'raise NotImplementedError("write your solution here")\n'
-MAX_OUTPUTS = 200  # per cell: a cell that prints without end cannot fill the grader's memory
-HIDDEN_KEY = "course_lib_hidden_tests_of"  # cell metadata: the hidden tests of this exercise
-MAX_OUTPUT_BYTES = 1_000_000  # per cell, counted over what is kept: few huge prints alike
+MAX_DATA_BYTES = 20_000_000  # what one check cell's data may take; more is not read
 
 
-# -- authoring ---------------------------------------------------------------------------------
-
-
-def _meta(cell) -> dict:
-    return cell.get("metadata", {}).get("nbgrader", {})
-
-
-def mark(nb, points: int = 1):
-    """Give each exercise nbgrader metadata: its solution cell (``### BEGIN SOLUTION``) and the
-    next code cell that calls a ``check_`` function, its graded test cell worth ``points``
-    (points already set are kept). Returns the notebook (changed in place)."""
-    number = 0
-    cells = nb.cells
-    for i, cell in enumerate(cells):
-        if cell.cell_type != "code" or "### BEGIN SOLUTION" not in cell.source:
-            continue
-        number += 1
-        cell.metadata["nbgrader"] = dict(grade=False, grade_id=f"exercise-{number}-solution",
-                                         locked=False, schema_version=3, solution=True)
-        for test in cells[i + 1:]:
-            if test.cell_type == "code" and "check_" in test.source and \
-                    "### BEGIN SOLUTION" not in test.source:
-                old = _meta(test).get("points", points)
-                test.metadata["nbgrader"] = dict(grade=True, grade_id=f"exercise-{number}",
-                                                 locked=True, points=old, schema_version=3,
-                                                 solution=False)
-                break
-        else:
-            raise ValueError(f"exercise {number}: no check cell (a code cell calling check_...) "
-                             f"after its solution cell")
-    return nb
-
-
-def exercises(nb) -> list[dict]:
-    """The graded cells of a marked notebook: grade_id, points and cell index."""
-    return [dict(grade_id=_meta(c)["grade_id"], points=_meta(c).get("points", 0), index=i)
-            for i, c in enumerate(nb.cells) if _meta(c).get("grade")]
-
-
-# -- student versions ------------------------------------------------------------------------------
-
-
-def student_version(nb):
-    """A copy with every solution replaced by a stub that raises NotImplementedError, hidden
-    tests removed and all outputs cleared."""
-    out = copy.deepcopy(nb)
-    for cell in out.cells:
+def assemble(submitted, lesson):
+    """The notebook that is graded: the lesson's cells, outputs cleared, with the code of the
+    submission's solution cells (the first code cell carrying each solution's grade_id) in place
+    of the lesson's. Returns it and the solution ids the submission has no cell for."""
+    theirs = {}
+    for cell in submitted.cells:
+        meta = _meta(cell)
+        gid = meta.get("grade_id") if meta.get("solution") else None
+        if cell.get("cell_type") == "code" and isinstance(gid, str) and gid not in theirs \
+                and isinstance(cell.get("source"), str):
+            theirs[gid] = cell.source
+    nb = copy.deepcopy(lesson)
+    missing = []
+    for cell in nb.cells:
         if cell.cell_type != "code":
             continue
-        cell.source = SOLUTION.sub(lambda m: m.group(1) + STUB, cell.source)
-        cell.source = HIDDEN.sub("", cell.source)
         cell.outputs, cell.execution_count = [], None
-    out.metadata.pop("widgets", None)
-    return out
-
-
-def release(source: Path, target: Path) -> list[Path]:
-    """Write the student version of every notebook in ``source`` into ``target``."""
-    target.mkdir(parents=True, exist_ok=True)
-    written = []
-    for path in sorted(Path(source).glob("*.ipynb")):
-        nb = nbformat.read(path, as_version=4)
-        nbformat.write(student_version(nb), target / path.name)
-        written.append(target / path.name)
-    return written
-
-
-# -- grading ---------------------------------------------------------------------------------------
-
-
-def _client(nb, cwd, cell_timeout):
-    from nbclient import NotebookClient
-
-    class CappedClient(NotebookClient):
-        kept_bytes: dict = {}
-
-        def output(self, outs, msg, display_id, cell_index):
-            content = msg.get("content", {})
-            size = len(json.dumps(content, default=str))
-            kept = self.kept_bytes.get(cell_index, 0) if outs else 0  # outs empty: a new run
-            if len(outs) >= MAX_OUTPUTS or kept >= MAX_OUTPUT_BYTES:
-                return None  # drop the rest: printing without end must not fill memory
-            if kept + size > MAX_OUTPUT_BYTES:
-                if msg["msg_type"] != "stream":
-                    return None
-                # the kernel batches prints into one message: keep its head, say so
-                room = max(MAX_OUTPUT_BYTES - kept - 200, 0)
-                msg = {**msg, "content": {**content, "text": content.get("text", "")[:room]
-                                          + "\n[output cut by the grader]\n"}}
-                size = MAX_OUTPUT_BYTES - kept
-            self.kept_bytes[cell_index] = kept + size
-            return super().output(outs, msg, display_id, cell_index)
-
-    timeout_error = dict(ename="CellTimeout", evalue=f"the cell ran longer than {cell_timeout} s "
-                         f"and was interrupted", traceback=[])
-    return CappedClient(nb, timeout=cell_timeout, kernel_name="python3", allow_errors=False,
-                        interrupt_on_timeout=True, error_on_timeout=timeout_error,
-                        resources={"metadata": {"path": str(cwd)}})
+        cell.source = HIDDEN.sub("", cell.source)
+        gid = _meta(cell).get("grade_id") if _meta(cell).get("solution") else None
+        if gid is not None:
+            if gid in theirs:
+                cell.source = theirs[gid]
+            else:
+                missing.append(gid)
+                stub = student_version(nbformat.v4.new_notebook(cells=[cell]))
+                cell.source = stub.cells[0].source
+    nb.metadata.pop("widgets", None)
+    return nb, missing
 
 
 def _first_line(error) -> str:
     ename, evalue = getattr(error, "ename", type(error).__name__), getattr(error, "evalue", "")
-    return f"{ename}: {evalue}".strip().splitlines()[0][:500] if (ename or evalue) else str(error)
+    return f"{ename}: {evalue}".strip().splitlines()[0][:300] if (ename or evalue) else str(error)
+
+
+def _judges(lesson_path: Path, lesson, check_cell: str) -> list[str]:
+    """The names of the judges a check cell's checks register, looked up in the instructor's
+    library (imported here, outside the sandbox): the lesson modules its number and its cells
+    name, then the shared checks."""
+    text = lesson_path.name + "\n" + "\n".join(c.source for c in lesson.cells)
+    numbers = dict.fromkeys(re.findall(r"^(\d+)", lesson_path.name) +
+                            re.findall(r"course_lib\.exercises\.lesson(\d+)", text))
+    modules = []
+    for number in numbers:
+        with contextlib.suppress(ImportError):
+            modules.append(importlib.import_module(f"course_lib.exercises.lesson{number}"))
+    modules.append(common)
+    names = []
+    for call in re.findall(r"\b(check_\w+)\s*\(", check_cell):
+        check = next((getattr(m, call) for m in modules if hasattr(m, call)), None)
+        if getattr(check, "judge_name", None) and check.judge_name not in names:
+            names.append(check.judge_name)
+    if not names:
+        raise ValueError(f"{lesson_path.name}: a check cell calls no check the grader can judge "
+                         f"outside the kernel (one made by common.checked)")
+    return names
+
+
+def _judge(out: Path, names: list[str]) -> str:
+    """Judge the data a check cell wrote, here: 'correct', or why not (a hidden case: only that
+    one failed)."""
+    files = sorted(out.glob("*.json"))
+    if sum(f.stat().st_size for f in files) > MAX_DATA_BYTES:
+        return f"the check's data is larger than {MAX_DATA_BYTES // 10**6} MB: not judged"
+    seen = set()
+    for path in files:
+        name = path.stem.split("-", 1)[-1]
+        if name not in names:
+            continue
+        try:
+            verdict = common.JUDGES[name](common.from_plain(json.loads(path.read_text())))
+        except common.HiddenTestFailed:
+            return HIDDEN_FAILED
+        except common.ExerciseFailed as wrong:
+            return f"ExerciseFailed: {str(wrong)[:300]}"
+        except Exception as error:  # noqa: BLE001 - data shaped wrong: the answer is wrong
+            return f"the check's data could not be judged ({type(error).__name__})"
+        if not isinstance(verdict, str):
+            return "the check's data could not be judged"
+        seen.add(name)
+    if missing := [n for n in names if n not in seen]:
+        return f"the check cell recorded no answer for {', '.join(missing)}"
+    return "correct"
 
 
 def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900,
-          keep: Path | None = None) -> dict:
-    """Run a submitted notebook and score each exercise of its lesson ``source``.
+          keep: Path | None = None, sandboxed: bool = True,
+          limits: sandbox.Limits | None = None) -> dict:
+    """Run a submitted notebook as its lesson ``source`` with the student's solutions, and score
+    each exercise. ``sandboxed=False`` runs the kernel as the grader's user with the full
+    library: only for trusted work (the instructor's own notebooks). Returns a report: the
+    points per exercise with why any were lost, the total and the seconds taken."""
+    source = Path(source)
+    if sandboxed and (why := sandbox.unavailable()):
+        raise sandbox.SandboxUnavailable(f"{why}. Untrusted work is graded only in the sandbox; "
+                                         f"pass sandboxed=False (--no-sandbox) only for trusted "
+                                         f"notebooks")
+    lesson = nbformat.read(source, as_version=4)
+    graded = {e["index"]: e for e in exercises(lesson)}
+    judges = {i: _judges(source, lesson, lesson.cells[i].source) for i in graded}
+    nb, missing = assemble(nbformat.read(submission, as_version=4), lesson)
+    results = {e["grade_id"]: dict(grade_id=e["grade_id"], points=e["points"], score=0.0,
+                                   feedback="not run") for e in graded.values()}
+    with tempfile.TemporaryDirectory(prefix="course_lib_grading_") as tmp:
+        tmp = Path(tmp)
+        shared, work = tmp / "shared", tmp / "work"
+        out = shared / "out"
+        for folder in (out, work / "notebooks"):
+            folder.mkdir(parents=True)
+        env = {common.GRADING_OUT: str(out), common.GRADING_SEED: str(secrets.randbelow(10**9))}
+        if sandboxed:
+            library = student_library(Path(common.__file__).parents[1], tmp / "course_lib")
+            data = Path(common.__file__).resolve().parents[2] / "data"
+            km = sandboxed_manager(shared, work=work, library=library, env=env,
+                                   limits=limits or sandbox.Limits(),
+                                   data=data if data.is_dir() else None)
+            start_args = {}
+        else:
+            from jupyter_client.manager import AsyncKernelManager
 
-    The graded cells are the instructor's (from ``source``, hidden tests included), whatever the
-    submission did to them; everything else is the student's. Returns a report: the points per
-    exercise with why any were lost, the total and the seconds taken."""
+            km = AsyncKernelManager(kernel_name="python3")
+            start_args = dict(cwd=str(source.parent), env={**os.environ, **env})
+        client = _client(nb, km, cell_timeout)
+        start = time.monotonic()
+        try:
+            failed = _run(client, nb, graded, judges, results, out, start, timeout,
+                          start_args)
+        finally:  # the client does not own a kernel manager it was given: end the kernel
+            launcher = getattr(getattr(km.provisioner, "process", None), "pid", None)
+            with contextlib.suppress(Exception):
+                run_sync(km.shutdown_kernel)(now=True)
+            if launcher:
+                sandbox.remove_groups(launcher)
+        for gid in missing:
+            results[gid.removesuffix("-solution")]["feedback"] += \
+                " (the submission has no solution cell for it: the lesson's stub ran)"
+        seconds = round(time.monotonic() - start, 1)
+        text = json.dumps([[r["feedback"] for r in results.values()],
+                           [f["error"] for f in failed]])
+        for private in (str(tmp), str(source.resolve().parent), str(Path.home())):
+            text = text.replace(private, "…")  # feedback names no path of the grader's
+        feedback, errors = json.loads(text)
+        for result, line in zip(results.values(), feedback, strict=True):
+            result["feedback"] = line
+        for f, line in zip(failed, errors, strict=True):
+            f["error"] = line
+    if keep is not None:  # the executed notebook, outputs capped, for audit
+        nbformat.write(nb, keep)
+    return dict(submission=str(submission), lesson=source.name, exercises=list(results.values()),
+                ungraded_errors=failed, score=sum(r["score"] for r in results.values()),
+                points=sum(r["points"] for r in results.values()), seconds=seconds)
+
+
+MAX_REPLAYS = 2  # restarts after which earlier cells are run again; later ones start bare
+
+
+def _run(client, nb, graded, judges, results, out, start, timeout, start_args) -> list[dict]:
+    """Execute the cells in order, judging each check cell's data as soon as it has run.
+    Returns the ungraded cells that failed (index and first line of the error).
+
+    A cell that kills its kernel, ignores the interrupt or garbles the kernel's messages gets a
+    real restart; the cells before it that ran are run again in the new kernel (on copies: the
+    kept notebook shows their first run), so later exercises are graded as if it had not run."""
     from nbclient.exceptions import CellExecutionError, DeadKernelError
 
-    source_nb = nbformat.read(source, as_version=4)
-    graded = {e["grade_id"]: e for e in exercises(source_nb)}
-    nb = nbformat.read(submission, as_version=4)
-    results = {gid: dict(grade_id=gid, points=e["points"], score=0.0, feedback="not run")
-               for gid, e in graded.items()}
-    for gid in _place_check_cells(nb, source_nb, graded):
-        results[gid]["feedback"] = "the check cell is missing from the submission"
-    client = _client(nb, Path(source).parent, cell_timeout)
-    start = time.monotonic()
     earlier = None  # the last failure of an ungraded cell since the previous graded one
-    with client.setup_kernel():
+    failed, ran, replays = [], [], 0
+    with client.setup_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             **start_args):
         kernel_pid = _kernel_pid(client)
         for i, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
                 continue
-            gid = _meta(cell).get("grade_id") if _meta(cell).get("grade") else None
-            hidden_of = cell.metadata.get(HIDDEN_KEY)
-            if hidden_of is not None:  # its visible check passed: run it; else skip it
-                if results[hidden_of].get("visible_passed") and \
-                        _run_hidden(client, cell, i, kernel_pid):
-                    results[hidden_of].update(score=float(results[hidden_of]["points"]),
-                                              feedback="correct")
-                kernel_pid = _kernel_pid(client)  # a new one if the hidden tests needed it
-                continue
+            gid = graded[i]["grade_id"] if i in graded else None
             if time.monotonic() - start > timeout:
-                if gid in results:
+                if gid:
                     results[gid]["feedback"] = f"not run: the notebook passed its {timeout} s limit"
                 continue
+            for old in out.glob("*"):  # only what this cell writes counts for it
+                old.unlink()
+            why, restart = None, False
             try:
                 client.execute_cell(cell, i)
             except CellExecutionError as error:
                 why = _first_line(error)
                 if getattr(error, "ename", "") == "CellTimeout" and not _responsive(client):
-                    # the cell ignored the interrupt: only a new kernel frees the next cells
-                    _kill_children(kernel_pid)
+                    why += " (it ignored the interrupt: the kernel was restarted)"
+                    restart = True  # only a new kernel frees the next cells
+            except DeadKernelError:
+                why, restart = "the kernel died", True
+            except Exception as error:  # noqa: BLE001 - a kernel whose replies make no sense
+                why = f"the kernel stopped answering properly ({type(error).__name__})"
+                restart = True
+            finally:
+                if kernel_pid:
+                    _kill_children(kernel_pid)  # workers a cell left behind
+            if restart:
+                try:
                     kernel_pid = _restart(client)
-                    why += " (it ignored the interrupt: the kernel was restarted, and later " \
-                           "cells ran without what earlier cells defined)"
-                if gid in results:
+                except Exception as error:  # noqa: BLE001 - no kernel to grade the rest in
+                    why += f"; no new kernel could be started ({type(error).__name__})"
+                    for j in (j for j in graded if j >= i):
+                        results[graded[j]["grade_id"]]["feedback"] = "not run: " + why
+                    failed.append(dict(cell=i, error=why))
+                    break
+                if replays < MAX_REPLAYS:
+                    replays += 1
+                    _replay(client, nb, ran, out)
+                else:
+                    why += "; later cells ran in a new kernel, without what earlier cells made"
+                kernel_pid = _kernel_pid(client)
+            if why is not None:
+                if gid:
                     before = f" (an earlier cell failed: {earlier})" if earlier else ""
                     results[gid]["feedback"] = why + before
                     earlier = None
                 else:
                     earlier = f"cell {i}: {why}"
+                    failed.append(dict(cell=i, error=why))
                 continue
-            except DeadKernelError:
-                if gid in results:
-                    results[gid]["feedback"] = "the kernel died while this cell ran"
-                else:
-                    earlier = f"cell {i}: the kernel died (restarted: earlier cells' work lost)"
-                kernel_pid = _restart(client)
-                continue
-            finally:
-                if kernel_pid:
-                    _kill_children(kernel_pid)  # workers a cell left behind
-            if gid in results:
-                if any(c.metadata.get(HIDDEN_KEY) == gid for c in nb.cells):
-                    results[gid].update(visible_passed=True, feedback=HIDDEN_FAILED)
-                else:
-                    results[gid].update(score=float(results[gid]["points"]), feedback="correct")
+            ran.append(i)
+            if gid:
+                verdict = _judge(out, judges[i])
+                results[gid]["feedback"] = verdict
+                if verdict == "correct":
+                    results[gid]["score"] = float(results[gid]["points"])
                 earlier = None
-    for result in results.values():
-        result.pop("visible_passed", None)
-    if keep is not None:  # the executed notebook, outputs capped, for audit
-        nbformat.write(nb, keep)
-    report = dict(submission=str(submission), lesson=Path(source).name,
-                  exercises=list(results.values()),
-                  score=sum(r["score"] for r in results.values()),
-                  points=sum(r["points"] for r in results.values()),
-                  seconds=round(time.monotonic() - start, 1))
-    return report
-
-
-def _place_check_cells(nb, source_nb, graded) -> list[str]:
-    """Put the instructor's check cells where the submission has them, in place, and their
-    hidden tests at the end. The submission's own grading metadata is not trusted: only the
-    first code cell carrying an exercise's grade_id becomes its check cell; every other cell, a
-    copy of a check cell included, loses its grading metadata and runs as plain student code, so
-    it can never score. Returns the grade_ids the submission has no cell for."""
-    first = {}
-    for i, cell in enumerate(nb.cells):
-        cell.get("metadata", {}).pop(HIDDEN_KEY, None)  # only the grader marks hidden cells
-        meta = cell.get("metadata", {}).pop("nbgrader", None)
-        gid = meta.get("grade_id") if isinstance(meta, dict) else None
-        if cell.cell_type == "code" and gid in graded and gid not in first:
-            first[gid] = i
-    hidden_cells = []
-    for gid, i in first.items():
-        check = copy.deepcopy(source_nb.cells[graded[gid]["index"]])
-        hidden = "".join(m.group(0) for m in HIDDEN.finditer(check.source))
-        check.source = HIDDEN.sub("", check.source)
-        nb.cells[i] = check
-        if hidden:
-            hidden_cells.append(nbformat.v4.new_code_cell(hidden, metadata={HIDDEN_KEY: gid}))
-    # Hidden tests run last, apart from the visible checks, and a report only says whether they
-    # passed: no cell runs after them whose error message (the student's code talking) could
-    # carry their text into a report.
-    nb.cells += hidden_cells
-    return [gid for gid in graded if gid not in first]
+    return failed
 
 
 def summary(report: dict) -> str:
@@ -269,4 +297,6 @@ def summary(report: dict) -> str:
              f"({report['seconds']} s)"]
     for r in report["exercises"]:
         lines.append(f"  {r['grade_id']:12s} {r['score']:g}/{r['points']:g}  {r['feedback']}")
+    for f in report.get("ungraded_errors", []):
+        lines.append(f"  (cell {f['cell']}, not graded, failed: {f['error']})")
     return "\n".join(lines)
