@@ -192,15 +192,21 @@ def bubble_fraction(p: int, micro_batches: int, chunks: int = 1) -> float:
 
 
 def pipeline_timeline(p: int, micro_batches: int, schedule: str = "1F1B",
-                      forward: float = 1.0, backward: float = 2.0) -> list:
+                      forward=1.0, backward=2.0) -> list:
     """A model (not a measurement) of a pipeline run with p stages: every forward takes
-    ``forward`` time units, every backward ``backward``, messages are free. A stage runs its
-    schedule (``pipeline.SCHEDULES``) in order; an action starts when the stage is free and its
-    input is there (forward i on stage s needs forward i on s - 1; backward i needs backward i
-    on s + 1, or on the last stage its own forward i). Returns Gantt spans."""
+    ``forward`` time units, every backward ``backward`` (each a number, or a list of p numbers:
+    one per stage, for stages of unequal work), messages are free. A stage runs its schedule
+    (``pipeline.SCHEDULES``) in order; an action starts when the stage is free and its input is
+    there (forward i on stage s needs forward i on s - 1; backward i needs backward i on s + 1,
+    or on the last stage its own forward i). Returns Gantt spans."""
     from course_lib.pipeline import SCHEDULES
     from course_lib.runtime.timing import Span
 
+    times = {}
+    for kind, value in (("forward", forward), ("backward", backward)):
+        times[kind] = list(value) if isinstance(value, (list, tuple)) else [value] * p
+        if len(times[kind]) != p:
+            raise ValueError(f"{kind} needs one time per stage: {p}, got {len(times[kind])}")
     orders = [SCHEDULES[schedule](s, p, micro_batches) for s in range(p)]
     done, free, position, spans = {}, [0.0] * p, [0] * p, []  # done: (kind, stage, i) -> end
     while any(position[s] < len(orders[s]) for s in range(p)):
@@ -216,7 +222,7 @@ def pipeline_timeline(p: int, micro_batches: int, schedule: str = "1F1B",
             if needs is not None and needs not in done:
                 continue  # its input is not there yet
             start = max(free[s], done.get(needs, 0.0))
-            duration = forward if kind == "forward" else backward
+            duration = times[kind][s]
             done[(kind, s, i)] = free[s] = start + duration
             spans.append(Span(s, start, duration, kind))
             position[s] += 1

@@ -85,15 +85,21 @@ def clip_and_noise(update: torch.Tensor, clip: float, noise: float, generator=No
 # -- secure aggregation --------------------------------------------------------------------------
 
 
+def pair_mask(i: int, j: int, d: int, seed: int = 0, scale: float = 1e3) -> torch.Tensor:
+    """The mask m_ij of the pair of clients i < j: drawn from a generator both of them can seed
+    (in a real protocol: from a key they agreed on), so either can reproduce it."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + i * 1009 + j)
+    return torch.randn(d, generator=g, dtype=torch.float64) * scale
+
+
 def pairwise_masks(clients: int, d: int, seed: int = 0, scale: float = 1e3) -> torch.Tensor:
-    """One mask per client such that the masks sum to zero: client i adds m_ij for every j > i
-    and subtracts m_ji for every j < i, m_ij drawn from a generator both i and j can seed
-    (in a real protocol: from a key they agreed on). Returns a (clients x d) tensor."""
+    """One mask per client such that the masks sum to zero: client i adds m_ij
+    (:func:`pair_mask`) for every j > i and subtracts m_ji for every j < i. Returns a
+    (clients x d) tensor."""
     masks = torch.zeros(clients, d, dtype=torch.float64)
     for i in range(clients):
         for j in range(i + 1, clients):
-            g = torch.Generator().manual_seed(seed * 1_000_003 + i * 1009 + j)
-            m = torch.randn(d, generator=g, dtype=torch.float64) * scale
+            m = pair_mask(i, j, d, seed, scale)
             masks[i] += m
             masks[j] -= m
     return masks

@@ -104,6 +104,13 @@ def k_classes(labels, clients: int, k: int, seed: int = 0) -> list[torch.Tensor]
     return _as_tensors([np.concatenate(p) for p in parts])
 
 
+def dirichlet_split(rows, clients: int, alpha: float, rng) -> list:
+    """Cut ``rows`` into ``clients`` consecutive pieces, their proportions drawn from Dir(alpha)
+    with the generator ``rng`` (one class's rows, in :func:`dirichlet_per_class`)."""
+    cuts = (np.cumsum(rng.dirichlet(np.full(clients, alpha))) * len(rows)).astype(int)
+    return np.split(rows, cuts[:-1])
+
+
 def dirichlet_per_class(labels, clients: int, alpha: float, min_size: int = 10,
                         seed: int = 0, retries: int = 100) -> list[torch.Tensor]:
     """Split every class over the clients with proportions drawn from Dir(alpha) (NIID-Bench,
@@ -120,8 +127,7 @@ def dirichlet_per_class(labels, clients: int, alpha: float, min_size: int = 10,
         parts = [[] for _ in range(clients)]
         for c in np.unique(labels):
             rows = rng.permutation(np.flatnonzero(labels == c))
-            cuts = (np.cumsum(rng.dirichlet(np.full(clients, alpha))) * len(rows)).astype(int)
-            for i, piece in enumerate(np.split(rows, cuts[:-1])):
+            for i, piece in enumerate(dirichlet_split(rows, clients, alpha, rng)):
                 parts[i].append(piece)
         parts = [np.concatenate(p) for p in parts]
         if min(len(p) for p in parts) >= min_size:

@@ -119,3 +119,12 @@ def test_too_few_classes_for_the_clients_at_tiny_alpha_is_a_clear_error(labels):
     # every class goes to one client: 10 classes cannot give 20 clients a row each
     with pytest.raises(pt.PartitionError, match="fewer than 1 rows"):
         pt.dirichlet_per_class(labels, 20, alpha=1e-3, min_size=1)
+
+
+def test_dirichlet_split_cuts_every_row_once_in_order():
+    rng = np.random.default_rng(0)
+    rows = np.arange(100)
+    pieces = pt.dirichlet_split(rows, 7, 0.5, rng)
+    assert len(pieces) == 7 and np.array_equal(np.concatenate(pieces), rows)
+    one = pt.dirichlet_split(rows, 7, 1e-3, np.random.default_rng(1))
+    assert max(len(p) for p in one) >= 90  # a tiny alpha: nearly everything in one piece

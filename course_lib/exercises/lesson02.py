@@ -1,82 +1,231 @@
-"""Checks for lesson 2's exercises: the lecture note's FedAvg and decentralized problems.
+"""Checks for lesson 2's exercises: what local steps are worth in rounds of communication (a
+count read off this run), and a decentralized step that adapts before it combines.
 
-Lecture note "Parallel computing for empirical risk minimization", sections 4.1 and 4.2.
+Lecture note "Parallel computing for empirical risk minimization", sections 4.1 (FedAvg) and
+4.2 (decentralized optimisation on a graph); slides part 2 (decentralized networks). Each check
+is a probe (runs in the student's kernel, returns plain data) and a judge (decides from the data;
+the grader runs it outside the kernel): see :mod:`course_lib.exercises.common`.
+
+The library simulates the note's FedAvg and combine-then-adapt steps (``erm_simulators``), so
+neither is asked for: the first exercise asks for a number only a run gives, the second for the
+adapt-then-combine order with a mixing matrix, which the library does not have.
 """
 
 from __future__ import annotations
 
 import torch
 
-from course_lib.exercises.common import ExerciseFailed
+from course_lib.exercises.common import (
+    ExerciseFailed,
+    HiddenTestFailed,
+    checked,
+    grading_seed,
+)
+
+MAX_ROUNDS = 20_000  # more than GD needs for any target of the lesson's curves
 
 
-def _small_federation():
+# -- Exercise 1: rounds of plain gradient descent that q local steps are worth ------------------
+
+
+def _probe_rounds(rounds, fedavg_losses, lr, after) -> dict:
+    """``rounds``: the student's count; ``fedavg_losses``: {q: objective after each round} of
+    this run; the curve with the most local steps sets the target."""
+    if not isinstance(fedavg_losses, dict) or not fedavg_losses:
+        raise ExerciseFailed("pass fedavg_losses, the {q: losses} of section 8")
+    q = max(fedavg_losses)
+    return {"answer": rounds, "q": q, "curve": [float(v) for v in fedavg_losses[q]],
+            "lr": float(lr), "after": int(after)}
+
+
+def _gd_losses_until(target: float, lr: float) -> list[float]:
+    """Objective after each round of full-batch gradient descent on the diabetes data from
+    w = 0, until it is at or below ``target`` (FedAvg with q = 1 is this, computed here with the
+    whole gradient instead of the clients' weighted sum: an independent reference)."""
     from course_lib.erm import diabetes_problem
 
     problem = diabetes_problem()
-    sizes = [40, 120, 90, 192]  # unequal on purpose: the weights matter
-    return problem, list(torch.arange(problem.n).split(sizes))
+    w = torch.zeros(problem.d, dtype=torch.float64)
+    losses = []
+    while len(losses) < MAX_ROUNDS and (not losses or losses[-1] > target):
+        w = w - lr * problem.gradient(w)
+        losses.append(problem.loss(w))
+    return losses
 
 
-def check_fedavg_round(fedavg_round) -> str:
-    """Check a student's ``fedavg_round(problem, w, client_rows, q, lr)`` against the reference
-    simulator on clients of unequal size, for q = 1 and q = 5."""
-    from course_lib import erm_simulators as sim
+def _judge_rounds(data) -> str:
+    answer, curve, after, q = data["answer"], data["curve"], data["after"], data["q"]
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or answer != int(answer):
+        raise ExerciseFailed(f"give the number of rounds as a whole number, not {answer!r}")
+    if not 1 <= after <= len(curve) or q < 2:
+        raise ExerciseFailed(f"pass this run's fedavg_losses (a curve with q > 1 local steps and "
+                             f"at least {after} rounds)")
+    target = curve[after - 1]
+    gd = _gd_losses_until(target, data["lr"])
+    if gd[-1] > target:
+        raise ExerciseFailed(f"even {MAX_ROUNDS} rounds of q = 1 stay above {target:.6g}: pass "
+                             f"this run's losses and learning rate")
+    right, answer = len(gd), int(answer)
 
-    problem, rows = _small_federation()
-    w = torch.linspace(-0.5, 0.5, problem.d, dtype=torch.float64)
-    for q in (1, 5):
-        got = fedavg_round(problem, w.clone(), rows, q, 0.1)
-        want = sim.fedavg_round(problem, w, rows, q, 0.1)
-        if got is None:
-            raise ExerciseFailed("fedavg_round returned None: return the new global model")
-        got = torch.as_tensor(got)
-        if got.shape != want.shape:
-            raise ExerciseFailed(f"the new model has shape {tuple(got.shape)}, but w has "
-                                 f"{tuple(want.shape)}")
-        if not torch.allclose(got, want, atol=1e-10):
-            unweighted = w - torch.stack([w - _local_steps(sim, problem, r, w, q, 0.1)
-                                          for r in rows]).mean(dim=0)
-            hint = (" It equals the plain mean of the clients' models: weight each client by its "
-                    "number of samples n_k / n." if torch.allclose(got, unweighted, atol=1e-10)
-                    else " Each client takes q steps from the same w on its own rows only.")
-            raise ExerciseFailed(f"with q = {q}, the new model differs from the right one by "
-                                 f"{(got - want).abs().max().item():.3g} (largest entry).{hint}")
-    return "correct: FedAvg matches the reference for q = 1 (one GD step) and q = 5"
+    def at(r):  # GD's objective after r rounds
+        return gd[r - 1] if r <= len(gd) else gd[-1]
 
-
-def _local_steps(sim, problem, rows, w, q, lr):
-    w_k = w.clone()
-    for _ in range(q):
-        w_k = w_k - lr * sim.local_gradient(problem, rows, w_k)
-    return w_k
+    # exact, up to a tie at the threshold that rounding alone could decide
+    if answer == right or (abs(answer - right) == 1 and 1 <= answer
+                           and abs(at(answer) - target) <= 1e-12 * abs(target)):
+        return (f"correct: {q} local steps per round for {after} rounds are worth {right} rounds "
+                f"of gradient descent, {right / after:.2f} rounds each")
+    if answer < right:
+        got = f"{at(answer):.8g}" if answer >= 1 else "the starting objective"
+        raise ExerciseFailed(f"after {answer} rounds of q = 1 the objective is {got}, still "
+                             f"above {target:.8g}, what q = {q} reaches after {after} rounds: "
+                             f"run q = 1 for more rounds")
+    raise ExerciseFailed(f"q = 1 is already at or below {target:.8g} (what q = {q} reaches after "
+                         f"{after} rounds) before round {answer}: count the first round that gets "
+                         f"there")
 
 
-def check_decentralized_step(decentralized_step) -> str:
-    """Check ``decentralized_step(problem, params, client_rows, graph, lr)`` on the seven-node
-    graph: equal to the reference, and with lr = 0 pure averaging that never leaves the range
-    of the nodes' values."""
-    from course_lib import erm_simulators as sim
+check_rounds_to_match = checked("lesson02.rounds_to_match", _probe_rounds, _judge_rounds)
+check_rounds_to_match.__doc__ = """Check the number of rounds of FedAvg with q = 1 (plain
+gradient descent) needed to reach the objective FedAvg with q local steps reaches after ``after``
+rounds: ``check_rounds_to_match(rounds, fedavg_losses, lr, after)``."""
+
+
+# -- Exercise 2: adapt, then combine -------------------------------------------------------------
+
+
+def _random_case(g: torch.Generator) -> dict:
+    """A graded run's own case: a random node count, sparse row-stochastic W, problem, lr."""
+    nodes = int(torch.randint(3, 9, (1,), generator=g))
+    links = (torch.rand(nodes, nodes, generator=g) < 0.5) | torch.eye(nodes, dtype=torch.bool)
+    W = torch.rand(nodes, nodes, generator=g, dtype=torch.float64) * links
+    return {"problem": ["diabetes", "breast cancer"][int(torch.randint(2, (1,), generator=g))],
+            "nodes": nodes, "W": W / W.sum(dim=1, keepdim=True),
+            "lr": float(torch.empty(1, dtype=torch.float64).uniform_(0.01, 0.5, generator=g)),
+            "seed": int(torch.randint(1000, (1,), generator=g))}
+
+
+def _cases(seed) -> dict:
+    """Visible: the seven-node graph with the note's equal weights (not symmetric) and with
+    lr = 0 (pure averaging, checked first), and a five-node tree with Metropolis weights on the
+    logistic problem. A graded run adds random graphs, weights and steps."""
+    from course_lib.decentralized import mixing_matrix
+    from course_lib.erm_simulators import SEVEN_NODE_GRAPH
+
+    tree = {0: [1, 2, 3], 1: [0], 2: [0, 4], 3: [0], 4: [2]}  # degrees 1 to 3: weights differ
+    equal = mixing_matrix(SEVEN_NODE_GRAPH, "equal")
+    cases = {"visible": [
+        {"problem": "diabetes", "nodes": 7, "W": equal, "lr": 0.0, "seed": 0},
+        {"problem": "diabetes", "nodes": 7, "W": equal, "lr": 0.05, "seed": 1},
+        {"problem": "breast cancer", "nodes": 5, "W": mixing_matrix(tree, "metropolis"),
+         "lr": 0.5, "seed": 2}]}
+    if seed is not None:
+        g = torch.Generator().manual_seed(seed)
+        cases["hidden"] = [_random_case(g) for _ in range(3)]
+    return cases
+
+
+def _problem(name: str):
+    from course_lib.erm import breast_cancer_problem, diabetes_problem
+
+    return {"diabetes": diabetes_problem, "breast cancer": breast_cancer_problem}[name]()
+
+
+def _probe_atc(atc_step) -> dict:
     from course_lib.data import shard_rows
-    from course_lib.erm import diabetes_problem
 
-    problem = diabetes_problem()
-    rows = shard_rows(problem.n, 7)
-    g = torch.Generator().manual_seed(0)
-    params = [torch.randn(problem.d, generator=g, dtype=torch.float64) for _ in range(7)]
-    for lr in (0.0, 0.05):
-        got = decentralized_step(problem, [p.clone() for p in params], rows,
-                                 sim.SEVEN_NODE_GRAPH, lr)
-        want = sim.decentralized_step(problem, params, rows, sim.SEVEN_NODE_GRAPH, lr)
-        if got is None or len(got) != 7:
-            raise ExerciseFailed("decentralized_step must return a list with one parameter "
-                                 "vector per node (7)")
-        for i, (a, b) in enumerate(zip(got, want, strict=True)):
-            if not torch.allclose(torch.as_tensor(a), b, atol=1e-10):
-                what = ("pure averaging (lr = 0)" if lr == 0 else f"a step with lr = {lr}")
-                raise ExerciseFailed(
-                    f"node {i} is wrong after {what}: off by "
-                    f"{(torch.as_tensor(a) - b).abs().max().item():.3g}. Node {i} averages "
-                    f"itself and its neighbours {sim.SEVEN_NODE_GRAPH[i]} with equal weights, "
-                    f"then subtracts lr times its own gradient at its current parameters.")
-    return "correct: every node of the seven-node graph matches the reference"
+    data = {}
+    for kind, cases in _cases(grading_seed()).items():
+        data[kind] = []
+        for case in cases:
+            problem, nodes = _problem(case["problem"]), case["nodes"]
+            g = torch.Generator().manual_seed(case["seed"])
+            params = torch.randn(nodes, problem.d, generator=g, dtype=torch.float64)
+            rows = shard_rows(problem.n, nodes, case["seed"])
+            got = atc_step(problem, [x.clone() for x in params], [r.clone() for r in rows],
+                           case["W"].clone(), case["lr"])
+            if got is None:
+                raise ExerciseFailed("atc_step returned None: return the list of new vectors")
+            try:
+                got = torch.stack([torch.as_tensor(x) for x in got]).double()
+            except (TypeError, RuntimeError) as error:
+                raise ExerciseFailed(f"return one vector of {problem.d} numbers per node "
+                                     f"({error})") from None
+            if got.shape != params.shape:
+                raise ExerciseFailed(f"with {nodes} nodes and d = {problem.d}, return {nodes} "
+                                     f"vectors of {problem.d} numbers, not shape "
+                                     f"{tuple(got.shape)}")
+            data[kind].append({"problem": case["problem"], "rows": rows, "params": params,
+                               "W": case["W"], "lr": case["lr"], "got": got})
+    return data
+
+
+def _local_gradients(problem, params, rows, *, mean=True) -> torch.Tensor:
+    """Each node's gradient of its own objective at its own parameters, by autograd (not the
+    library's closed form): mean loss over its rows plus the l2 term."""
+    grads = []
+    for x, r in zip(params, rows, strict=True):
+        x = x.clone().requires_grad_(True)
+        margin = problem.X[r] @ x
+        if problem.kind == "logistic":
+            loss = torch.nn.functional.softplus(-problem.y[r] * margin)
+        else:
+            loss = 0.5 * (margin - problem.y[r]) ** 2
+        total = (loss.mean() if mean else loss.sum()) + 0.5 * problem.lam * x @ x
+        grads.append(torch.autograd.grad(total, x)[0])
+    return torch.stack(grads)
+
+
+def _judge_one(case) -> str | None:
+    """What is wrong with one step, or None."""
+    problem = _problem(case["problem"])
+    X, W, lr, got = case["params"], case["W"], case["lr"], case["got"]
+    G = _local_gradients(problem, X, case["rows"])
+    right = W @ (X - lr * G)
+
+    def same(a):
+        return torch.allclose(got, a, rtol=1e-9, atol=1e-9)
+
+    if same(right):
+        return None
+    if lr == 0 and same(W.T @ X):
+        return ("pure averaging (lr = 0) is wrong: you weighed with W's columns; node i's new "
+                "vector is sum_j W[i, j] x_j (row i of W)")
+    if lr == 0:
+        worst = int((got - right).abs().amax(dim=1).argmax())
+        return (f"pure averaging (lr = 0) is wrong at node {worst}: off by "
+                f"{(got - right)[worst].abs().max().item():.3g}; node i's new vector is "
+                f"sum_j W[i, j] x_j")
+    if same(W @ X - lr * G):
+        return ("that is combine-then-adapt (average, then step along the gradient at the old "
+                "vector), the library's order: adapt first, x_j - lr g_j(x_j) at every node, then "
+                "combine those with W")
+    if same(W.T @ (X - lr * G)):
+        return "the combination uses W's columns: node i takes sum_j W[i, j] y_j (row i of W)"
+    if same(W @ (X - lr * (G - problem.lam * X))):
+        return "the gradient lacks the regulariser's lam x term"
+    mean_free = _local_gradients(problem, X, case["rows"], mean=False)
+    if same(W @ (X - lr * mean_free)):
+        return ("the gradient is the sum over the node's rows: divide it by the node's number "
+                "of rows (its own objective is a mean)")
+    worst = int((got - right).abs().amax(dim=1).argmax())
+    return (f"with lr = {lr:g}, node {worst} is off by "
+            f"{(got - right)[worst].abs().max().item():.3g}: each node first steps "
+            f"y_j = x_j - lr g_j(x_j) along its own gradient, then takes sum_j W[i, j] y_j")
+
+
+def _judge_atc(data) -> str:
+    for case in data["visible"]:
+        wrong = _judge_one(case)
+        if wrong:
+            raise ExerciseFailed(f"{case['problem']}, {len(case['W'])} nodes: {wrong}")
+    if any(_judge_one(case) for case in data.get("hidden", [])):
+        raise HiddenTestFailed("a hidden case failed")
+    return (f"correct: adapt-then-combine matches on {len(data['visible'])} cases (pure "
+            f"averaging, equal weights, Metropolis weights on the logistic problem)")
+
+
+check_atc_step = checked("lesson02.atc_step", _probe_atc, _judge_atc)
+check_atc_step.__doc__ = """Check ``atc_step(problem, params, client_rows, W, lr)``: every node
+steps along its own gradient, then takes the W-weighted combination of its neighbours' stepped
+vectors; returns the list of new vectors."""

@@ -1,23 +1,221 @@
-"""Checks for lesson 3's exercises: collectives and the alpha-beta model.
+"""Checks for lesson 3's exercises: recursive-doubling all-reduce with point-to-point messages,
+and the message size at which the ring overtakes it, from this run's alpha-beta fit.
 
-Slides part 3 (all-reduce).
+Slides part 3 (all-reduce; the alpha-beta cost of the efficient ring). ``course_lib.collectives``
+has four all-reduces but not recursive doubling, so the first exercise is not a transcription.
+Each check is a probe (runs in the student's kernel, returns plain data) and a judge (decides
+from the data; the grader runs it outside the kernel): see :mod:`course_lib.exercises.common`.
 """
 
 from __future__ import annotations
 
-from course_lib.exercises.common import ExerciseFailed
+import contextlib
+import functools
+import math
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from course_lib.exercises.common import (
+    ExerciseFailed,
+    HiddenTestFailed,
+    checked,
+    grading_seed,
+)
+
+# -- Exercise 1: recursive doubling -----------------------------------------------------------
 
 
-def check_half_latency_size(half_latency_size) -> str:
-    """Check ``half_latency_size(alpha, beta, p)``: the message size n at which the efficient
-    ring's latency part 2 (p - 1) alpha equals its bandwidth part 2 (p - 1) / p n beta."""
-    for alpha, beta, p in ((1e-3, 1e-9, 2), (5e-5, 2e-10, 8)):
-        n = half_latency_size(alpha, beta, p)
-        if n is None:
-            raise ExerciseFailed("half_latency_size returned None: return the size n in bytes")
-        latency, bandwidth = 2 * (p - 1) * alpha, 2 * (p - 1) / p * n * beta
-        if abs(latency - bandwidth) > 1e-9 * latency:
-            raise ExerciseFailed(f"for alpha={alpha}, beta={beta}, p={p} you gave n = {n:.4g}: "
-                                 f"there the latency part is {latency:.3g} s but the bandwidth "
-                                 f"part {bandwidth:.3g} s")
-    return "correct: at that size both parts cost the same"
+@contextlib.contextmanager
+def _counting_sends():
+    """Within it, every ``send``/``isend`` of this process (batched ones too) appends
+    [peer, numel] to the yielded list: the judge reads the algorithm off its messages. Both
+    names are patched where torch looks them up (``P2POp`` accepts only the module's own)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    sent = []
+    originals = {name: getattr(c10d, name) for name in ("send", "isend")}
+
+    def counted(original):
+        @functools.wraps(original)
+        def wrapper(tensor, dst=None, *args, **kwargs):
+            peer = dst if dst is not None else kwargs.get("group_dst")
+            sent.append([peer, tensor.numel()])
+            return original(tensor, dst, *args, **kwargs)
+        return wrapper
+
+    for name, original in originals.items():
+        setattr(c10d, name, counted(original))
+        setattr(dist, name, getattr(c10d, name))
+    try:
+        yield sent
+    finally:
+        for name, original in originals.items():
+            setattr(c10d, name, original)
+            setattr(dist, name, original)
+
+
+def _run_all_reduce(all_reduce, lengths, seed):
+    """On every rank: the student's all-reduce of a random float64 vector of each length; what
+    each rank put in, got back and sent."""
+    rank, out = dist.get_rank(), []
+    for case, n in enumerate(lengths):
+        g = torch.Generator().manual_seed(seed * 7919 + 101 * case + rank)
+        x = torch.randn(n, generator=g, dtype=torch.float64)
+        with _counting_sends() as sent:
+            result = all_reduce(x.clone())
+        if isinstance(result, torch.Tensor):
+            result = result.detach().cpu().double()
+        else:
+            result = type(result).__name__
+        out.append({"x": x, "result": result, "sent": sent})
+    return out
+
+
+def _plan(seed) -> dict:
+    """(ranks, lengths) per launch: visible 4 ranks with uneven lengths, and 2; a graded run
+    adds 8 ranks and other lengths."""
+    plan = {"visible": [(4, [7, 1, 16]), (2, [5])]}
+    if seed is not None:
+        g = torch.Generator().manual_seed(seed)
+        plan["hidden"] = [(8, torch.randint(1, 40, (2,), generator=g).tolist()),
+                          (4, torch.randint(1, 40, (2,), generator=g).tolist())]
+    return plan
+
+
+def _probe_doubling(all_reduce, timeout: float = 60) -> dict:
+    from course_lib import launch
+
+    seed, data = grading_seed(), {}
+    for kind, runs in _plan(seed).items():
+        data[kind] = []
+        for p, lengths in runs:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # oversubscribed: on purpose
+                    ranks = launch(_run_all_reduce, world_size=p, timeout=timeout,
+                                   args=(all_reduce, lengths, 0 if seed is None else seed))
+            except Exception as error:  # a rank raised, or the ranks waited for each other
+                if kind == "hidden":
+                    data[kind].append({"p": p, "failed": True})
+                    continue
+                raise ExerciseFailed(f"on {p} ranks: {type(error).__name__}: {error}") from None
+            data[kind].append({"p": p, "ranks": ranks})
+    return data
+
+
+def _judge_run(run) -> str | None:
+    """What is wrong on one launch, or None."""
+    if run.get("failed"):
+        return "it failed"
+    p, ranks = run["p"], run["ranks"]
+    partners = {r: sorted(r ^ (1 << k) for k in range(p.bit_length() - 1)) for r in range(p)}
+    for case in range(len(ranks[0])):
+        xs = [r[case]["x"] for r in ranks]
+        total, n = torch.stack(xs).sum(dim=0), xs[0].numel()
+        where = f"on {p} ranks, a vector of {n}"
+        for rank, r in enumerate(ranks):
+            got = r[case]["result"]
+            if not isinstance(got, torch.Tensor):
+                return f"{where}: rank {rank} returned a {got}: return the summed tensor"
+            if got.shape != total.shape:
+                return (f"{where}: rank {rank} returned shape {tuple(got.shape)}, not "
+                        f"{tuple(total.shape)}")
+            if not torch.allclose(got, total, rtol=1e-12, atol=1e-12):
+                if torch.allclose(got, xs[rank], rtol=1e-12, atol=1e-12):
+                    return f"{where}: rank {rank} returned its own vector, not the sum"
+                if p > 2 and torch.allclose(got, xs[rank] + xs[rank ^ 1], rtol=1e-12,
+                                            atol=1e-12):
+                    return (f"{where}: rank {rank} holds only its pair's sum (ranks {rank} and "
+                            f"{rank ^ 1}): go on, step k with rank XOR 2^k, until 2^k = p")
+                return (f"{where}: rank {rank} is off the sum by "
+                        f"{(got - total).abs().max().item():.3g}")
+        for rank, r in enumerate(ranks):
+            peers = sorted(peer for peer, _ in r[case]["sent"])
+            sizes = [size for _, size in r[case]["sent"]]
+            if not sizes:
+                return (f"{where}: the sum is right, but rank {rank} sent no message: write it "
+                        f"with dist.isend / dist.recv, not with a collective")
+            if peers != partners[rank] or any(size != n for size in sizes):
+                return (f"{where}: the sum is right, but rank {rank} sent {len(sizes)} "
+                        f"message(s) of {sizes} numbers to ranks {peers}; recursive doubling "
+                        f"sends log2 p = {len(partners[rank])}, each the whole vector ({n}), to "
+                        f"ranks {partners[rank]} (rank XOR 2^k)")
+    return None
+
+
+def _judge_doubling(data) -> str:
+    for run in data["visible"]:
+        wrong = _judge_run(run)
+        if wrong:
+            raise ExerciseFailed(wrong)
+    if any(_judge_run(run) for run in data.get("hidden", [])):
+        raise HiddenTestFailed("a hidden case failed")
+    return ("correct: every rank holds the sum on 4 and 2 ranks, after log2 p exchanges of the "
+            "whole vector with rank XOR 2^k")
+
+
+check_doubling_all_reduce = checked("lesson03.doubling_all_reduce", _probe_doubling,
+                                    _judge_doubling)
+check_doubling_all_reduce.__doc__ = """Check ``all_reduce(tensor)``, recursive doubling: run on
+4 and 2 ranks, every rank must return the sum, having sent log2 p messages of the whole vector,
+to rank XOR 1, XOR 2, ..."""
+
+
+# -- Exercise 2: where the ring overtakes recursive doubling ------------------------------------
+
+
+def _probe_crossover(n_cross, alpha_msg, beta_msg, ranks) -> dict:
+    """``n_cross``: the student's size in bytes; ``alpha_msg``, ``beta_msg``: this run's
+    per-message constants of the ring's fit; ``ranks``: p."""
+    return {"answer": n_cross, "alpha": float(alpha_msg), "beta": float(beta_msg),
+            "p": int(ranks)}
+
+
+def _judge_crossover(data) -> str:
+    from course_lib.cost_models import ring_all_reduce_time
+
+    answer, alpha, beta, p = data["answer"], data["alpha"], data["beta"], data["p"]
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or \
+            not math.isfinite(answer):
+        raise ExerciseFailed(f"give n_cross as a number of bytes, not {answer!r}")
+    if p < 4 or p & (p - 1):
+        raise ExerciseFailed(f"recursive doubling needs p a power of two, at least 4; got {p}")
+    if not (alpha > 0 and beta > 0 and math.isfinite(alpha) and math.isfinite(beta)):
+        raise ExerciseFailed(f"pass this run's alpha_msg and beta_msg (positive), not "
+                             f"{alpha!r}, {beta!r}")
+
+    def ring(n):
+        return float(ring_all_reduce_time(n, p, alpha, beta))
+
+    def doubling(n):  # log2 p messages, each the whole vector
+        return math.log2(p) * (alpha + beta * n)
+
+    # both times are straight lines in n: find where they meet from two points of each
+    scale = alpha / beta
+    gap0, gap1 = ring(0) - doubling(0), ring(scale) - doubling(scale)
+    right = scale * gap0 / (gap0 - gap1)
+    if abs(answer - right) <= 0.01 * right:
+        return (f"correct: on {p} ranks the ring and recursive doubling cost the same at "
+                f"{right / 1e3:.4g} kB: smaller messages are faster by recursive doubling "
+                f"(fewer messages), larger ones by the ring (fewer bytes)")
+    for unit, factor in (("kB", 1e3), ("KiB", 2 ** 10), ("MB", 1e6), ("MiB", 2 ** 20)):
+        if abs(answer * factor - right) <= 0.01 * right:
+            raise ExerciseFailed(f"that looks like the size in {unit}: give it in bytes")
+    if answer <= 0:
+        raise ExerciseFailed(f"n_cross = {answer:.4g} bytes: a message size is positive")
+    faster = "the ring" if ring(answer) < doubling(answer) else "recursive doubling"
+    raise ExerciseFailed(
+        f"at n = {answer:.4g} bytes on {p} ranks the ring takes {ring(answer) * 1e3:.4g} ms and "
+        f"recursive doubling {doubling(answer) * 1e3:.4g} ms: not equal ({faster} is faster, "
+        f"so the crossing is at {'smaller' if faster == 'the ring' else 'larger'} n). The ring "
+        f"costs 2 (p - 1) alpha + 2 (p - 1) / p n beta; count recursive doubling's messages "
+        f"and their size")
+
+
+check_crossover_size = checked("lesson03.crossover_size", _probe_crossover, _judge_crossover)
+check_crossover_size.__doc__ = """Check ``n_cross``, the message size in bytes at which the
+efficient ring and recursive doubling take the same time on ``ranks`` ranks, by the alpha-beta
+model with this run's per-message constants: ``check_crossover_size(n_cross, alpha_msg,
+beta_msg, ranks)`` (within a relative 0.01)."""

@@ -1,29 +1,189 @@
-"""Checks for lesson 5's exercises: pipeline schedules.
+"""Checks for lesson 5's exercises: the bubble of a pipeline whose last stage is slower, and
+the all-gather operator of a column-parallel layer.
 
-The article's model parallelism; Narayanan et al. 2021 (1F1B).
+The course article's model parallelism; GPipe (Huang et al. 2019) and 1F1B (Narayanan et al.
+2021) for the bubble; Megatron-LM (Shoeybi et al. 2019) for the column split and its gather.
+Each check is a probe (runs in the student's kernel, returns plain data) and a judge (decides
+from the data; the grader runs it outside the kernel): see :mod:`course_lib.exercises.common`.
 """
 
 from __future__ import annotations
 
-from course_lib.exercises.common import ExerciseFailed
+import torch
+
+from course_lib.exercises.common import (
+    ExerciseFailed,
+    HiddenTestFailed,
+    checked,
+    grading_seed,
+)
+
+# -- exercise 1: the bubble when one stage is slower ---------------------------------------------
+
+# The pipeline of the exercise, in the time units of section 9's model: stages 0-2 take 1 unit
+# per forward and 2 per backward, the last stage (output layer and loss) twice as long. The
+# judge uses this constant, not a setting passed from the kernel.
+SLOW_STAGE = dict(p=4, micro_batches=8, schedule="1F1B", forward=[1, 1, 1, 2],
+                  backward=[2, 2, 2, 4])
+TOLERANCE = 0.005  # absolute, on the idle fraction
 
 
-def check_1f1b_order(one_f_one_b) -> str:
-    """Check ``one_f_one_b(stage, stages, micro_batches)`` against the 1F1B schedule: the
-    first action that differs, and what it should be (lesson 5)."""
-    from course_lib import pipeline as pp
+def _probe_slow_stage(idle) -> dict:
+    """``idle``: the student's idle fraction for :data:`SLOW_STAGE`."""
+    return {"answer": idle}
 
-    for stages, micro_batches in [(2, 4), (4, 8), (4, 2), (3, 1)]:
-        for stage in range(stages):
-            got = one_f_one_b(stage, stages, micro_batches)
-            right = pp.one_f_one_b_schedule(stage, stages, micro_batches)
-            if got != right:
-                got = list(got or [])
-                pairs = enumerate(zip(got, right, strict=False))
-                first = next((k for k, (a, b) in pairs if a != b), min(len(got), len(right)))
-                should = right[first] if first < len(right) else "nothing"
-                is_ = got[first] if first < len(got) else "missing"
-                raise ExerciseFailed(f"stage {stage} of {stages}, m = {micro_batches}: action "
-                                     f"{first} should be {should} but is {is_} (right order: "
-                                     f"{right})")
-    return "correct: every stage's 1F1B order matches"
+
+def _judge_slow_stage(data) -> str:
+    from course_lib.cost_models import bubble_fraction, idle_fraction, pipeline_timeline
+
+    answer = data["answer"]
+    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+        raise ExerciseFailed(f"give the idle fraction as a number, not {answer!r}")
+    s = SLOW_STAGE
+    spans = pipeline_timeline(s["p"], s["micro_batches"], s["schedule"], forward=s["forward"],
+                              backward=s["backward"])
+    right = idle_fraction(spans, s["p"])
+    makespan = max(start + duration for _, start, duration, _ in spans)
+    balanced = bubble_fraction(s["p"], s["micro_batches"])
+    if abs(answer - right) <= TOLERANCE:
+        return (f"correct: {answer:.4f} (the model: {right:.4f}, a run of {makespan:g} units; "
+                f"equal stages would be idle {balanced:.4f})")
+    if 1 < answer <= 100 and abs(answer / 100 - right) <= TOLERANCE:
+        raise ExerciseFailed("give a fraction between 0 and 1, not a percentage")
+    if not 0 <= answer < 1:
+        raise ExerciseFailed(f"an idle fraction lies between 0 and 1, not {answer!r}")
+    if abs(answer - balanced) <= TOLERANCE:
+        raise ExerciseFailed(f"{answer:.4f} is (p - 1)/(m + p - 1), the bubble of {s['p']} equal "
+                             f"stages; here the last stage is slower and sets the pace")
+    side = "low" if answer < right else "high"
+    raise ExerciseFailed(f"{answer:.4f} is too {side} (tolerance {TOLERANCE}): the slow stage is "
+                         f"busy {s['micro_batches']} x {s['forward'][-1] + s['backward'][-1]} "
+                         f"units; what must happen before its first step, and after its last?")
+
+
+check_slow_stage_bubble = checked("lesson05.slow_stage_bubble", _probe_slow_stage,
+                                  _judge_slow_stage)
+check_slow_stage_bubble.__doc__ = """Check ``idle``, the idle fraction (idle stage time over p x
+the run's length) of the 1F1B pipeline :data:`SLOW_STAGE`, against the model timeline
+``cost_models.pipeline_timeline`` of that pipeline, within :data:`TOLERANCE`."""
+
+# -- exercise 2: the gather of a column-parallel layer ------------------------------------------
+
+
+def _case(seed, tokens, d_in, d_out):
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    # r: the gradient of the loss with respect to the output; uneven, so that a slice taken
+    # from the wrong place or a gradient summed over ranks shows
+    return dict(x=draw(tokens, d_in), w=draw(d_out, d_in), b=draw(d_out), r=draw(tokens, d_out))
+
+
+def _cases(seed):
+    """Visible: 6 tokens, 5 inputs, 8 outputs (4 per rank). A graded run adds a layer of other
+    sizes drawn for that run."""
+    cases = {"visible": _case(5, 6, 5, 8)}
+    if seed is not None:
+        g = torch.Generator().manual_seed(seed)
+        tokens, d_in, half = (int(v) for v in torch.randint(2, 8, (3,), generator=g))
+        cases["hidden"] = _case(seed % 10_000, tokens, d_in, 2 * half)
+    return cases
+
+
+def _column_parallel(gather, cases):
+    """On every rank: this rank's block of output features, Y_r = f(X) W_r^T + b_r, then the
+    student's ``gather.apply(Y_r)``, then the loss sum(Y * R) (the same on every rank) and its
+    backward. The output, and the gradients of X and of this rank's shard."""
+    import torch.distributed as dist
+
+    from course_lib import tensor_parallel as tp
+
+    rank, world, out = dist.get_rank(), dist.get_world_size(), {}
+    for name, c in cases.items():
+        k = len(c["b"]) // world
+        w = c["w"][rank * k:(rank + 1) * k].clone().requires_grad_(True)
+        b = c["b"][rank * k:(rank + 1) * k].clone().requires_grad_(True)
+        x = c["x"].clone().requires_grad_(True)
+        full = gather.apply(tp.f_operator(x, tp.new_counter()) @ w.T + b)
+        if not isinstance(full, torch.Tensor):
+            raise TypeError(f"forward returned a {type(full).__name__}, not a tensor")
+        if full.shape == c["r"].shape:
+            (full * c["r"]).sum().backward()
+        out[name] = dict(out=full.detach(), x_grad=x.grad, w_grad=w.grad, b_grad=b.grad)
+    return out
+
+
+def _probe_gather(gather) -> dict:
+    from course_lib import launch
+    from course_lib.runtime.errors import LaunchTimeout, WorkerError
+
+    cases = _cases(grading_seed())
+    try:
+        ranks = launch(_column_parallel, world_size=2, args=(gather, cases), timeout=60)
+    except WorkerError as err:
+        raise ExerciseFailed(f"rank {err.rank} raised {err.exc_type}: {err.exc_message}") from None
+    except LaunchTimeout:
+        raise ExerciseFailed("the ranks did not finish within 60 s: does every rank make the same "
+                             "collective calls?") from None
+    return {name: dict(case, ranks=[r[name] for r in ranks]) for name, case in cases.items()}
+
+
+def _close(a, b) -> bool:
+    if a is None or b is None:
+        return False
+    a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
+    return a.shape == b.shape and bool(torch.allclose(a, b, rtol=0, atol=1e-9))
+
+
+def _judge_gather_case(c) -> str | None:
+    """What is wrong on one case, or None. The reference: the unsplit layer, by autograd."""
+    x, w, b = (c[k].clone().requires_grad_(True) for k in ("x", "w", "b"))
+    y = x @ w.T + b
+    (y * c["r"]).sum().backward()
+    world = len(c["ranks"])
+    k = len(c["b"]) // world
+    for rank, got in enumerate(c["ranks"]):
+        cols = slice(rank * k, (rank + 1) * k)
+        out = torch.as_tensor(got["out"])
+        if out.shape != y.shape:
+            return (f"on rank {rank} the gathered output has shape {tuple(out.shape)}, the "
+                    f"layer's output {tuple(y.shape)}: put the {world} ranks' slices side by side "
+                    f"along the last dimension")
+        if not _close(out, y):
+            flipped = torch.cat(list(y.detach().split(k, dim=-1))[::-1], dim=-1)
+            if _close(out, flipped):
+                return (f"the slices are in the wrong order: rank r's slice belongs in columns "
+                        f"r*{k} to (r+1)*{k}")
+            return f"on rank {rank} the gathered output is not the layer's output"
+        if got["w_grad"] is None or got["x_grad"] is None:
+            return (f"on rank {rank} the shard got no gradient: backward must return the "
+                    f"gradient of forward's input")
+        if not _close(got["w_grad"], w.grad[cols]):
+            if _close(got["w_grad"], world * w.grad[cols]):
+                return (f"the shard's gradient is {world} times too large: every rank already "
+                        f"holds the whole output's gradient (each computes the same loss), so "
+                        f"backward keeps this rank's slice and must not sum over the ranks")
+            return (f"on rank {rank} the shard's gradient is wrong: backward must return the "
+                    f"columns of the output's gradient that this rank's slice produced")
+        if not (_close(got["b_grad"], b.grad[cols]) and _close(got["x_grad"], x.grad)):
+            return f"on rank {rank} the bias' or the input's gradient is wrong"
+    return None
+
+
+def _judge_gather(data) -> str:
+    wrong = _judge_gather_case(data["visible"])
+    if wrong:
+        raise ExerciseFailed(wrong)
+    if "hidden" in data and _judge_gather_case(data["hidden"]):
+        raise HiddenTestFailed("a hidden case failed")
+    return ("correct: the column-parallel layer with your gather gives the unsplit layer's "
+            "output and gradients on both ranks")
+
+
+check_gather = checked("lesson05.gather", _probe_gather, _judge_gather)
+check_gather.__doc__ = """Check ``gather``, an autograd function: forward all-gathers each
+rank's slice of the output features and concatenates them (rank order, last dimension);
+backward returns this rank's slice of the gradient. Runs a column-parallel linear layer on
+2 ranks and compares with the unsplit layer."""

@@ -1,58 +1,124 @@
-"""Checks for lesson 7's exercises: loss scaling and stochastic rounding.
+"""Checks for lesson 7's exercises: a static loss scale read off this run's gradients, and
+stochastic rounding to fp16.
 
-Micikevicius et al. 2018; the article's lower precision.
+Micikevicius et al. 2018; the article's lower precision. Each check is a probe (runs in the
+student's kernel, returns plain data) and a judge (decides from the data; the grader runs it
+outside the kernel): see :mod:`course_lib.exercises.common`.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from course_lib.exercises.common import ExerciseFailed
+from course_lib.exercises.common import (
+    ExerciseFailed,
+    HiddenTestFailed,
+    checked,
+    grading_seed,
+)
+
+FP16_MAX = 65504.0
 
 
-def check_update_scale(update_scale) -> str:
-    """Check ``update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
-    growth_interval) -> (scale, growth_tracker)`` against the rule ``torch.amp.GradScaler``
-    runs (``torch._amp_update_scale_``) on a sequence of clean and overflowing steps."""
-    flags = [False, False, True, False, False, False, False, True, True, False, False, False]
-    rule = dict(growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
-    scale, tracker = 1024.0, 0
-    ref_scale, ref_tracker = torch.tensor([1024.0]), torch.zeros(1, dtype=torch.int32)
-    for step, found_inf in enumerate(flags):
-        out = update_scale(scale, tracker, found_inf, **rule)
-        if not isinstance(out, tuple) or len(out) != 2:
-            raise ExerciseFailed(f"update_scale returned {out!r}: return (scale, growth_tracker)")
-        scale, tracker = out
-        torch._amp_update_scale_(ref_scale, ref_tracker, torch.tensor([float(found_inf)]),
-                                 rule["growth_factor"], rule["backoff_factor"],
-                                 rule["growth_interval"])
-        if (scale, tracker) != (ref_scale.item(), ref_tracker.item()):
-            what = "an inf/NaN" if found_inf else "a clean step"
-            raise ExerciseFailed(
-                f"after step {step} ({what}) you have scale {scale:g}, tracker {tracker}; "
-                f"GradScaler has scale {ref_scale.item():g}, tracker {ref_tracker.item()}. "
-                f"On an inf: scale x backoff and the tracker back to 0; on a clean step: count "
-                f"it, and when the count reaches growth_interval grow and start again from 0.")
-    return f"correct: your rule follows GradScaler's for {len(flags)} steps (3 overflows)"
+def _probe_safe_scale(log2_scale, gradients) -> dict:
+    """``log2_scale``: the student's k; ``gradients``: this run's activation gradients."""
+    g = torch.as_tensor(gradients).detach().double()
+    return {"k": log2_scale, "largest": g.abs().max().item(), "count": g.numel()}
 
 
-def check_stochastic_round(stochastic_round) -> str:
-    """Check ``stochastic_round(x, generator)``: integers, within 1 of x, unbiased, random."""
-    x = torch.linspace(-3.0, 3.0, 601, dtype=torch.float64).repeat(200)
-    r = stochastic_round(x, torch.Generator().manual_seed(0))
-    if r is None or not isinstance(r, torch.Tensor) or r.shape != x.shape:
-        raise ExerciseFailed("return a tensor of the same shape as x")
-    if not torch.equal(r, torch.round(r)):
-        raise ExerciseFailed("some results are not whole numbers: round to an integer")
-    worst = (r - x).abs().max().item()
-    if worst >= 1:
-        raise ExerciseFailed(f"a result is {worst:.3g} away from its input: round to one of "
-                             f"the two neighbouring integers")
-    if torch.equal(r, torch.round(x)) or torch.equal(r, torch.floor(x)):
-        raise ExerciseFailed("that is deterministic rounding: round up with probability equal "
-                             "to the fraction, using the generator")
-    bias = (r - x).reshape(200, 601).mean(dim=0).abs().max().item()
-    if bias > 0.15:
-        raise ExerciseFailed(f"biased: averaged over 200 draws, a value is off by {bias:.2f}; "
-                             f"round up with probability x - floor(x)")
-    return f"correct: integers, within 1, unbiased (largest average error {bias:.3f})"
+def _judge_safe_scale(data) -> str:
+    k, largest = data["k"], float(data["largest"])
+    if isinstance(k, bool) or not isinstance(k, (int, float)) or k != int(k):
+        raise ExerciseFailed(f"give k as a whole number (the scale is 2**k), not {k!r}")
+    k = int(k)
+    if not 0 < largest < float("inf"):
+        raise ExerciseFailed("pass this run's activation gradients (grads['activations'])")
+
+    def overflows(j):
+        return bool(torch.isinf((torch.tensor(largest) * 2.0 ** j).half()))
+
+    if overflows(k):
+        raise ExerciseFailed(f"at S = 2^{k} the largest activation gradient of this run "
+                             f"({largest:.3g}) becomes inf in fp16")
+    if not overflows(k + 1):
+        raise ExerciseFailed(f"S = 2^{k} is safe, but so is 2^{k + 1}: find the largest")
+    return (f"correct: S = 2^{k} is the largest power of two at which none of this run's "
+            f"{data['count']} activation gradients overflows in fp16")
+
+
+check_safe_scale = checked("lesson07.safe_scale", _probe_safe_scale, _judge_safe_scale)
+check_safe_scale.__doc__ = """Check ``k``, the largest whole number such that a static loss
+scale S = 2**k lets no activation gradient of this run overflow in fp16:
+``check_safe_scale(k, grads["activations"])``."""
+
+
+def _cases(seed):
+    """The inputs: on the fp16 grid and between its points, both signs, small and large; a
+    graded run adds values drawn at random for that run."""
+    visible = torch.cat([torch.linspace(1.0, 1.01, 41), torch.linspace(-3.0, 3.0, 61),
+                         torch.tensor([1000.3, -0.1, 2.0 ** -20, 60000.7])]).double()
+    cases = {"visible": visible}
+    if seed is not None:
+        g = torch.Generator().manual_seed(seed)
+        cases["hidden"] = ((torch.rand(300, generator=g, dtype=torch.float64) - 0.5)
+                           * 2 ** torch.randint(-12, 14, (300,), generator=g))
+    return cases
+
+
+def _probe_fp16_round(stochastic_round, draws: int = 200) -> dict:
+    data = {}
+    for name, x in _cases(grading_seed()).items():
+        g = torch.Generator().manual_seed(7)
+        out = [stochastic_round(x, g) for _ in range(draws)]
+        if any(not isinstance(r, torch.Tensor) or r.shape != x.shape for r in out):
+            raise ExerciseFailed(f"return a tensor of x's shape {tuple(x.shape)}")
+        data[name] = {"x": x, "r": torch.stack([r.double() for r in out])}
+    return data
+
+
+def _neighbours(x: np.ndarray):
+    """The fp16 values just below and just above each x (equal where x is one)."""
+    h = x.astype(np.float16)
+    lo = np.where(h.astype(np.float64) > x, np.nextafter(h, np.float16(-np.inf)), h)
+    hi = np.where(h.astype(np.float64) < x, np.nextafter(h, np.float16(np.inf)), h)
+    return lo.astype(np.float64), hi.astype(np.float64)
+
+
+def _judge_one(x, r) -> str | None:
+    """What is wrong with rounding x to r (draws x values), or None."""
+    x, r = x.numpy(), r.numpy()
+    lo, hi = _neighbours(x)
+    if not np.all((r == lo) | (r == hi)):
+        i = np.argwhere(~((r == lo) | (r == hi)))[0]
+        v = float(x[i[1]])
+        return (f"x = {v!r} gave {float(r[tuple(i)])!r}: the result must be one of the two "
+                f"fp16 values around x ({float(lo[i[1]])!r} or {float(hi[i[1]])!r})")
+    between = hi > lo
+    if between.any() and np.all(r[:, between] == r[0, between]):
+        return "every draw gives the same result: round at random, with the generator"
+    gap = np.where(hi > lo, hi - lo, 1.0)
+    bias = np.abs((r - x).mean(axis=0) / gap)
+    if bias.max() > 0.2:
+        v = float(x[int(bias.argmax())])
+        return (f"biased: averaged over {len(r)} draws, x = {v!r} is off by {bias.max():.2f} "
+                f"of its gap; round up with probability (x - below) / (above - below)")
+    return None
+
+
+def _judge_fp16_round(data) -> str:
+    wrong = _judge_one(data["visible"]["x"], data["visible"]["r"])
+    if wrong:
+        raise ExerciseFailed(wrong)
+    if "hidden" in data and _judge_one(data["hidden"]["x"], data["hidden"]["r"]):
+        raise HiddenTestFailed("a hidden case failed")
+    n = data["visible"]["x"].numel()
+    return (f"correct: each of {n} values rounds to one of its two fp16 neighbours, at random, "
+            f"without bias")
+
+
+check_fp16_stochastic_round = checked("lesson07.fp16_stochastic_round", _probe_fp16_round,
+                                      _judge_fp16_round)
+check_fp16_stochastic_round.__doc__ = """Check ``stochastic_round(x, generator)``: x (float64)
+rounded to one of the two fp16 values around it, up with probability proportional to how close
+the upper one is, using the generator."""

@@ -1,66 +1,218 @@
-"""Checks for lesson 8's exercises: FedAvg's aggregation and non-IID partitions.
+"""Checks for lesson 8's exercises: a Dirichlet partition whose minimum size is built in rather
+than redrawn, and the label mix that FedAvg with uniform client weights trains on.
 
-Slides part 4; McMahan et al. 2017.
+Slides "Parallel computing for machine learning", part 4 (data are not IID and their amounts
+severely imbalanced; direction 1, Federated Averaging: the server averages the clients' models
+weighted by their data); lesson 8 sections 1 (partitions) and 2 (FedAvg). Each check is a probe
+(runs in the student's kernel, returns plain data) and a judge (decides from the data; the grader
+runs it outside the kernel): see :mod:`course_lib.exercises.common`.
 """
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
-from course_lib.exercises.common import ExerciseFailed
+from course_lib.exercises.common import (
+    ExerciseFailed,
+    HiddenTestFailed,
+    checked,
+    grading_seed,
+)
 
-
-def check_weighted_average(aggregate) -> str:
-    """Check ``aggregate(models, sizes)``: the average of the client models weighted by their
-    number of rows, sum_k (n_k / n) w_k."""
-    g = torch.Generator().manual_seed(0)
-    models = [torch.randn(5, generator=g, dtype=torch.float64) for _ in range(3)]
-    sizes = [10, 300, 40]
-    want = sum(n / 350 * w for n, w in zip(sizes, models, strict=True))
-    got = aggregate([m.clone() for m in models], list(sizes))
-    if got is None:
-        raise ExerciseFailed("aggregate returned None: return the new global model")
-    got = torch.as_tensor(got, dtype=torch.float64)
-    if got.shape != want.shape:
-        raise ExerciseFailed(f"the average has shape {tuple(got.shape)}, a model has "
-                             f"{tuple(want.shape)}")
-    if not torch.allclose(got, want, atol=1e-12):
-        plain = torch.stack(models).mean(dim=0)
-        hint = (" That is the plain mean: weight each model by n_k / n." if
-                torch.allclose(got, plain, atol=1e-12) else
-                " Multiply each model by its share n_k / n of the rows and add them up.")
-        raise ExerciseFailed(f"off by {(got - want).abs().max().item():.3g}.{hint}")
-    return "correct: client models averaged with weights n_k / n"
+# -- exercise 1: Dirichlet per class, with a floor of min_size rows per client ------------------
 
 
-def check_label_shards(partition, labels, clients: int = 20) -> str:
-    """Check ``partition(labels, clients, seed)`` for McMahan et al.'s pathological split:
-    disjoint, complete, near-equal sizes, at most two labels per client, seeded."""
-    import numpy as np
+def _labels(label_seed: int, n: int, classes: int) -> np.ndarray:
+    """Labels with unequal classes (as real data has), the same for the same arguments: the
+    judge rebuilds them from the case instead of trusting the kernel's copy."""
+    rng = np.random.default_rng(label_seed)
+    return rng.choice(classes, n, p=rng.dirichlet(np.full(classes, 5.0)))
 
-    labels = np.asarray(labels)
-    parts = partition(labels, clients, 0)
-    if parts is None or len(parts) != clients:
-        raise ExerciseFailed(f"return a list with one array of row indices per client "
-                             f"({clients})")
-    rows = np.concatenate([np.asarray(p) for p in parts])
-    if len(rows) != len(set(rows.tolist())):
-        raise ExerciseFailed("some row is given to two clients: deal every shard once")
-    if len(rows) != len(labels):
-        raise ExerciseFailed(f"{len(labels) - len(rows)} rows belong to no client: cut all of "
-                             f"the sorted rows into shards")
-    kinds = [len(set(labels[np.asarray(p)].tolist())) for p in parts]
-    if max(kinds) > 2:
-        raise ExerciseFailed(f"a client holds {max(kinds)} labels: cut each class into its "
-                             f"own shards so that no shard straddles two labels")
+
+def _partition_cases(seed) -> list[dict]:
+    """The visible cases: the digits' size with 50 clients and a floor of 15 rows, where
+    ``pt.dirichlet_per_class`` gives up (tiny alpha: each class should land on few clients);
+    and a large alpha, where the classes should spread evenly. A graded run adds cases drawn at
+    random for that run."""
+    cases = [dict(label_seed=0, n=1347, classes=10, clients=50, alpha=0.01, min_size=15, seed=3),
+             dict(label_seed=0, n=1347, classes=10, clients=20, alpha=1000.0, min_size=5, seed=4)]
+    if seed is not None:
+        rng = np.random.default_rng(seed)
+        for alpha in (0.005, 0.01, 1000.0):
+            n, clients = int(rng.integers(300, 1500)), int(rng.integers(5, 41))
+            cases.append(dict(label_seed=int(rng.integers(2**31)), n=n,
+                              classes=int(rng.integers(4, 11)), clients=clients, alpha=alpha,
+                              min_size=int(rng.integers(0, n // (2 * clients) + 1)),
+                              seed=int(rng.integers(2**31)), hidden=True))
+    return cases
+
+
+def _rows(parts) -> list[list[int]]:
+    try:
+        return [[int(i) for i in np.asarray(p).reshape(-1)] for p in parts]
+    except (TypeError, ValueError) as error:
+        raise ExerciseFailed("return a list with one array of row indices per client") from error
+
+
+def _probe_partition(partition) -> dict:
+    """Runs ``partition`` on each case twice with its seed and once with another seed."""
+    out = []
+    for case in _partition_cases(grading_seed()):
+        labels = _labels(case["label_seed"], case["n"], case["classes"])
+        args = (case["clients"], case["alpha"], case["min_size"])
+        try:
+            runs = [_rows(partition(labels.copy(), *args, s))
+                    for s in (case["seed"], case["seed"], case["seed"] + 1)]
+        except (ExerciseFailed, NotImplementedError):
+            raise
+        except Exception as error:  # noqa: BLE001 - say which case made it fail
+            redrew = type(error).__name__ == "PartitionError"  # pt.dirichlet_per_class gave up
+            raise ExerciseFailed(
+                f"with {case['clients']} clients, alpha = {case['alpha']}, min_size = "
+                f"{case['min_size']} your function raised {type(error).__name__}: {error}"
+                + (". Build the floor first: no redrawing" if redrew else "")) from error
+        out.append(dict(case=case, runs=runs))
+    return {"cases": out}
+
+
+def _top_share(counts: np.ndarray) -> float:
+    """Per class, the share of its rows that its largest holder has; averaged over classes."""
+    total = counts.sum(axis=0)
+    keep = total > 0
+    return float((counts.max(axis=0)[keep] / total[keep]).mean())
+
+
+def _mean_emd(counts: np.ndarray) -> float:
+    mixes = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    return float(np.abs(mixes - counts.sum(axis=0) / counts.sum()).sum(axis=1).mean())
+
+
+def _judge_partition_case(case, runs) -> str | None:
+    """What is wrong with one case's three partitions, or None."""
+    labels = _labels(case["label_seed"], case["n"], case["classes"])
+    n, clients, alpha, floor = case["n"], case["clients"], case["alpha"], case["min_size"]
+    where = f" (clients = {clients}, alpha = {alpha}, min_size = {floor}, {n} rows)"
+    parts = runs[0]
+    if len(parts) != clients:
+        return f"{len(parts)} arrays for {clients} clients{where}: return one per client"
+    rows = [i for p in parts for i in p]
+    if any(not 0 <= i < n for i in rows):
+        return f"a row index is outside 0..{n - 1}{where}"
+    if len(set(rows)) != len(rows):
+        return f"{len(rows) - len(set(rows))} rows belong to two clients{where}: the floor's " \
+               f"rows must leave the pool that the Dirichlet split deals out"
+    if len(rows) != n:
+        return f"{n - len(rows)} rows belong to no client{where}: deal out every row"
+    if min(len(p) for p in parts) < floor:
+        return f"a client has {min(len(p) for p in parts)} rows{where}: give every client " \
+               f"min_size rows first"
+    if [sorted(p) for p in runs[1]] != [sorted(p) for p in parts]:
+        return f"the same seed gave another partition{where}: draw everything from " \
+               f"np.random.default_rng(seed)"
+    if [sorted(p) for p in runs[2]] == [sorted(p) for p in parts]:
+        return f"another seed gave the same partition{where}: use the seed"
+    counts = np.stack([np.bincount(labels[p], minlength=case["classes"]) for p in parts])
+    share = floor * clients / n  # of every class, about this share went to the floors
+    if alpha < 1:
+        # Dir(alpha) with a tiny alpha puts nearly all of a class's remaining rows on one client;
+        # the bar is halfway between an even split (1/clients) and that expectation
+        largest = np.random.default_rng(0).dirichlet(np.full(clients, alpha), 4000).max(axis=1)
+        bar = 1 / clients + 0.5 * (1 - share) * (largest.mean() - 1 / clients)
+        if _top_share(counts) < bar:
+            return (f"the classes are spread too evenly{where}: a class's largest holder has "
+                    f"{_top_share(counts):.0%} of it on average, but with this alpha most of the "
+                    f"rows left after the floor should sit on one client (more than {bar:.0%}). "
+                    f"Split what is left of each class with proportions ~ Dir(alpha)")
+    else:
+        even = _mean_emd(np.stack([np.bincount(labels[p], minlength=case["classes"]) for p in
+                                   np.array_split(np.random.default_rng(0).permutation(n),
+                                                  clients)]))
+        if _mean_emd(counts) > 1.5 * even + 0.05:
+            return (f"the clients' label mixes are far from the global one{where} (mean EMD "
+                    f"{_mean_emd(counts):.2f}, an IID split has {even:.2f}): with a large alpha "
+                    f"every client should get about its share of every class")
+    return None
+
+
+def _judge_partition(data) -> str:
+    hidden = False
+    for item in data["cases"]:
+        wrong = _judge_partition_case(item["case"], item["runs"])
+        if wrong and item["case"].get("hidden"):
+            hidden = True
+        elif wrong:
+            raise ExerciseFailed(wrong)
+    if hidden:
+        raise HiddenTestFailed("a hidden case failed")
+    first = data["cases"][0]
+    return (f"correct: disjoint, complete, seeded, at least min_size rows each "
+            f"({min(len(p) for p in first['runs'][0])} with {first['case']['clients']} clients, "
+            f"where pt.dirichlet_per_class gives up), skewed for a tiny alpha, even for a large "
+            f"one")
+
+
+check_dirichlet_with_floor = checked("lesson08.dirichlet_with_floor", _probe_partition,
+                                     _judge_partition)
+check_dirichlet_with_floor.__doc__ = """Check ``partition(labels, clients, alpha, min_size,
+seed)``: min_size random rows per client, then what is left of each class split over the
+clients with proportions ~ Dir(alpha); seeded."""
+
+
+# -- exercise 2: the label mix of the uniformly weighted objective -------------------------------
+
+
+def _probe_uniform_mix(tv, labels, parts) -> dict:
+    """``tv``: the student's number; ``labels`` and ``parts``: this run's labels and partition."""
+    return {"tv": tv, "labels": [int(v) for v in np.asarray(labels).reshape(-1)],
+            "parts": _rows(parts)}
+
+
+def _judge_uniform_mix(data) -> str:
+    tv, labels, parts = data["tv"], np.asarray(data["labels"]), data["parts"]
+    if isinstance(tv, bool) or not isinstance(tv, (int, float)) or not np.isfinite(tv):
+        raise ExerciseFailed(f"give the distance as a number, not {tv!r}")
+    rows = np.asarray([i for q in parts for i in q], dtype=np.int64)
+    if len(rows) != len(labels) or len(set(rows.tolist())) != len(labels) or \
+            not 0 <= rows.min(initial=0) <= rows.max(initial=0) < len(labels):
+        raise ExerciseFailed("pass the training labels and a partition of them "
+                             "(partitions[\"Dir/class α=0.3\"])")
     sizes = [len(p) for p in parts]
-    if max(sizes) > 2 * min(sizes):
-        raise ExerciseFailed(f"client sizes range from {min(sizes)} to {max(sizes)}: give "
-                             f"every client the same number of shards")
-    again = partition(labels, clients, 0)
-    if any(not np.array_equal(np.sort(a), np.sort(b)) for a, b in zip(parts, again,
-                                                                        strict=True)):
-        raise ExerciseFailed("the same seed gave a different partition: draw every random "
-                             "choice from a generator seeded with seed")
-    return (f"correct: {clients} disjoint clients cover all {len(labels)} rows, at most two "
-            f"labels each (mean {np.mean(kinds):.1f})")
+    if min(sizes) == 0 or max(sizes) - min(sizes) <= 1:
+        raise ExerciseFailed("pass a partition with clients of different sizes (and none "
+                             "empty): partitions[\"Dir/class α=0.3\"]")
+    # the objective (1/K) sum_k (1/n_k) sum_{i in k} loss_i puts weight 1/(K n_k) on each row;
+    # its label mix is the weight each label gets (the weighted objective's is p itself)
+    weight = np.zeros(len(labels))
+    for p in parts:
+        weight[np.asarray(p, dtype=np.int64)] = 1 / (len(parts) * len(p))
+    classes = int(labels.max()) + 1
+    mix = np.bincount(labels, weights=weight, minlength=classes)
+    p = np.bincount(labels, minlength=classes) / len(labels)
+    right = 0.5 * np.abs(mix - p).sum()
+    if abs(tv - right) <= 1e-3:
+        return (f"correct: uniform weights train on a label mix at total-variation distance "
+                f"{tv:.4f} from the data's ({len(parts)} clients of {min(sizes)} to "
+                f"{max(sizes)} rows)")
+    counts = np.stack([np.bincount(labels[np.asarray(q, dtype=np.int64)], minlength=classes)
+                       for q in parts])
+    per_client = 0.5 * np.abs(counts / counts.sum(axis=1, keepdims=True) - p).sum(axis=1).mean()
+    if abs(tv - 2 * right) <= 2e-3:
+        hint = "That is sum_c |q(c) - p(c)|: the total-variation distance is half of it."
+    elif abs(tv) <= 1e-3:
+        hint = ("0 is the distance of the size-weighted objective (weights n_k / n give every "
+                "row the same weight, so it trains on p itself); with weight 1/K per client, "
+                "rows of small clients count more.")
+    elif abs(tv - per_client) <= 2e-3 or abs(tv - 2 * per_client) <= 4e-3:
+        hint = ("That is how far the clients' own mixes are from p, on average; the question is "
+                "how far the one mix the averaged objective puts on the labels is.")
+    else:
+        hint = ("Client k's loss is the mean over its n_k rows and carries weight 1/K: which "
+                "weight does one row get, and so each label?")
+    raise ExerciseFailed(f"{tv!r} is off by {abs(tv - right):.3g} (the tolerance is 1e-3). {hint}")
+
+
+check_uniform_mix = checked("lesson08.uniform_mix", _probe_uniform_mix, _judge_uniform_mix)
+check_uniform_mix.__doc__ = """Check ``tv``, the total-variation distance between the label mix
+that FedAvg with uniform client weights (1/K) trains on and the data's label mix:
+``check_uniform_mix(tv, labels, parts)`` with this run's labels and partition."""
+

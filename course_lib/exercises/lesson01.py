@@ -1,0 +1,229 @@
+"""Checks for lesson 1's exercises: leaky ReLU's backward, the kernel gradient of a depthwise
+convolution, and the multiply-adds of the lesson network's forward and backward passes.
+
+Lecture note "BackPropagation for fully-connected and convolutional networks": section 2 (through
+an elementwise activation), sections 5-6 (convolution as a matrix product and its gradient),
+section 4 (backpropagation, layer by layer). Each check is a probe (runs in the student's kernel,
+returns plain data: the inputs and the answers) and a judge (decides from the data alone; the
+grader runs it outside the kernel): see :mod:`course_lib.exercises.common`. The judges' references
+are autograd and torch's flop counter, never a hand-written formula.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from course_lib.exercises.common import (
+    ExerciseFailed,
+    HiddenTestFailed,
+    check_gradient,
+    checked,
+    grading_seed,
+)
+
+SLOPE = 0.1  # leaky ReLU's slope for z <= 0
+TOL = 1e-8  # float64 throughout: a right answer is off by ~1e-15
+
+
+def _autograd(forward, x, upstream):
+    """dQ/dx for Q = sum(forward(x) * upstream), by autograd."""
+    leaf = x.detach().clone().requires_grad_(True)
+    (forward(leaf) * upstream).sum().backward()
+    return leaf.grad
+
+
+def _wrong(name, answer, right, case) -> str | None:
+    """check_gradient's message (shape, largest difference and where), or None if right."""
+    try:
+        check_gradient(name, answer, right, tol=TOL, case=case)
+    except ExerciseFailed as wrong:
+        return str(wrong)
+    return None
+
+
+# -- exercise 1: leaky ReLU's backward (section 2) -----------------------------------------------
+
+
+def _leaky_cases(seed):
+    g = torch.Generator().manual_seed(1)
+    cases = {"visible": [torch.randn(shape, generator=g, dtype=torch.float64)
+                         for shape in [(1, 4), (5, 3), (2, 3, 4)]]}
+    if seed is not None:
+        h = torch.Generator().manual_seed(seed)
+        cases["hidden"] = [torch.randn(tuple(torch.randint(1, 7, (2,), generator=h).tolist()),
+                                       generator=h, dtype=torch.float64) * 3 for _ in range(4)]
+    return cases
+
+
+def _probe_leaky(leaky_relu_backward) -> dict:
+    data = {}
+    for name, shapes in _leaky_cases(grading_seed()).items():
+        data[name] = []
+        for Z in shapes:  # the upstream gradient: any tensor of Z's shape
+            dXp = torch.linspace(-2.0, 3.0, Z.numel(), dtype=torch.float64).reshape(Z.shape)
+            dZ = leaky_relu_backward(dXp.clone(), Z.clone())
+            data[name].append({"Z": Z, "dXp": dXp, "dZ": dZ})
+    return data
+
+
+def _leaky_wrong(cases) -> str | None:
+    for case in cases:
+        right = _autograd(lambda z: F.leaky_relu(z, SLOPE), case["Z"], case["dXp"])
+        wrong = _wrong("dQ/dZ", case["dZ"], right, f"Z of shape {tuple(case['Z'].shape)}")
+        if wrong:
+            return wrong
+    return None
+
+
+def _judge_leaky(data) -> str:
+    wrong = _leaky_wrong(data["visible"])
+    if wrong:
+        raise ExerciseFailed(wrong)
+    if "hidden" in data and _leaky_wrong(data["hidden"]):
+        raise HiddenTestFailed("a hidden case failed")
+    return f"correct: dQ/dZ agrees with autograd in all {len(data['visible'])} cases"
+
+
+check_leaky_relu_backward = checked("lesson01.leaky_relu_backward", _probe_leaky, _judge_leaky)
+check_leaky_relu_backward.__doc__ = """Check ``leaky_relu_backward(dXp, Z)``: dQ/dZ for leaky ReLU
+(z for z > 0, 0.1 z otherwise), against autograd."""
+
+
+# -- exercise 2: the kernel gradient of a depthwise convolution (sections 5-6) -------------------
+
+# (batch, channels, H, W, kernel, stride, padding)
+VISIBLE_DEPTHWISE = [(1, 1, 5, 5, 3, 1, 0), (2, 3, 7, 6, 3, 2, 1), (3, 2, 6, 6, 2, 1, 0)]
+
+
+def _depthwise_cases(seed):
+    cases = {"visible": VISIBLE_DEPTHWISE}
+    if seed is not None:
+        g = torch.Generator().manual_seed(seed)
+        draw = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))  # noqa: E731
+        cases["hidden"] = [(draw(1, 3), draw(1, 4), draw(5, 9), draw(5, 9), draw(1, 3),
+                            draw(1, 2), draw(0, 1)) for _ in range(4)]
+    return cases
+
+
+def _probe_depthwise(depthwise_kernel_gradient) -> dict:
+    g = torch.Generator().manual_seed(2)
+    data = {}
+    for name, cases in _depthwise_cases(grading_seed()).items():
+        data[name] = []
+        for batch, c, h, w, k, stride, padding in cases:
+            X = torch.randn(batch, c, h, w, generator=g, dtype=torch.float64)
+            K = torch.randn(c, 1, k, k, generator=g, dtype=torch.float64)
+            shape = F.conv2d(X, K, stride=stride, padding=padding, groups=c).shape
+            dOut = torch.randn(shape, generator=g, dtype=torch.float64)
+            dK = depthwise_kernel_gradient(dOut.clone(), X.clone(), K.clone(), stride, padding)
+            data[name].append({"X": X, "K": K, "dOut": dOut, "stride": stride,
+                               "padding": padding, "dK": dK})
+    return data
+
+
+def _depthwise_wrong(cases) -> str | None:
+    for case in cases:
+        X, K, stride, padding = case["X"], case["K"], case["stride"], case["padding"]
+        conv = partial(F.conv2d, X, stride=stride, padding=padding, groups=X.shape[1])
+        right = _autograd(conv, K, case["dOut"])  # conv(kk) = F.conv2d(X, kk, ...)
+        where = (f"batch {X.shape[0]}, {X.shape[1]} channels, {X.shape[2]}x{X.shape[3]}, "
+                 f"k={K.shape[-1]}, stride {stride}, padding {padding}")
+        wrong = _wrong("dQ/dK", case["dK"], right, where)
+        if wrong:
+            return wrong
+    return None
+
+
+def _judge_depthwise(data) -> str:
+    wrong = _depthwise_wrong(data["visible"])
+    if wrong:
+        raise ExerciseFailed(wrong)
+    if "hidden" in data and _depthwise_wrong(data["hidden"]):
+        raise HiddenTestFailed("a hidden case failed")
+    return f"correct: dQ/dK agrees with autograd in all {len(data['visible'])} cases"
+
+
+check_depthwise_kernel_gradient = checked("lesson01.depthwise_kernel_gradient", _probe_depthwise,
+                                          _judge_depthwise)
+check_depthwise_kernel_gradient.__doc__ = """Check ``depthwise_kernel_gradient(dOut, X, K, stride,
+padding)``: dQ/dK of a depthwise convolution (K of shape (C, 1, k, k), groups = C), against
+autograd."""
+
+
+# -- exercise 3: what the backward pass costs (section 4) ----------------------------------------
+
+
+def _layers(module) -> list:
+    """The network's layers as plain data: ["conv", c_in, c_out, k, stride, padding],
+    ["linear", d_in, d_out], or the name of a layer without multiply-adds."""
+    layers = []
+    for m in module:
+        if isinstance(m, torch.nn.Conv2d):
+            layers.append(["conv", m.in_channels, m.out_channels, m.kernel_size[0],
+                           m.stride[0], m.padding[0]])
+        elif isinstance(m, torch.nn.Linear):
+            layers.append(["linear", m.in_features, m.out_features])
+        elif isinstance(m, (torch.nn.ReLU, torch.nn.Tanh, torch.nn.Sigmoid, torch.nn.Flatten)):
+            layers.append(type(m).__name__)
+        else:
+            raise ExerciseFailed(f"pass the section's torch.nn network (`module`), not one "
+                                 f"with a {type(m).__name__}")
+    return layers
+
+
+def _probe_cost(forward_macs, backward_macs, module, batch, image_shape) -> dict:
+    """The student's two counts, the run's network (its layers), batch and image shape."""
+    return {"forward": forward_macs, "backward": backward_macs, "layers": _layers(module),
+            "batch": int(batch), "image": [int(s) for s in image_shape]}
+
+
+def count_macs(layers, batch, image) -> tuple[int, int]:
+    """Multiply-adds of one forward and one backward pass (autograd's) of the network described
+    by ``layers``, counted by torch's flop counter (2 flops per multiply-add) on a rebuilt copy."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    build = {"conv": lambda c_in, c_out, k, s, p: torch.nn.Conv2d(c_in, c_out, k, s, p),
+             "linear": torch.nn.Linear}
+    net = torch.nn.Sequential(*[build[spec[0]](*spec[1:]) if isinstance(spec, list)
+                                else getattr(torch.nn, spec)() for spec in layers])
+    x = torch.zeros(batch, *image)
+    with FlopCounterMode(display=False) as forward:
+        out = net(x)
+    loss = F.cross_entropy(out, torch.zeros(batch, dtype=torch.long))
+    with FlopCounterMode(display=False) as backward:
+        loss.backward()
+    return forward.get_total_flops() // 2, backward.get_total_flops() // 2
+
+
+def _judge_cost(data) -> str:
+    f, b = count_macs(data["layers"], data["batch"], data["image"])
+    batch = data["batch"]
+    for what, got, right in (("forward", data["forward"], f), ("backward", data["backward"], b)):
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or got != int(got):
+            raise ExerciseFailed(f"give the {what} count as a whole number, not {got!r}")
+        if got == right:
+            continue
+        hints = {2 * right: "you counted flops: a multiply-add is 2 of them, count it once",
+                 right / batch: f"that is per example: the batch has {batch}"}
+        if what == "backward":
+            hints[2 * f] = ("that is what the hand-written backward does, which also computes "
+                            "dQ/dX of the first layer (the images); autograd computes a "
+                            "gradient only if something needs it")
+            hints[f] = ("the backward of a layer with weights takes two products: dQ/dW and "
+                        "dQ/dX (where dQ/dX is needed)")
+        hint = hints.get(got, "count layer by layer the multiply-adds of each matrix product "
+                              "(section 5 makes the convolution one)")
+        side = "larger" if got > right else "smaller"
+        raise ExerciseFailed(f"your {what} count {int(got):,} is {side} than the run's: {hint}")
+    return (f"correct: {f:,} multiply-adds forward, {b:,} backward on a batch of {batch}: the "
+            f"backward costs {b / f:.3g} times the forward")
+
+
+check_backward_cost = checked("lesson01.backward_cost", _probe_cost, _judge_cost)
+check_backward_cost.__doc__ = """Check the multiply-adds of one forward and one autograd backward
+pass of section 7's network: ``check_backward_cost(forward_macs, backward_macs, module, BATCH,
+image_shape)``."""
