@@ -18,7 +18,9 @@ def test_quick_start_is_exactly_two_one_line_commands():
     assert len(blocks) == 2
     assert all(len(b.strip().splitlines()) == 1 for b in blocks)
     lab, test = (b.strip() for b in blocks)
-    assert "pip install -r requirements.txt" in lab and "jupyter lab" in lab
+    # students open the student edition; the instructor's path is in the text below it
+    assert "pip install -r requirements.txt" in lab and "course_lib.exercises student" in lab
+    assert "jupyter lab notebooks/00_start_here.ipynb" in README
     assert "pip install -r requirements.txt" in test and "pytest" in test
 
 
@@ -52,5 +54,5 @@ def test_the_homework_commands_work_as_written_on_a_fresh_clone(tmp_path):
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=clone, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "0 / 2 points" in done.stdout
+    assert "0 / 3 points" in done.stdout  # lesson 1 has three exercises
     assert (clone / "reports" / "01_backprop.json").exists()
