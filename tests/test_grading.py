@@ -200,7 +200,7 @@ def _attack(tmp_path, lesson, attack, **grade_args):
     before = subs.fingerprint(*watched)
     path = _submission(lesson, tmp_path / "tiny.ipynb", c4=WRONG + attack)
     report = hw.grade(path, lesson, keep=tmp_path / "kept.ipynb",
-                      **{"cell_timeout": 30, **grade_args})
+                      **{"cell_timeout": 10, **grade_args})
     assert subs.changes(before, subs.fingerprint(*watched)) == []
     return report
 
@@ -307,8 +307,8 @@ def test_the_instructors_files_are_out_of_sight_and_nothing_outside_can_be_writt
                                                                                      lesson):
     targets = [str(lesson), str(LIBRARY / "exercises" / "lesson07.py"),
                str(ROOT / "notebooks" / LESSONS[0].name), str(tmp_path / "reports" / "a.txt"),
-               "/sandbox/course_lib/__init__.py", "/sandbox/data/README.md", "/etc/hostname",
-               sys.prefix + "/pyvenv.cfg"]
+               "/sandbox/course_lib/__init__.py", "/sandbox/data/README.md", "/etc/passwd",
+               sys.prefix + "/pyvenv.cfg", "/etc/shadow"]
     attack = (
         "import os, socket, course_lib\n"
         f"for path in {targets!r}:\n"
@@ -334,7 +334,8 @@ def test_the_instructors_files_are_out_of_sight_and_nothing_outside_can_be_writt
         assert lines[path] == "FileNotFoundError FileNotFoundError", seen
     assert lines["/sandbox/course_lib/__init__.py"].startswith("READ OSError")  # read-only
     assert lines["/sandbox/data/README.md"].startswith("READ OSError")
-    assert lines["/etc/hostname"].startswith("READ OSError")  # the system: read-only
+    assert lines["/etc/passwd"].startswith("READ OSError")  # the system: read-only
+    assert lines["/etc/shadow"].startswith("FileNotFoundError")  # only what a process needs
     assert lines[sys.prefix + "/pyvenv.cfg"].startswith("READ OSError")
     assert "ONLINE" not in lines["network"]
     assert "library /sandbox/course_lib/__init__.py" in lines["network"]

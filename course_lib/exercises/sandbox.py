@@ -24,6 +24,10 @@ from pathlib import Path
 WORK = "/sandbox"  # where the working copy appears inside
 INSTALL = "apt-get install bubblewrap (Debian, Ubuntu), dnf install bubblewrap (Fedora)"
 CGROUPS = Path("/sys/fs/cgroup")
+# what a Python process needs of /etc: the dynamic linker's cache, users and groups by name,
+# name service and time zone, alternatives' symbolic links, fonts (matplotlib)
+ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "nsswitch.conf", "passwd", "group",
+       "localtime", "alternatives", "fonts", "mime.types")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -58,15 +62,18 @@ def unavailable() -> str | None:
 
 
 def _system_mounts() -> list[str]:
-    """The system, read-only: /usr and friends (symbolic links where /bin -> usr/bin), /etc,
-    and the Python installation this grader runs (its prefix and its base's)."""
+    """The system, read-only: /usr and friends (symbolic links where /bin -> usr/bin), what a
+    process needs of /etc, and the Python installation this grader runs (its prefix and its
+    base's)."""
     args = ["--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
         if os.path.islink(top):
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
-    args += ["--ro-bind", "/etc", "/etc"]
+    for name in ETC:  # not all of /etc: the sandbox's user maps to the grader's, secrets too
+        if os.path.lexists(f"/etc/{name}"):
+            args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
     for prefix in sorted({os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix),
                           sys.prefix, sys.base_prefix}):
         if not prefix.startswith("/usr"):
