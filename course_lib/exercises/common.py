@@ -68,6 +68,28 @@ def grading_seed() -> int | None:
     return int(seed) if seed and seed.isdigit() else None
 
 
+def drawn(name: str, draw):
+    """The parameters of exercise ``name`` for this run: ``draw(rng)`` with a numpy generator
+    that is fresh on every run -- except in a graded run, where it is seeded by the grading run
+    and the name, so that the grader's judge can draw them again and see that they were not
+    changed (a number copied from someone else's run then fails, whatever the cells say)."""
+    import zlib
+
+    import numpy as np
+
+    seed = grading_seed()
+    return draw(np.random.default_rng(None if seed is None else
+                                      [seed, zlib.crc32(name.encode())]))
+
+
+def check_drawn(name: str, draw, got) -> None:
+    """In a graded run, raise :class:`ExerciseFailed` unless ``got`` is what
+    ``drawn(name, draw)`` gives (outside a graded run every draw is fresh: nothing to check)."""
+    if grading_seed() is not None and to_plain(got) != to_plain(drawn(name, draw)):
+        raise ExerciseFailed("the exercise's drawn values were changed: answer for the values "
+                             "drawn in this run")
+
+
 def checked(name: str, probe, judge):
     """A check: ``probe(*args)`` runs the student's code and returns plain data, ``judge(data)``
     returns a verdict or raises :class:`ExerciseFailed`. The judge is registered under ``name``

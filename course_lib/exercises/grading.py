@@ -187,7 +187,7 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
         start = time.monotonic()
         try:
             failed = _run(client, nb, graded, judges, results, out, start, timeout,
-                          start_args)
+                          start_args, env[common.GRADING_SEED])
         finally:  # the client does not own a kernel manager it was given: end the kernel
             launcher = getattr(getattr(km.provisioner, "process", None), "pid", None)
             with contextlib.suppress(Exception):
@@ -217,7 +217,21 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
 MAX_REPLAYS = 2  # restarts after which earlier cells are run again; later ones start bare
 
 
-def _run(client, nb, graded, judges, results, out, start, timeout, start_args) -> list[dict]:
+@contextlib.contextmanager
+def _environ(name, value):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def _run(client, nb, graded, judges, results, out, start, timeout, start_args,
+         seed) -> list[dict]:
     """Execute the cells in order, judging each check cell's data as soon as it has run.
     Returns the ungraded cells that failed (index and first line of the error).
 
@@ -282,8 +296,9 @@ def _run(client, nb, graded, judges, results, out, start, timeout, start_args) -
                     failed.append(dict(cell=i, error=why))
                 continue
             ran.append(i)
-            if gid:
-                verdict = _judge(out, judges[i])
+            if gid:  # the judges draw again what the run drew: with this run's seed
+                with _environ(common.GRADING_SEED, seed):
+                    verdict = _judge(out, judges[i])
                 results[gid]["feedback"] = verdict
                 if verdict == "correct":
                     results[gid]["score"] = float(results[gid]["points"])

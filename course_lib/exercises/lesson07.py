@@ -1,5 +1,6 @@
-"""Checks for lesson 7's exercises: a static loss scale read off this run's gradients, and
-stochastic rounding to fp16.
+"""Checks for lesson 7's exercises: a static loss scale read off this run's gradients (a loss
+multiplied by a factor drawn afresh every run, so the answer is the run's), and stochastic
+rounding to fp16.
 
 Micikevicius et al. 2018; the article's lower precision. Each check is a probe (runs in the
 student's kernel, returns plain data) and a judge (decides from the data; the grader runs it
@@ -11,29 +12,51 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from course_lib import number_formats as nf
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
+    check_drawn,
     checked,
     grading_seed,
 )
 
 FP16_MAX = 65504.0
+FRACTION_TOL = 1e-9  # absolute: one gradient in 65 536 is 1.5e-5, so the count must be exact
 
 
-def _probe_safe_scale(log2_scale, gradients) -> dict:
-    """``log2_scale``: the student's k; ``gradients``: this run's activation gradients."""
-    g = torch.as_tensor(gradients).detach().double()
-    return {"k": log2_scale, "largest": g.abs().max().item(), "count": g.numel()}
+def draw_loss_factor(rng) -> float:
+    """Exercise 1's loss factor c = 10**U(-2, 2): ``common.drawn("lesson07.loss_factor",
+    draw_loss_factor)`` in the notebook (fresh every run; the grader's run seeds it)."""
+    return float(10 ** rng.uniform(-2, 2))
+
+
+def _scaled(gradients, loss_factor):
+    g = torch.as_tensor(gradients).detach()
+    return g if loss_factor is None else g * loss_factor  # as the notebook scales them
+
+
+def _factor_drawn(data):
+    if data.get("loss_factor") is not None:  # the grader checks it is the run's own draw
+        check_drawn("lesson07.loss_factor", draw_loss_factor, data["loss_factor"])
+
+
+def _probe_safe_scale(log2_scale, gradients, loss_factor=None) -> dict:
+    """``log2_scale``: the student's k; ``gradients``: this run's activation gradients, times
+    ``loss_factor`` when one is given."""
+    g = _scaled(gradients, loss_factor).double()
+    return {"k": log2_scale, "largest": g.abs().max().item(), "count": g.numel(),
+            "loss_factor": loss_factor}
 
 
 def _judge_safe_scale(data) -> str:
+    _factor_drawn(data)
     k, largest = data["k"], float(data["largest"])
     if isinstance(k, bool) or not isinstance(k, (int, float)) or k != int(k):
         raise ExerciseFailed(f"give k as a whole number (the scale is 2**k), not {k!r}")
     k = int(k)
     if not 0 < largest < float("inf"):
-        raise ExerciseFailed("pass this run's activation gradients (grads['activations'])")
+        raise ExerciseFailed("pass this run's activation gradients (my_gradients)")
 
     def overflows(j):
         return bool(torch.isinf((torch.tensor(largest) * 2.0 ** j).half()))
@@ -50,7 +73,54 @@ def _judge_safe_scale(data) -> str:
 check_safe_scale = checked("lesson07.safe_scale", _probe_safe_scale, _judge_safe_scale)
 check_safe_scale.__doc__ = """Check ``k``, the largest whole number such that a static loss
 scale S = 2**k lets no activation gradient of this run overflow in fp16:
-``check_safe_scale(k, grads["activations"])``."""
+``check_safe_scale(k, my_gradients)``."""
+
+
+def _probe_flushed(flushed, gradients, loss_factor=None) -> dict:
+    """``flushed``: the student's fraction of the non-zero gradients that become 0 in fp16 at
+    S = 1; ``gradients``: this run's activation gradients (of a loss factor drawn afresh every
+    run). They travel as they are (fp32: ~1.6 MB of JSON for 65 536 values); the judge counts."""
+    g = _scaled(gradients, loss_factor).flatten()
+    return {"flushed": flushed, "gradients": g if g.is_floating_point() else g.double(),
+            "loss_factor": loss_factor}
+
+
+def _judge_flushed(data) -> str:
+    _factor_drawn(data)
+    flushed, g = data["flushed"], data["gradients"]
+    if isinstance(flushed, torch.Tensor) and flushed.numel() == 1 and flushed.is_floating_point():
+        flushed = flushed.item()
+    if isinstance(flushed, bool) or not isinstance(flushed, (int, float)) or flushed != flushed:
+        raise ExerciseFailed(f"give flushed as a number between 0 and 1, not {flushed!r}")
+    g = g.double() if isinstance(g, torch.Tensor) else torch.zeros(0, dtype=torch.float64)
+    nonzero = g[g != 0]
+    if not len(nonzero) or not torch.isfinite(nonzero).all():
+        raise ExerciseFailed("pass this run's activation gradients (my_gradients)")
+    # The reference by a property, not by casting: a value becomes 0 in fp16 exactly when
+    # |v| <= half the smallest subnormal (that tie rounds to the even neighbour, 0).
+    zeros = int((nonzero.abs() <= nf.smallest_subnormal(torch.float16) / 2).sum())
+    right = zeros / len(nonzero)
+    if abs(flushed - right) > FRACTION_TOL:
+        if flushed > 1 and abs(flushed / 100 - right) <= FRACTION_TOL:
+            why = "that is a percentage: give the fraction (between 0 and 1)"
+        elif flushed == 0:
+            why = ("0 is what the largest safe scale loses; the exercise asks for S = 1, no "
+                   "loss scaling")
+        else:
+            why = (f"it is too {'high' if flushed > right else 'low'} (tolerance "
+                   f"{FRACTION_TOL:g}): count the gradients that are 0 after .half(), over "
+                   f"the non-zero ones")
+        raise ExerciseFailed(f"flushed = {flushed!r} is not the fraction of this run's "
+                             f"{len(nonzero)} non-zero activation gradients that become 0 in "
+                             f"fp16 at S = 1: {why}")
+    return (f"correct: without loss scaling {zeros} of this run's {len(nonzero)} non-zero "
+            f"activation gradients ({right:.2%}) become 0 in fp16")
+
+
+check_flushed_fraction = checked("lesson07.flushed_fraction", _probe_flushed, _judge_flushed)
+check_flushed_fraction.__doc__ = """Check ``flushed``, the fraction of this run's non-zero
+activation gradients that become 0 in fp16 without loss scaling (S = 1), within 1e-9:
+``check_flushed_fraction(flushed, my_gradients)``."""
 
 
 def _cases(seed):
