@@ -2,6 +2,7 @@
 only in a graded run (course_lib.exercises.lesson02)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,23 +13,23 @@ from course_lib.erm import diabetes_problem
 from course_lib.exercises import common
 from course_lib.exercises import lesson02 as ex
 
+ROOT = Path(__file__).resolve().parents[1]
 
-@pytest.fixture(scope="module")
-def fedavg_losses():
-    """Section 8's run: 30 rounds of FedAvg with q = 1 and q = 5 on 4 clients, lr = 0.1."""
+
+def q_losses(q, rounds):
+    """The notebook's draw cell: FedAvg with q local steps on 4 clients, lr = 0.1."""
     problem = diabetes_problem()
-    clients, losses = shard_rows(problem.n, 4), {}
-    for q in (1, 5):
-        w, losses[q] = torch.zeros(problem.d, dtype=torch.float64), []
-        for _ in range(30):
-            w = sim.fedavg_round(problem, w, clients, q, 0.1)
-            losses[q].append(problem.loss(w))
+    clients, losses = shard_rows(problem.n, 4), []
+    w = torch.zeros(problem.d, dtype=torch.float64)
+    for _ in range(rounds):
+        w = sim.fedavg_round(problem, w, clients, q, 0.1)
+        losses.append(problem.loss(w))
     return losses
 
 
 def rounds_by_fedavg(losses, after):
     """The count the way a student finds it: FedAvg with q = 1 until it reaches the target."""
-    problem, target = diabetes_problem(), losses[5][after - 1]
+    problem, target = diabetes_problem(), losses[after - 1]
     clients, w = shard_rows(problem.n, 4), torch.zeros(problem.d, dtype=torch.float64)
     for rounds in range(1, 1000):
         w = sim.fedavg_round(problem, w, clients, 1, 0.1)
@@ -37,22 +38,54 @@ def rounds_by_fedavg(losses, after):
     raise AssertionError("never reached")
 
 
-def test_rounds_accepts_the_count_and_explains_too_few_too_many_and_not_whole(fedavg_losses):
-    right = rounds_by_fedavg(fedavg_losses, 10)
-    assert right > 30  # section 8's 30 rounds do not show it: the student must run on
-    assert "correct" in ex.check_rounds_to_match(right, fedavg_losses, 0.1, 10)
+@pytest.mark.parametrize("q, after", [(5, 10), (4, 8), (8, 20), (6, 13)])
+def test_rounds_accepts_the_count_of_every_draw(q, after):
+    losses = q_losses(q, after)
+    right = rounds_by_fedavg(losses, after)
+    assert right > 30  # more than section 8's 30 rounds: the student must run on
+    assert f"worth {right} rounds" in ex.check_rounds_to_match(right, losses, q, 0.1, after)
+
+
+def test_rounds_draws_change_the_answer():
+    """The notebook draws within the check's ranges, with no seed; the counts at the ends of
+    the ranges are far apart, and one draw's count is rejected for another."""
+    notebook = json.loads((ROOT / "notebooks" / "02_parallel_gradient_descent.ipynb").read_text())
+    draw = next("".join(c["source"]) for c in notebook["cells"]
+                if "Q, AFTER = " in "".join(c["source"]))
+    assert 'drawn("lesson02.q_after", draw_q_after)' in draw and "seed(" not in draw
+    values = {common.drawn("lesson02.q_after", ex.draw_q_after) for _ in range(200)}
+    assert len(values) > 30  # fresh on every run
+    assert {q for q, _ in values} <= set(range(ex.Q_RANGE[0], ex.Q_RANGE[1] + 1))
+    assert {a for _, a in values} <= set(range(ex.AFTER_RANGE[0], ex.AFTER_RANGE[1] + 1))
+    (q_lo, q_hi), (a_lo, a_hi) = ex.Q_RANGE, ex.AFTER_RANGE
+    fewest = rounds_by_fedavg(q_losses(q_lo, a_lo), a_lo)
+    most = rounds_by_fedavg(q_losses(q_hi, a_hi), a_hi)
+    assert most > 3 * fewest
+    losses = q_losses(6, 13)
     with pytest.raises(common.ExerciseFailed, match="still above"):
-        ex.check_rounds_to_match(right - 1, fedavg_losses, 0.1, 10)
+        ex.check_rounds_to_match(rounds_by_fedavg(losses, 12), losses, 6, 0.1, 13)
+    with pytest.raises(common.ExerciseFailed, match="first round"):  # q = 5's count for q = 6
+        ex.check_rounds_to_match(rounds_by_fedavg(losses, 13), q_losses(5, 13), 5, 0.1, 13)
+
+
+def test_rounds_explains_too_few_too_many_the_naive_guess_and_not_whole():
+    q, after = 6, 13
+    losses = q_losses(q, 20)  # a longer curve than AFTER rounds is fine: the target is at AFTER
+    right = rounds_by_fedavg(losses, after)
     with pytest.raises(common.ExerciseFailed, match="still above"):
-        ex.check_rounds_to_match(right, fedavg_losses, 0.1, 20)  # the target moves with `after`
+        ex.check_rounds_to_match(right - 1, losses, q, 0.1, after)
+    with pytest.raises(common.ExerciseFailed, match="still above"):
+        ex.check_rounds_to_match(right, losses, q, 0.1, after + 3)  # the target moves with AFTER
     with pytest.raises(common.ExerciseFailed, match="first round"):
-        ex.check_rounds_to_match(right + 1, fedavg_losses, 0.1, 10)
-    with pytest.raises(common.ExerciseFailed, match="first round"):
-        ex.check_rounds_to_match(5 * 10, fedavg_losses, 0.1, 10)  # "5 steps = 5 rounds"
+        ex.check_rounds_to_match(right + 1, losses, q, 0.1, after)
+    with pytest.raises(common.ExerciseFailed, match="q x AFTER"):
+        ex.check_rounds_to_match(q * after, losses, q, 0.1, after)  # "q steps = q rounds"
     with pytest.raises(common.ExerciseFailed, match="whole number"):
-        ex.check_rounds_to_match(right + 0.5, fedavg_losses, 0.1, 10)
-    with pytest.raises(common.ExerciseFailed, match="fedavg_losses"):
-        ex.check_rounds_to_match(right, {1: fedavg_losses[1]}, 0.1, 10)
+        ex.check_rounds_to_match(right + 0.5, losses, q, 0.1, after)
+    with pytest.raises(common.ExerciseFailed, match="q_losses"):
+        ex.check_rounds_to_match(right, {q: losses}, q, 0.1, after)  # section 8's dict
+    with pytest.raises(common.ExerciseFailed, match="at least 21 rounds"):
+        ex.check_rounds_to_match(right, losses, q, 0.1, 21)
 
 
 def stepped(problem, params, rows, lr):
@@ -83,6 +116,32 @@ def test_atc_accepts_the_right_step_and_explains_typical_mistakes():
         ex.check_atc_step(lambda *a: None)
     with pytest.raises(common.ExerciseFailed, match="vectors of"):
         ex.check_atc_step(lambda problem, params, rows, W, lr: params[:2])
+
+
+def test_in_a_graded_run_q_and_after_must_be_the_ones_drawn_for_it(monkeypatch, tmp_path):
+    """A student who overwrites Q and AFTER with a classmate's and types the classmate's count is
+    caught: the grader's judge draws the run's values again."""
+    monkeypatch.setenv(common.GRADING_SEED, "7")
+    q, after = common.drawn("lesson02.q_after", ex.draw_q_after)
+    assert (q, after) == common.drawn("lesson02.q_after", ex.draw_q_after)  # the grader's too
+    losses = q_losses(q, after)
+    assert "correct" in ex.check_rounds_to_match(rounds_by_fedavg(losses, after), losses, q, 0.1,
+                                                 after)
+    nxt = lambda v, lo, hi: lo + (v - lo + 1) % (hi - lo + 1)  # noqa: E731  (another draw)
+    for oq, oa in [(nxt(q, *ex.Q_RANGE), after), (q, nxt(after, *ex.AFTER_RANGE))]:
+        other = q_losses(oq, oa)
+        with pytest.raises(common.ExerciseFailed, match="drawn values were changed"):
+            ex.check_rounds_to_match(rounds_by_fedavg(other, oa), other, oq, 0.1, oa)
+    monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))  # the grader judges the data itself
+    with pytest.raises(common.ExerciseFailed, match="drawn values were changed"):  # the kernel's
+        ex.check_rounds_to_match(rounds_by_fedavg(other, oa), other, oq, 0.1, oa)
+    written = next(tmp_path.iterdir())
+    with pytest.raises(common.ExerciseFailed, match="drawn values were changed"):
+        common.JUDGES["lesson02.rounds_to_match"](common.from_plain(json.loads(
+            written.read_text())))
+    monkeypatch.delenv(common.GRADING_SEED)  # outside a graded run any values are checked as is
+    monkeypatch.delenv(common.GRADING_OUT)
+    assert "correct" in ex.check_rounds_to_match(rounds_by_fedavg(other, oa), other, oq, 0.1, oa)
 
 
 def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):

@@ -22,19 +22,51 @@ def test_the_timeline_model_takes_one_time_per_stage():
         pipeline_timeline(4, 8, forward=[1, 2])
 
 
-def test_slow_stage_bubble_accepts_the_prediction_and_explains_mistakes():
-    right = 1 - 8 * 15 / (4 * (3 + 8 * 6 + 6))  # fill, the slow stage's work, drain
-    assert "correct" in ex.check_slow_stage_bubble(right)
-    assert "correct" in ex.check_slow_stage_bubble(round(right, 2))  # within the tolerance
-    with pytest.raises(common.ExerciseFailed, match="equal stages"):
-        ex.check_slow_stage_bubble(bubble_fraction(4, 8))
-    with pytest.raises(common.ExerciseFailed, match="too low"):
-        ex.check_slow_stage_bubble(1 - 8 * 15 / (4 * (3 + 8 * 6)))  # forgot the drain
-    with pytest.raises(common.ExerciseFailed, match="percentage"):
-        ex.check_slow_stage_bubble(100 * right)
-    with pytest.raises(common.ExerciseFailed, match="as a number"):
-        ex.check_slow_stage_bubble("0.47")
+def predicted(p, m, k):  # the notebook's solution: fill, the slow stage's m steps, drain
+    length = (p - 1) * 1 + m * 3 * k + (p - 1) * 2
+    return 1 - m * ((p - 1) * 3 + 3 * k) / (p * length)
 
+
+@pytest.mark.parametrize(("p", "m", "k"), [(4, 8, 2.0), (3, 13, 1.5), (6, 4, 3.0), (5, 16, 2.5)])
+def test_slow_stage_bubble_accepts_the_prediction_for_each_drawn_pipeline(p, m, k):
+    times = ex.slow_last_stage(p, k)
+    assert idle_fraction(pipeline_timeline(p, m, **times), p) == pytest.approx(predicted(p, m, k))
+    assert "correct" in ex.check_slow_stage_bubble(predicted(p, m, k), p, m, k)
+    assert "correct" in ex.check_slow_stage_bubble(predicted(p, m, k) + 0.004, p, m, k)
+    with pytest.raises(common.ExerciseFailed, match="too (low|high)"):  # another draw's answer
+        ex.check_slow_stage_bubble(predicted(4, 8, 2.0) if (p, m, k) != (4, 8, 2.0)
+                                   else predicted(3, 13, 1.5), p, m, k)
+
+
+def test_slow_stage_bubble_explains_mistakes():
+    right = 1 - 8 * 15 / (4 * (3 + 8 * 6 + 6))  # p = 4, m = 8, k = 2
+    assert right == pytest.approx(predicted(4, 8, 2))
+    assert "correct" in ex.check_slow_stage_bubble(round(right, 2), 4, 8, 2.0)  # within 0.005
+    with pytest.raises(common.ExerciseFailed, match="4 equal stages"):
+        ex.check_slow_stage_bubble(bubble_fraction(4, 8), 4, 8, 2.0)
+    with pytest.raises(common.ExerciseFailed, match="too low for p = 4, m = 8, slowdown 2"):
+        ex.check_slow_stage_bubble(1 - 8 * 15 / (4 * (3 + 8 * 6)), 4, 8, 2.0)  # forgot the drain
+    with pytest.raises(common.ExerciseFailed, match="percentage"):
+        ex.check_slow_stage_bubble(100 * right, 4, 8, 2.0)
+    with pytest.raises(common.ExerciseFailed, match="as a number"):
+        ex.check_slow_stage_bubble("0.47", 4, 8, 2.0)
+    for bad in ((4.0, 8, 2.0), (4, 0, 2.0), (40, 8, 2.0), (4, 8, "2"), (4, 8, 0.5)):
+        with pytest.raises(common.ExerciseFailed, match="pipeline drawn above"):
+            ex.check_slow_stage_bubble(right, *bad)
+
+
+
+def test_in_a_graded_run_the_pipeline_must_be_the_one_drawn_for_it(monkeypatch):
+    monkeypatch.setenv(common.GRADING_SEED, "7")
+    p, m, k = common.drawn("lesson05.slow_pipeline", ex.draw_slow_pipeline)
+    assert 3 <= p <= 6 and 4 <= m <= 16 and k in (1.5, 2.0, 2.5, 3.0)
+    assert [p, m, k] == common.drawn("lesson05.slow_pipeline", ex.draw_slow_pipeline)
+    assert "correct" in ex.check_slow_stage_bubble(predicted(p, m, k), p, m, k)
+    other = (p, m + 1 if m < 16 else m - 1, k)  # a classmate's pipeline, and the answer for it
+    with pytest.raises(common.ExerciseFailed, match="drawn values were changed"):
+        ex.check_slow_stage_bubble(predicted(*other), *other)
+    monkeypatch.delenv(common.GRADING_SEED)  # outside a graded run any pipeline is checked as is
+    assert "correct" in ex.check_slow_stage_bubble(predicted(*other), *other)
 
 class Gather(torch.autograd.Function):
     @staticmethod

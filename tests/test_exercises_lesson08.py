@@ -54,24 +54,60 @@ def uniform_tv(labels, parts):
     return 0.5 * np.abs(q - counts.sum(axis=0) / counts.sum()).sum()
 
 
-def test_uniform_mix_accepts_the_distance_and_explains_l1_zero_and_the_clients_mean():
-    labels = np.random.default_rng(0).integers(0, 10, 600)
-    parts = pt.dirichlet_per_class(labels, 20, alpha=0.3, min_size=5)
-    tv = uniform_tv(labels, parts)
-    assert tv > 0.01
-    assert "correct" in ex.check_uniform_mix(tv, labels, parts)
-    assert "correct" in ex.check_uniform_mix(tv + 8e-4, labels, parts)
+LABELS = np.random.default_rng(0).integers(0, 10, 600)
+
+
+@pytest.mark.parametrize("alpha, seed", [(0.3, 0), (0.25, 4821), (0.97, 123456)])
+def test_uniform_mix_accepts_this_runs_distance_for_any_drawn_alpha_and_seed(alpha, seed):
+    parts = pt.dirichlet_per_class(LABELS, 20, alpha=alpha, min_size=5, seed=seed)
+    tv = uniform_tv(LABELS, parts)
+    assert tv > 0.003
+    assert "correct" in ex.check_uniform_mix(tv, LABELS, 20, alpha, seed)
+    assert "correct" in ex.check_uniform_mix(tv - 8e-4, LABELS, 20, np.float64(alpha),
+                                             np.int64(seed))  # as numpy draws them
+
+
+def test_uniform_mix_explains_l1_zero_the_clients_mean_and_a_copied_number():
+    alpha, seed = 0.3, 7
+    parts = pt.dirichlet_per_class(LABELS, 20, alpha=alpha, min_size=5, seed=seed)
+    tv = uniform_tv(LABELS, parts)
     with pytest.raises(common.ExerciseFailed, match="half of it"):
-        ex.check_uniform_mix(2 * tv, labels, parts)
+        ex.check_uniform_mix(2 * tv, LABELS, 20, alpha, seed)
     with pytest.raises(common.ExerciseFailed, match="size-weighted"):
-        ex.check_uniform_mix(0.0, labels, parts)
+        ex.check_uniform_mix(0.0, LABELS, 20, alpha, seed)
     with pytest.raises(common.ExerciseFailed, match="clients' own mixes"):
-        ex.check_uniform_mix(pt.earth_movers_distance(pt.label_counts(labels, parts)).mean() / 2,
-                             labels, parts)
-    with pytest.raises(common.ExerciseFailed, match="different sizes"):
-        ex.check_uniform_mix(0.0, labels, pt.iid(labels, 20))
-    with pytest.raises(common.ExerciseFailed, match="partition of them"):
-        ex.check_uniform_mix(tv, labels, parts[1:])
+        ex.check_uniform_mix(pt.earth_movers_distance(pt.label_counts(LABELS, parts)).mean() / 2,
+                             LABELS, 20, alpha, seed)
+    # another run's answer (a classmate's, or an earlier draw) is wrong for this run's draw
+    for other_alpha, other_seed in ((0.3, 8), (0.8, 7)):
+        copied = uniform_tv(LABELS, pt.dirichlet_per_class(LABELS, 20, alpha=other_alpha,
+                                                            min_size=5, seed=other_seed))
+        assert abs(copied - tv) > 2e-3
+        with pytest.raises(common.ExerciseFailed, match="in code from this run's partition"):
+            ex.check_uniform_mix(copied, LABELS, 20, alpha, seed)
+    with pytest.raises(common.ExerciseFailed, match="as a number"):
+        ex.check_uniform_mix("0.02", LABELS, 20, alpha, seed)
+    with pytest.raises(common.ExerciseFailed, match="K, alpha and seed"):
+        ex.check_uniform_mix(tv, LABELS, 20, -0.3, seed)
+    with pytest.raises(common.ExerciseFailed, match="no such partition"):  # min_size 5 x 200
+        ex.check_uniform_mix(tv, LABELS, 200, alpha, seed)
+
+
+def test_uniform_mix_in_a_graded_run_must_be_for_the_runs_own_draw(monkeypatch):
+    monkeypatch.setenv(common.GRADING_SEED, "7")  # the grader seeds the draw, kernel and judge
+    alpha, seed = common.drawn("lesson08.partition", ex.draw_partition)
+    assert (alpha, seed) == common.drawn("lesson08.partition", ex.draw_partition)
+    assert 0.25 <= alpha <= 1 and 0 <= seed < 10**6
+    tv = uniform_tv(LABELS, pt.dirichlet_per_class(LABELS, 20, alpha=alpha, min_size=5,
+                                                   seed=seed))
+    assert "correct" in ex.check_uniform_mix(tv, LABELS, 20, float(alpha), int(seed))
+    # a classmate's alpha and seed copied over the drawn ones, with their (right) answer
+    other_alpha, other_seed = ex.draw_partition(np.random.default_rng(1))
+    assert (other_alpha, other_seed) != (alpha, seed)
+    copied = uniform_tv(LABELS, pt.dirichlet_per_class(LABELS, 20, alpha=other_alpha,
+                                                       min_size=5, seed=other_seed))
+    with pytest.raises(common.ExerciseFailed, match="drawn values were changed"):
+        ex.check_uniform_mix(copied, LABELS, 20, other_alpha, other_seed)
 
 
 def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):

@@ -3,6 +3,7 @@ only in a graded run (course_lib.exercises.lesson09)."""
 
 import json
 
+import numpy as np
 import pytest
 
 from course_lib import federated as fl
@@ -32,35 +33,83 @@ def test_unmask_accepts_the_right_sum_and_explains_the_plain_sum_and_wrong_signs
         ex.check_unmask_sum(lambda received, *args: received)
 
 
-def count(rounds, seeds, tolerated, at_least=False):
+def count(m, share, attack_seed, rounds, seeds, tolerated, at_least=False):
     over = 0
     for s in seeds:
-        attackers = set(sec.fraction_attackers(range(20), 0.3, seed=s + 1))
+        attackers = set(sec.fraction_attackers(range(20), share, seed=s + attack_seed))
         for r in range(rounds):
-            b = len(attackers & set(fl.sample_clients(20, 0.5, s, r)))
+            b = len(attackers & set(fl.sample_clients(20, m / 20, s, r)))
             over += b >= tolerated if at_least else b > tolerated
     return over
 
 
-def test_breakdown_accepts_this_runs_counts_and_explains_wrong_tolerances_and_counts():
+def right(m, trim, share, attack_seed, rounds=12, seeds=(0, 1, 2)):
+    """The right answer for one draw of the exercise cell."""
+    run = (m, share, attack_seed, rounds, seeds)
+    return {"trimmed mean": [int(trim * m), count(*run, int(trim * m))],
+            "median": [(m - 1) // 2, count(*run, (m - 1) // 2)]}
+
+
+DRAWS = [(10, 0.2, 0.3, 1), (7, 0.3, 0.4, 52_113), (14, 0.1, 0.2, 999_999), (5, 0.4, 0.25, 0)]
+
+
+@pytest.mark.parametrize("draw", DRAWS)
+def test_breakdown_accepts_the_counts_of_any_drawn_federation(draw):
     rounds, seeds = 12, (0, 1, 2)
-    right = {"trimmed mean": [2, count(rounds, seeds, 2)], "median": [4, count(rounds, seeds, 4)]}
-    assert right == {"trimmed mean": [2, 24], "median": [4, 4]}  # section 5's run
-    assert "correct" in ex.check_breakdown(right, rounds, seeds)
+    assert "correct" in ex.check_breakdown(right(*draw), *draw, rounds, seeds)
+
+
+def test_breakdown_accepts_draws_from_the_notebooks_ranges():
+    rng = np.random.default_rng(0)  # the exercise cell's draw, here with a seed
+    for _ in range(8):
+        draw = ex.draw_federation(rng)
+        assert "correct" in ex.check_breakdown(right(*draw), *draw, 12, (0, 1, 2))
+
+
+def test_breakdown_in_a_graded_run_must_be_for_the_runs_own_draw(monkeypatch):
+    monkeypatch.setenv(common.GRADING_SEED, "7")  # the grader seeds the draw, kernel and judge
+    draw = common.drawn("lesson09.federation", ex.draw_federation)
+    assert draw == common.drawn("lesson09.federation", ex.draw_federation)
+    assert "correct" in ex.check_breakdown(right(*draw), *draw, 12, (0, 1, 2))
+    # a classmate's federation copied over the drawn values, with their (right) answer
+    other = ex.draw_federation(np.random.default_rng(1))
+    assert other != draw
+    with pytest.raises(common.ExerciseFailed, match="drawn values were changed"):
+        ex.check_breakdown(right(*other), *other, 12, (0, 1, 2))
+
+
+def test_breakdown_of_section_5_and_bigger_runs():
+    assert right(10, 0.2, 0.3, 1) == {"trimmed mean": [2, 24], "median": [4, 4]}  # section 5
     assert "correct" in ex.check_breakdown(  # bigger runs: the counts follow the run
-        {"trimmed mean": [2, count(20, range(5), 2)], "median": [4, count(20, range(5), 4)]},
-        20, range(5))
-    with pytest.raises(common.ExerciseFailed, match="trimmed mean: 3 attackers"):
-        ex.check_breakdown(right | {"trimmed mean": [3, count(rounds, seeds, 3)]}, rounds, seeds)
-    with pytest.raises(common.ExerciseFailed, match="median: 5 attackers"):  # m / 2
-        ex.check_breakdown(right | {"median": [5, count(rounds, seeds, 5)]}, rounds, seeds)
+        right(10, 0.2, 0.3, 1, 20, range(5)), 10, 0.2, 0.3, 1, 20, range(5))
+
+
+def test_breakdown_rejects_a_copied_answer_and_explains_wrong_tolerances_and_counts():
+    rounds, seeds, draw = 12, (0, 1, 2), (9, 0.25, 0.35, 4321)
+    m, trim, share, attack_seed = draw
+    mine = right(*draw)
+    run = (m, share, attack_seed, rounds, seeds)
+    # another run's answer (section 5's, a classmate's) is wrong for this run's draw
+    for other in ((10, 0.2, 0.3, 1), (9, 0.25, 0.35, 4322), (12, 0.25, 0.35, 4321)):
+        assert right(*other) != mine
+        with pytest.raises(common.ExerciseFailed, match="this run"):
+            ex.check_breakdown(right(*other), *draw, rounds, seeds)
+    with pytest.raises(common.ExerciseFailed, match="trimmed mean: 3 attackers"):  # ceil
+        ex.check_breakdown(mine | {"trimmed mean": [3, count(*run, 3)]}, *draw, rounds, seeds)
+    with pytest.raises(common.ExerciseFailed, match="median: 5 attackers"):  # ceil(m / 2)
+        ex.check_breakdown(mine | {"median": [5, count(*run, 5)]}, *draw, rounds, seeds)
     with pytest.raises(common.ExerciseFailed, match="exactly 2"):
-        ex.check_breakdown(right | {"trimmed mean": [2, count(rounds, seeds, 2, True)]},
-                           rounds, seeds)
+        ex.check_breakdown(mine | {"trimmed mean": [2, count(*run, 2, True)]}, *draw, rounds,
+                           seeds)
     with pytest.raises(common.ExerciseFailed, match="every seed"):
-        ex.check_breakdown(right | {"median": [4, count(rounds, (0,), 4)]}, rounds, seeds)
+        ex.check_breakdown(mine | {"median": [4, count(m, share, attack_seed, rounds, (0,), 4)]},
+                           *draw, rounds, seeds)
     with pytest.raises(common.ExerciseFailed, match="whole numbers"):
-        ex.check_breakdown({"trimmed mean": 2, "median": 4}, rounds, seeds)
+        ex.check_breakdown({"trimmed mean": 2, "median": 4}, *draw, rounds, seeds)
+    with pytest.raises(common.ExerciseFailed, match="exercise cell drew"):
+        ex.check_breakdown(mine, m, 0.5, share, attack_seed, rounds, seeds)  # trims everything
+    with pytest.raises(common.ExerciseFailed, match="ROUNDS and SEEDS"):
+        ex.check_breakdown(mine, *draw, 0, seeds)
 
 
 def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):

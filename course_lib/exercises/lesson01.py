@@ -1,5 +1,6 @@
 """Checks for lesson 1's exercises: leaky ReLU's backward, the kernel gradient of a depthwise
-convolution, and the multiply-adds of the lesson network's forward and backward passes.
+convolution, and the multiply-adds of the forward and backward passes of the lesson network with
+widths and batch drawn afresh in every run (another run's counts are no answer).
 
 Lecture note "BackPropagation for fully-connected and convolutional networks": section 2 (through
 an elementwise activation), sections 5-6 (convolution as a matrix product and its gradient),
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
+    check_drawn,
     check_gradient,
     checked,
     grading_seed,
@@ -155,6 +157,30 @@ autograd."""
 
 # -- exercise 3: what the backward pass costs (section 4) ----------------------------------------
 
+# The notebook draws the network's widths and the batch afresh on every run, within these
+# ranges, so that the counts differ from run to run (by a factor of about 100) and cannot be
+# copied from another student's run; the largest network and batch count in milliseconds. A graded
+# run seeds the draw, and the judge checks that the network and batch are the ones drawn for it.
+CHANNELS_RANGE, HIDDEN_RANGE, BATCH_RANGE = (2, 16), (8, 64), (8, 128)
+
+
+def draw_cost_sizes(rng) -> tuple[int, int, int]:
+    """Exercise 3's (CHANNELS, HIDDEN, COST_BATCH): ``common.drawn("lesson01.cost_sizes",
+    draw_cost_sizes)`` in the notebook (fresh every run; the grader's run seeds it)."""
+    return tuple(int(rng.integers(lo, hi + 1))
+                 for lo, hi in (CHANNELS_RANGE, HIDDEN_RANGE, BATCH_RANGE))
+
+
+def cost_variant(channels: int, hidden: int) -> list:
+    """The exercise's network (``_layers`` of ``small_cnn(channels=..., hidden=...)``)."""
+    return [["conv", 1, channels, 3, 1, 1], "ReLU", "Flatten",
+            ["linear", 64 * channels, hidden], "Tanh", ["linear", hidden, 10]]
+
+
+# Section 7's network, whose counts a student who ignores the drawn widths would give.
+SECTION_7 = cost_variant(8, 32)
+SECTION_7_BATCH = 32
+
 
 def _layers(module) -> list:
     """The network's layers as plain data: ["conv", c_in, c_out, k, stride, padding],
@@ -169,13 +195,14 @@ def _layers(module) -> list:
         elif isinstance(m, (torch.nn.ReLU, torch.nn.Tanh, torch.nn.Sigmoid, torch.nn.Flatten)):
             layers.append(type(m).__name__)
         else:
-            raise ExerciseFailed(f"pass the section's torch.nn network (`module`), not one "
+            raise ExerciseFailed(f"pass the exercise's torch.nn network (`cost_module`), not one "
                                  f"with a {type(m).__name__}")
     return layers
 
 
 def _probe_cost(forward_macs, backward_macs, module, batch, image_shape) -> dict:
-    """The student's two counts, the run's network (its layers), batch and image shape."""
+    """The student's two counts, the run's network (its layers, with the widths drawn in that
+    run), its batch and image shape."""
     return {"forward": forward_macs, "backward": backward_macs, "layers": _layers(module),
             "batch": int(batch), "image": [int(s) for s in image_shape]}
 
@@ -199,16 +226,38 @@ def count_macs(layers, batch, image) -> tuple[int, int]:
     return forward.get_total_flops() // 2, backward.get_total_flops() // 2
 
 
+def _sizes_drawn(data) -> None:
+    """In a graded run: the network's widths and the batch must be the ones drawn for the run."""
+    if grading_seed() is None:
+        return
+    layers = data["layers"]
+    try:
+        channels, hidden = layers[0][2], layers[3][2]
+    except (IndexError, KeyError, TypeError):
+        channels = hidden = None
+    check_drawn("lesson01.cost_sizes", draw_cost_sizes, [channels, hidden, data["batch"]])
+    if layers != cost_variant(channels, hidden):
+        raise ExerciseFailed("pass the exercise's network, cost_module, as drawn in this run")
+
+
 def _judge_cost(data) -> str:
+    """Recount on the run's network and batch (as drawn in that run) with the flop counter."""
+    _sizes_drawn(data)
     f, b = count_macs(data["layers"], data["batch"], data["image"])
     batch = data["batch"]
+    section_7 = {batch: count_macs(SECTION_7, batch, data["image"]),
+                 SECTION_7_BATCH: count_macs(SECTION_7, SECTION_7_BATCH, data["image"])}
     for what, got, right in (("forward", data["forward"], f), ("backward", data["backward"], b)):
         if isinstance(got, bool) or not isinstance(got, (int, float)) or got != int(got):
             raise ExerciseFailed(f"give the {what} count as a whole number, not {got!r}")
         if got == right:
             continue
-        hints = {2 * right: "you counted flops: a multiply-add is 2 of them, count it once",
-                 right / batch: f"that is per example: the batch has {batch}"}
+        index = 0 if what == "forward" else 1
+        hints = {counts[index]: (f"that is section 7's network (8 channels, 32 hidden units) on "
+                                 f"a batch of {n}: count the one drawn for your run, from its "
+                                 f"variables") for n, counts in section_7.items()}
+        hints.update({2 * right: "you counted flops: a multiply-add is 2 of them, count it once",
+                      right / batch: f"that is per example: the batch has {batch}"})
         if what == "backward":
             hints[2 * f] = ("that is what the hand-written backward does, which also computes "
                             "dQ/dX of the first layer (the images); autograd computes a "
@@ -225,5 +274,5 @@ def _judge_cost(data) -> str:
 
 check_backward_cost = checked("lesson01.backward_cost", _probe_cost, _judge_cost)
 check_backward_cost.__doc__ = """Check the multiply-adds of one forward and one autograd backward
-pass of section 7's network: ``check_backward_cost(forward_macs, backward_macs, module, BATCH,
-image_shape)``."""
+pass of the exercise's variant of section 7's network (widths and batch drawn in the run):
+``check_backward_cost(forward_macs, backward_macs, cost_module, COST_BATCH, image_shape)``."""

@@ -7,7 +7,8 @@ is a probe (runs in the student's kernel, returns plain data) and a judge (decid
 the grader runs it outside the kernel): see :mod:`course_lib.exercises.common`.
 
 The library simulates the note's FedAvg and combine-then-adapt steps (``erm_simulators``), so
-neither is asked for: the first exercise asks for a number only a run gives, the second for the
+neither is asked for: the first exercise asks for a number only a run gives (with q and the round
+count drawn afresh in every run: another run's number is no answer), the second for the
 adapt-then-combine order with a mixing matrix, which the library does not have.
 """
 
@@ -18,6 +19,7 @@ import torch
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
+    check_drawn,
     checked,
     grading_seed,
 )
@@ -27,14 +29,27 @@ MAX_ROUNDS = 20_000  # more than GD needs for any target of the lesson's curves
 
 # -- Exercise 1: rounds of plain gradient descent that q local steps are worth ------------------
 
+# The notebook draws q and AFTER afresh on every run, within these ranges, so that the count
+# differs from run to run (41 to 143 rounds) and cannot be copied from another student's run;
+# q >= 4 and AFTER >= 8 keep the naive guess "q steps = q rounds" (q x AFTER) wrong, and
+# q x AFTER <= 160 local steps keep the exercise a fraction of a second. A graded run seeds the
+# draw, and the judge checks that q and AFTER are the ones drawn for it.
+Q_RANGE, AFTER_RANGE = (4, 8), (8, 20)
 
-def _probe_rounds(rounds, fedavg_losses, lr, after) -> dict:
-    """``rounds``: the student's count; ``fedavg_losses``: {q: objective after each round} of
-    this run; the curve with the most local steps sets the target."""
-    if not isinstance(fedavg_losses, dict) or not fedavg_losses:
-        raise ExerciseFailed("pass fedavg_losses, the {q: losses} of section 8")
-    q = max(fedavg_losses)
-    return {"answer": rounds, "q": q, "curve": [float(v) for v in fedavg_losses[q]],
+
+def draw_q_after(rng) -> tuple[int, int]:
+    """Exercise 1's (Q, AFTER): ``common.drawn("lesson02.q_after", draw_q_after)`` in the
+    notebook (fresh every run; the grader's run seeds it)."""
+    return tuple(int(rng.integers(lo, hi + 1)) for lo, hi in (Q_RANGE, AFTER_RANGE))
+
+
+def _probe_rounds(rounds, q_losses, q, lr, after) -> dict:
+    """``rounds``: the student's count; ``q_losses``: this run's objective after each round of
+    FedAvg with ``q`` local steps (q and ``after`` are the run's drawn values)."""
+    if isinstance(q_losses, dict) or not hasattr(q_losses, "__len__") or not len(q_losses):
+        raise ExerciseFailed("pass q_losses, the list of objectives of FedAvg with q local steps "
+                             "(one per round), drawn and computed in the exercise's first cell")
+    return {"answer": rounds, "q": int(q), "curve": [float(v) for v in q_losses],
             "lr": float(lr), "after": int(after)}
 
 
@@ -54,12 +69,15 @@ def _gd_losses_until(target: float, lr: float) -> list[float]:
 
 
 def _judge_rounds(data) -> str:
+    """Recount from the run's data: the target is the run's q-curve after ``after`` rounds (q and
+    ``after`` as drawn in that run), the count is gradient descent's, computed here."""
+    check_drawn("lesson02.q_after", draw_q_after, [data["q"], data["after"]])
     answer, curve, after, q = data["answer"], data["curve"], data["after"], data["q"]
     if isinstance(answer, bool) or not isinstance(answer, (int, float)) or answer != int(answer):
         raise ExerciseFailed(f"give the number of rounds as a whole number, not {answer!r}")
     if not 1 <= after <= len(curve) or q < 2:
-        raise ExerciseFailed(f"pass this run's fedavg_losses (a curve with q > 1 local steps and "
-                             f"at least {after} rounds)")
+        raise ExerciseFailed(f"pass this run's q_losses, q and AFTER (a curve with q > 1 local "
+                             f"steps and at least {after} rounds)")
     target = curve[after - 1]
     gd = _gd_losses_until(target, data["lr"])
     if gd[-1] > target:
@@ -80,15 +98,18 @@ def _judge_rounds(data) -> str:
         raise ExerciseFailed(f"after {answer} rounds of q = 1 the objective is {got}, still "
                              f"above {target:.8g}, what q = {q} reaches after {after} rounds: "
                              f"run q = 1 for more rounds")
+    naive = (f" ({answer} = q x AFTER is the guess that {q} local steps are worth {q} rounds: "
+             f"run q = 1 and count)") if answer == q * after else ""
     raise ExerciseFailed(f"q = 1 is already at or below {target:.8g} (what q = {q} reaches after "
                          f"{after} rounds) before round {answer}: count the first round that gets "
-                         f"there")
+                         f"there{naive}")
 
 
 check_rounds_to_match = checked("lesson02.rounds_to_match", _probe_rounds, _judge_rounds)
 check_rounds_to_match.__doc__ = """Check the number of rounds of FedAvg with q = 1 (plain
-gradient descent) needed to reach the objective FedAvg with q local steps reaches after ``after``
-rounds: ``check_rounds_to_match(rounds, fedavg_losses, lr, after)``."""
+gradient descent) needed to reach the objective FedAvg with ``q`` local steps reaches after
+``after`` rounds: ``check_rounds_to_match(rounds, q_losses, q, lr, after)``, with ``q_losses``
+the run's objective after each round of the q-step FedAvg."""
 
 
 # -- Exercise 2: adapt, then combine -------------------------------------------------------------

@@ -15,6 +15,7 @@ import torch
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
+    check_drawn,
     checked,
     grading_seed,
 )
@@ -169,7 +170,13 @@ check_weighted_average.__doc__ = """Check ``average(model, n_local)``: called on
 every ``.grad`` the gradient of the mean loss over all ranks' samples. Trains on 2 ranks with
 unequal batches and compares with one process on the global batch."""
 
-# -- exercise 2: how many base epochs the scaled large batch's ten epochs are worth ------------
+# -- exercise 2: how many base epochs the scaled large batch's first epochs are worth ----------
+
+
+def draw_reference_epoch(rng) -> int:
+    """Exercise 2's reference epoch e, 4 to 10: ``common.drawn("lesson04.reference_epoch",
+    draw_reference_epoch)`` in the notebook (fresh every run; the grader's run seeds it)."""
+    return int(rng.integers(4, 10 + 1))
 
 
 def _curves(seeded, marker):
@@ -179,16 +186,24 @@ def _curves(seeded, marker):
     return [list(map(float, run["loss"])) for run in seeded[names[0]]]
 
 
-def _probe_epochs_worth(answer, seeded) -> dict:
-    """``answer``: the student's epoch; ``seeded``: section 5's runs (each seed's curve)."""
-    return {"answer": answer, "base": _curves(seeded, "(base)"),
-            "scaled": _curves(seeded, "(scaled x8)")}
+def _probe_epochs_worth(answer, seeded, reference_epoch) -> dict:
+    """``answer``: the student's epoch; ``seeded``: section 5's runs (each seed's curve);
+    ``reference_epoch``: the scaled run's epoch the notebook drew for this run (the curves are
+    the same on every run, the epoch is not: a copied answer is then likely wrong)."""
+    return {"answer": answer, "reference_epoch": reference_epoch,
+            "base": _curves(seeded, "(base)"), "scaled": _curves(seeded, "(scaled x8)")}
 
 
 def _judge_epochs_worth(data) -> str:
-    answer = data["answer"]
+    answer, reference = data["answer"], data["reference_epoch"]
+    check_drawn("lesson04.reference_epoch", draw_reference_epoch, reference)  # graded runs only
     base = np.mean(np.asarray(data["base"], dtype=float), axis=0)
-    target = float(np.mean(np.asarray(data["scaled"], dtype=float), axis=0)[-1])
+    scaled = np.mean(np.asarray(data["scaled"], dtype=float), axis=0)
+    if (isinstance(reference, bool) or not isinstance(reference, int)
+            or not 1 <= reference <= len(scaled)):
+        raise ExerciseFailed(f"pass the reference epoch drawn above (1 to {len(scaled)}), not "
+                             f"{reference!r}")
+    target = float(scaled[reference - 1])
     reached = [e + 1 for e, loss in enumerate(base) if loss <= target]
     right = reached[0] if reached else None
     if answer is not None and (isinstance(answer, bool) or not isinstance(answer, (int, float))
@@ -200,22 +215,24 @@ def _judge_epochs_worth(data) -> str:
                              f"after epoch 1), not {answer}")
     if answer is None:
         if right is None:
-            return "correct: in this run the base run never gets as low as the scaled one"
-        raise ExerciseFailed(f"the base run does get to {target:.4g} within {len(base)} "
-                             f"epochs: give the first epoch")
+            return (f"correct: in this run the base run never gets as low as the scaled one "
+                    f"after epoch {reference}")
+        raise ExerciseFailed(f"the base run does get to {target:.4g} (the scaled run after epoch "
+                             f"{reference}) within {len(base)} epochs: give the first epoch")
     answer = int(answer)
     if base[answer - 1] > target:
         raise ExerciseFailed(f"at epoch {answer} the base run's mean loss is "
-                             f"{base[answer - 1]:.4g}, still above the scaled run's final "
-                             f"{target:.4g}")
+                             f"{base[answer - 1]:.4g}, still above the scaled run's "
+                             f"{target:.4g} after epoch {reference}")
     if answer != right:
         raise ExerciseFailed(f"at epoch {answer} the base run is below {target:.4g}, but it got "
                              f"there earlier: give the first such epoch")
-    return (f"correct: the scaled batch's {len(base)} epochs (mean final loss {target:.4g}) are "
+    return (f"correct: the scaled batch's first {reference} epochs (mean loss {target:.4g}) are "
             f"worth {right} of the base run's")
 
 
 check_epochs_worth = checked("lesson04.epochs_worth", _probe_epochs_worth, _judge_epochs_worth)
 check_epochs_worth.__doc__ = """Check ``epochs``, the first epoch at which section 5's base run
-(mean over its seeds) is at or below the final mean loss of the batch-256 run with the linearly
-scaled rate: ``check_epochs_worth(epochs, seeded)``."""
+(mean over its seeds) is at or below the mean loss of the batch-256 run with the linearly scaled
+rate after epoch ``reference_epoch`` (drawn in the notebook on every run):
+``check_epochs_worth(epochs, seeded, reference_epoch)``."""

@@ -14,58 +14,88 @@ import torch
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
+    check_drawn,
     checked,
     grading_seed,
 )
 
-# -- exercise 1: the bubble when one stage is slower ---------------------------------------------
+# -- exercise 1: the bubble when the last stage is slower ----------------------------------------
 
-# The pipeline of the exercise, in the time units of section 9's model: stages 0-2 take 1 unit
-# per forward and 2 per backward, the last stage (output layer and loss) twice as long. The
-# judge uses this constant, not a setting passed from the kernel.
-SLOW_STAGE = dict(p=4, micro_batches=8, schedule="1F1B", forward=[1, 1, 1, 2],
-                  backward=[2, 2, 2, 4])
+# The pipeline of the exercise, in the time units of section 9's model: stages 0 to p - 2 take
+# 1 unit per forward and 2 per backward, the last stage (output layer and loss) ``slowdown``
+# times as long; 1F1B. The notebook draws p, m and the slowdown afresh on every run (a number
+# copied from another run is then wrong); the judge rebuilds the timeline from them.
+SCHEDULE = "1F1B"
 TOLERANCE = 0.005  # absolute, on the idle fraction
 
 
-def _probe_slow_stage(idle) -> dict:
-    """``idle``: the student's idle fraction for :data:`SLOW_STAGE`."""
-    return {"answer": idle}
+def draw_slow_pipeline(rng) -> list:
+    """Exercise 1's pipeline ``[stages, micro, slowdown]``: p from 3 to 6, m from 4 to 16 and
+    k in {1.5, 2, 2.5, 3}; ``common.drawn("lesson05.slow_pipeline", draw_slow_pipeline)`` in the
+    notebook (fresh every run; the grader's run seeds it)."""
+    return [int(rng.integers(3, 6 + 1)), int(rng.integers(4, 16 + 1)),
+            float(rng.choice([1.5, 2.0, 2.5, 3.0]))]
+
+
+def slow_last_stage(p, slowdown) -> dict:
+    """The per-stage times of the exercise's pipeline: ``forward`` and ``backward`` lists."""
+    return dict(forward=[1.0] * (p - 1) + [float(slowdown)],
+                backward=[2.0] * (p - 1) + [2.0 * slowdown])
+
+
+def _probe_slow_stage(idle, stages, micro_batches, slowdown) -> dict:
+    """``idle``: the student's idle fraction; ``stages``, ``micro_batches``, ``slowdown``: the
+    pipeline the notebook drew for this run."""
+    return {"answer": idle, "p": stages, "m": micro_batches, "slowdown": slowdown}
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _judge_slow_stage(data) -> str:
     from course_lib.cost_models import bubble_fraction, idle_fraction, pipeline_timeline
 
-    answer = data["answer"]
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+    answer, p, m, slowdown = (data[k] for k in ("answer", "p", "m", "slowdown"))
+    check_drawn("lesson05.slow_pipeline", draw_slow_pipeline, [p, m, slowdown])  # graded runs
+    # the drawn pipeline, within bounds that keep the model's timeline small
+    if not (isinstance(p, int) and isinstance(m, int) and _number(slowdown)
+            and not isinstance(p, bool) and not isinstance(m, bool)
+            and 2 <= p <= 16 and 1 <= m <= 64 and 1 <= slowdown <= 10):
+        raise ExerciseFailed(f"pass the pipeline drawn above (stages, micro-batches, slowdown), "
+                             f"not {p!r}, {m!r}, {slowdown!r}")
+    if not _number(answer):
         raise ExerciseFailed(f"give the idle fraction as a number, not {answer!r}")
-    s = SLOW_STAGE
-    spans = pipeline_timeline(s["p"], s["micro_batches"], s["schedule"], forward=s["forward"],
-                              backward=s["backward"])
-    right = idle_fraction(spans, s["p"])
+    times = slow_last_stage(p, slowdown)
+    spans = pipeline_timeline(p, m, SCHEDULE, **times)
+    right = idle_fraction(spans, p)
     makespan = max(start + duration for _, start, duration, _ in spans)
-    balanced = bubble_fraction(s["p"], s["micro_batches"])
+    balanced = bubble_fraction(p, m)
     if abs(answer - right) <= TOLERANCE:
         return (f"correct: {answer:.4f} (the model: {right:.4f}, a run of {makespan:g} units; "
-                f"equal stages would be idle {balanced:.4f})")
+                f"{p} equal stages would be idle {balanced:.4f})")
     if 1 < answer <= 100 and abs(answer / 100 - right) <= TOLERANCE:
         raise ExerciseFailed("give a fraction between 0 and 1, not a percentage")
     if not 0 <= answer < 1:
         raise ExerciseFailed(f"an idle fraction lies between 0 and 1, not {answer!r}")
     if abs(answer - balanced) <= TOLERANCE:
-        raise ExerciseFailed(f"{answer:.4f} is (p - 1)/(m + p - 1), the bubble of {s['p']} equal "
+        raise ExerciseFailed(f"{answer:.4f} is (p - 1)/(m + p - 1), the bubble of {p} equal "
                              f"stages; here the last stage is slower and sets the pace")
     side = "low" if answer < right else "high"
-    raise ExerciseFailed(f"{answer:.4f} is too {side} (tolerance {TOLERANCE}): the slow stage is "
-                         f"busy {s['micro_batches']} x {s['forward'][-1] + s['backward'][-1]} "
-                         f"units; what must happen before its first step, and after its last?")
+    step = times["forward"][-1] + times["backward"][-1]
+    raise ExerciseFailed(f"{answer:.4f} is too {side} for p = {p}, m = {m}, slowdown "
+                         f"{slowdown:g} (tolerance {TOLERANCE}): the slow stage is busy {m} x "
+                         f"{step:g} units; what must happen before its first step, and after "
+                         f"its last?")
 
 
 check_slow_stage_bubble = checked("lesson05.slow_stage_bubble", _probe_slow_stage,
                                   _judge_slow_stage)
 check_slow_stage_bubble.__doc__ = """Check ``idle``, the idle fraction (idle stage time over p x
-the run's length) of the 1F1B pipeline :data:`SLOW_STAGE`, against the model timeline
-``cost_models.pipeline_timeline`` of that pipeline, within :data:`TOLERANCE`."""
+the run's length) of a 1F1B pipeline of ``stages`` stages and ``micro_batches`` micro-batches
+whose last stage takes ``slowdown`` times as long (:func:`slow_last_stage`), against the model
+timeline ``cost_models.pipeline_timeline`` of that pipeline, within :data:`TOLERANCE`:
+``check_slow_stage_bubble(idle, stages, micro_batches, slowdown)``."""
 
 # -- exercise 2: the gather of a column-parallel layer ------------------------------------------
 

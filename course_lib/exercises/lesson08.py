@@ -1,5 +1,6 @@
 """Checks for lesson 8's exercises: a Dirichlet partition whose minimum size is built in rather
-than redrawn, and the label mix that FedAvg with uniform client weights trains on.
+than redrawn, and the label mix that FedAvg with uniform client weights trains on (for a
+partition whose alpha and seed every run of the notebook draws afresh: the number is the run's).
 
 Slides "Parallel computing for machine learning", part 4 (data are not IID and their amounts
 severely imbalanced; direction 1, Federated Averaging: the server averages the clients' models
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from course_lib import partitions as pt
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
+    check_drawn,
     checked,
     grading_seed,
 )
@@ -159,42 +162,66 @@ clients with proportions ~ Dir(alpha); seeded."""
 
 
 # -- exercise 2: the label mix of the uniformly weighted objective -------------------------------
+# The partition is drawn afresh on every run (alpha and seed, in the notebook), so the number is
+# this run's: the judge rebuilds the partition from them with the library and recomputes it.
+
+MIN_SIZE = 5  # section 1's floor for the per-class Dirichlet partition
 
 
-def _probe_uniform_mix(tv, labels, parts) -> dict:
-    """``tv``: the student's number; ``labels`` and ``parts``: this run's labels and partition."""
+def draw_partition(rng) -> tuple[float, int]:
+    """Exercise 2's partition parameters (alpha in 0.25-1, two decimals: skewed, and never a
+    PartitionError; a seed below 10**6): ``common.drawn("lesson08.partition", draw_partition)``
+    in the notebook (fresh every run; the grader's run seeds it)."""
+    return round(float(rng.uniform(0.25, 1.0)), 2), int(rng.integers(10**6))
+
+
+def _probe_uniform_mix(tv, labels, clients, alpha, seed) -> dict:
+    """``tv``: the student's number; ``labels``: this run's training labels; ``clients``,
+    ``alpha``, ``seed``: the partition the exercise cell drew (``pt.dirichlet_per_class(labels,
+    clients, alpha=alpha, min_size=5, seed=seed)``)."""
     return {"tv": tv, "labels": [int(v) for v in np.asarray(labels).reshape(-1)],
-            "parts": _rows(parts)}
+            "clients": clients, "alpha": alpha, "seed": seed}
+
+
+def _rebuild(data) -> list[np.ndarray]:
+    """This run's partition, rebuilt here from the drawn parameters (not the kernel's copy)."""
+    labels, clients, alpha, seed = data["labels"], data["clients"], data["alpha"], data["seed"]
+    whole = [not isinstance(v, bool) and isinstance(v, int) for v in (clients, seed)]
+    if not all(whole) or not 2 <= clients <= len(labels) or seed < 0 or \
+            isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or \
+            not 0 < alpha < float("inf"):
+        raise ExerciseFailed("pass the labels and the partition's K, alpha and seed, as the "
+                             "exercise cell drew them")
+    try:
+        parts = pt.dirichlet_per_class(np.asarray(labels), clients, alpha=alpha,
+                                       min_size=MIN_SIZE, seed=seed)
+    except pt.PartitionError as error:
+        raise ExerciseFailed(f"no such partition: {error}") from error
+    return [np.asarray(q, dtype=np.int64) for q in parts]
 
 
 def _judge_uniform_mix(data) -> str:
-    tv, labels, parts = data["tv"], np.asarray(data["labels"]), data["parts"]
+    check_drawn("lesson08.partition", draw_partition, [data["alpha"], data["seed"]])
+    tv, labels = data["tv"], np.asarray(data["labels"], dtype=np.int64)
     if isinstance(tv, bool) or not isinstance(tv, (int, float)) or not np.isfinite(tv):
         raise ExerciseFailed(f"give the distance as a number, not {tv!r}")
-    rows = np.asarray([i for q in parts for i in q], dtype=np.int64)
-    if len(rows) != len(labels) or len(set(rows.tolist())) != len(labels) or \
-            not 0 <= rows.min(initial=0) <= rows.max(initial=0) < len(labels):
-        raise ExerciseFailed("pass the training labels and a partition of them "
-                             "(partitions[\"Dir/class α=0.3\"])")
+    parts = _rebuild(data)
     sizes = [len(p) for p in parts]
-    if min(sizes) == 0 or max(sizes) - min(sizes) <= 1:
-        raise ExerciseFailed("pass a partition with clients of different sizes (and none "
-                             "empty): partitions[\"Dir/class α=0.3\"]")
+    where = f" (alpha = {data['alpha']}, seed = {data['seed']})"
     # the objective (1/K) sum_k (1/n_k) sum_{i in k} loss_i puts weight 1/(K n_k) on each row;
     # its label mix is the weight each label gets (the weighted objective's is p itself)
     weight = np.zeros(len(labels))
     for p in parts:
-        weight[np.asarray(p, dtype=np.int64)] = 1 / (len(parts) * len(p))
+        weight[p] = 1 / (len(parts) * len(p))
     classes = int(labels.max()) + 1
     mix = np.bincount(labels, weights=weight, minlength=classes)
     p = np.bincount(labels, minlength=classes) / len(labels)
     right = 0.5 * np.abs(mix - p).sum()
     if abs(tv - right) <= 1e-3:
         return (f"correct: uniform weights train on a label mix at total-variation distance "
-                f"{tv:.4f} from the data's ({len(parts)} clients of {min(sizes)} to "
-                f"{max(sizes)} rows)")
-    counts = np.stack([np.bincount(labels[np.asarray(q, dtype=np.int64)], minlength=classes)
-                       for q in parts])
+                f"{tv:.4f} from the data's{where}; {len(parts)} clients of {min(sizes)} to "
+                f"{max(sizes)} rows")
+    counts = np.stack([np.bincount(labels[q], minlength=classes) for q in parts])
     per_client = 0.5 * np.abs(counts / counts.sum(axis=1, keepdims=True) - p).sum(axis=1).mean()
     if abs(tv - 2 * right) <= 2e-3:
         hint = "That is sum_c |q(c) - p(c)|: the total-variation distance is half of it."
@@ -206,13 +233,15 @@ def _judge_uniform_mix(data) -> str:
         hint = ("That is how far the clients' own mixes are from p, on average; the question is "
                 "how far the one mix the averaged objective puts on the labels is.")
     else:
-        hint = ("Client k's loss is the mean over its n_k rows and carries weight 1/K: which "
+        hint = ("Compute it in code from this run's partition `mine`: every run draws a new one. "
+                "Client k's loss is the mean over its n_k rows and carries weight 1/K: which "
                 "weight does one row get, and so each label?")
-    raise ExerciseFailed(f"{tv!r} is off by {abs(tv - right):.3g} (the tolerance is 1e-3). {hint}")
+    raise ExerciseFailed(f"{tv!r} is off by {abs(tv - right):.3g}{where} (the tolerance is "
+                         f"1e-3). {hint}")
 
 
 check_uniform_mix = checked("lesson08.uniform_mix", _probe_uniform_mix, _judge_uniform_mix)
 check_uniform_mix.__doc__ = """Check ``tv``, the total-variation distance between the label mix
-that FedAvg with uniform client weights (1/K) trains on and the data's label mix:
-``check_uniform_mix(tv, labels, parts)`` with this run's labels and partition."""
-
+that FedAvg with uniform client weights (1/K) trains on and the data's label mix, for this run's
+partition ``pt.dirichlet_per_class(labels, K, alpha=alpha, min_size=5, seed=seed)``:
+``check_uniform_mix(tv, labels, K, alpha, seed)``."""

@@ -1,6 +1,6 @@
 """Checks for lesson 9's exercises: secure aggregation that survives clients dropping out, and
 how many attackers a round of this run's federation held against what the trimmed mean and the
-median tolerate.
+median tolerate (a federation whose numbers every run of the notebook draws afresh).
 
 Slides "Parallel computing for machine learning", part 4: direction 2 (privacy; secure
 aggregation with pairwise masks, Bonawitz et al. 2017) and direction 3 (robustness: Byzantine-
@@ -19,6 +19,7 @@ from course_lib import fl_security as sec
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
+    check_drawn,
     checked,
     grading_seed,
 )
@@ -104,22 +105,38 @@ seed)``), when the clients not in ``senders`` dropped out after masking."""
 
 
 # -- exercise 2: the attackers a round tolerates, and the rounds of this run that had more --------
+# The federation's numbers (clients per round m, trim, attackers' share and seed) are drawn afresh
+# on every run of the notebook, so the answer is the run's: the judge recomputes it from them.
 
-CLIENTS, FRACTION, SHARE, TRIM = 20, 0.5, 0.3, 0.2  # section 5's federation; its largest share
-
-
-def _probe_breakdown(breakdown, rounds, seeds) -> dict:
-    """``breakdown``: {"trimmed mean": [b, over], "median": [b, over]}; ``rounds`` and ``seeds``:
-    section 5's ROUNDS and SEEDS."""
-    return {"breakdown": breakdown, "rounds": rounds, "seeds": list(seeds)}
+CLIENTS = 20  # section 5's federation: pt.iid(..., 20)
 
 
-def _attackers_per_round(rounds: int, seeds) -> list[int]:
-    """How many attackers each round of section 5's runs drew, seed after seed."""
+def draw_federation(rng) -> tuple[int, float, float, int]:
+    """Exercise 2's federation: m (5-15 clients per round, of 20), trim (0.1-0.4), attackers'
+    share (0.2-0.4) and attack seed (below 10**6): ``common.drawn("lesson09.federation",
+    draw_federation)`` in the notebook (fresh every run; the grader's run seeds it)."""
+    m = int(rng.integers(5, 16))
+    trim = float(rng.choice([0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4]))
+    share = float(rng.choice([0.2, 0.25, 0.3, 0.35, 0.4]))
+    return m, trim, share, int(rng.integers(10**6))
+
+
+def _probe_breakdown(breakdown, m, trim, share, attack_seed, rounds, seeds) -> dict:
+    """``breakdown``: {"trimmed mean": [b, over], "median": [b, over]}; ``m``, ``trim``,
+    ``share``, ``attack_seed``: what the exercise cell drew; ``rounds`` and ``seeds``: section
+    5's ROUNDS and SEEDS."""
+    return {"breakdown": breakdown, "m": m, "trim": trim, "share": share,
+            "attack_seed": attack_seed, "rounds": rounds, "seeds": list(seeds)}
+
+
+def _attackers_per_round(m: int, share: float, attack_seed: int, rounds: int,
+                         seeds) -> list[int]:
+    """How many attackers each round drew, seed after seed: section 5's sampler with m of the
+    CLIENTS per round, and a ``share`` of them attackers (seed s + attack_seed)."""
     out = []
     for s in seeds:
-        attackers = set(sec.fraction_attackers(range(CLIENTS), SHARE, seed=s + 1))
-        out += [len(attackers & set(fl.sample_clients(CLIENTS, FRACTION, s, r)))
+        attackers = set(sec.fraction_attackers(range(CLIENTS), share, seed=s + attack_seed))
+        out += [len(attackers & set(fl.sample_clients(CLIENTS, m / CLIENTS, s, r)))
                 for r in range(rounds)]
     return out
 
@@ -128,10 +145,22 @@ def _whole(v) -> bool:
     return not isinstance(v, bool) and isinstance(v, (int, float)) and v == int(v)
 
 
+def _number(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and bool(np.isfinite(v))
+
+
 def _judge_breakdown(data) -> str:
     answer, rounds, seeds = data["breakdown"], data["rounds"], data["seeds"]
+    m, trim, share, attack_seed = data["m"], data["trim"], data["share"], data["attack_seed"]
+    check_drawn("lesson09.federation", draw_federation, [m, trim, share, attack_seed])
     if not _whole(rounds) or rounds < 1 or not seeds or not all(_whole(s) for s in seeds):
         raise ExerciseFailed("pass section 5's ROUNDS and SEEDS")
+    if not (_whole(m) and 2 <= m <= CLIENTS and _number(trim) and 0 <= trim < 0.5 and
+            2 * int(trim * m) < m and _number(share) and 0 < share < 1 and
+            _whole(attack_seed) and attack_seed >= 0):
+        raise ExerciseFailed("pass the m, trim, share and attack seed that the exercise cell "
+                             "drew (my_m, my_trim, my_share, my_attack_seed)")
+    m, attack_seed = int(m), int(attack_seed)
     rule = ("give breakdown = {\"trimmed mean\": [attackers, rounds], \"median\": [attackers, "
             "rounds]} with whole numbers")
     if not isinstance(answer, dict) or set(answer) != {"trimmed mean", "median"}:
@@ -139,26 +168,27 @@ def _judge_breakdown(data) -> str:
     if not all(isinstance(v, (list, tuple)) and len(v) == 2 and all(map(_whole, v))
                for v in answer.values()):
         raise ExerciseFailed(rule)
-    m = max(1, round(FRACTION * CLIENTS))  # clients per round, as fl.sample_clients draws them
     # the breakdown points by brute force: the most attackers, all beyond every honest value in
     # one coordinate, that leave the rule's result inside the honest values' range
     honest, bad = 0.0, 1e9
     tolerated = {}
-    for name, rule_fn in (("trimmed mean", lambda u: sec.trimmed_mean(u, trim=TRIM)),
+    for name, rule_fn in (("trimmed mean", lambda u: sec.trimmed_mean(u, trim=trim)),
                           ("median", sec.coordinate_median)):
         tolerated[name] = max(b for b in range(m) if
                               rule_fn(torch.tensor([[bad]] * b + [[honest]] * (m - b))) < 1)
-    drawn = _attackers_per_round(int(rounds), [int(s) for s in seeds])
-    where = f" ({len(seeds)} seeds x {int(rounds)} rounds of {m} clients, 30% attackers)"
+    drawn = _attackers_per_round(m, share, attack_seed, int(rounds), [int(s) for s in seeds])
+    where = (f" ({len(seeds)} seeds x {int(rounds)} rounds of m = {m} clients, {share:.0%} "
+             f"attackers, attack seed {attack_seed})")
     for name, (b, over) in answer.items():
         if int(b) != tolerated[name]:
-            picture = ("drops int(0.2 m) values at each end of a coordinate"
+            picture = (f"drops int({trim} m) values at each end of a coordinate"
                        if name == "trimmed mean" else
                        "of an even number of values is the mean of the two middle ones")
             raise ExerciseFailed(
-                f"{name}: {int(b)} attackers per round is not what it tolerates with m = {m} "
-                f"clients. It {picture}: put all the attackers' values above every honest one "
-                f"and find the most that cannot move it outside the honest values")
+                f"{name}: {int(b)} attackers per round is not what it tolerates with this run's "
+                f"m = {m} clients (trim {trim}). It {picture}: put all the attackers' values "
+                f"above every honest one and find the most that cannot move it outside the "
+                f"honest values. Compute it from my_m and my_trim: every run draws new ones")
         right = sum(a > tolerated[name] for a in drawn)
         if int(over) != right:
             if int(over) == sum(a >= tolerated[name] for a in drawn):
@@ -167,17 +197,21 @@ def _judge_breakdown(data) -> str:
                                sum(a >= tolerated[name] for a in drawn[:int(rounds)])):
                 hint = "count the rounds of every seed"
             else:
-                hint = ("for each seed s: the attackers are sec.fraction_attackers(clients, 0.3, "
-                        "seed=s + 1), and round r's clients fl.sample_clients(len(clients), 0.5, "
-                        "s, r)")
+                hint = ("compute it in code from this run's draw; for each seed s: the "
+                        "attackers are sec.fraction_attackers(clients, my_share, seed=s + "
+                        "my_attack_seed), and round r's clients "
+                        "fl.sample_clients(len(clients), my_m / len(clients), s, r)")
             raise ExerciseFailed(f"{name}: {int(over)} is not the number of rounds with more "
                                  f"than {int(b)} attackers{where}: {hint}")
-    return (f"correct: the trimmed mean tolerates {tolerated['trimmed mean']} and the median "
-            f"{tolerated['median']} attackers of {m}; {answer['trimmed mean'][1]} and "
-            f"{answer['median'][1]} of the {len(drawn)} rounds had more")
+    return (f"correct: with m = {m} (trim {trim}) the trimmed mean tolerates "
+            f"{tolerated['trimmed mean']} and the median {tolerated['median']} attackers; "
+            f"{answer['trimmed mean'][1]} and {answer['median'][1]} of the {len(drawn)} rounds "
+            f"with {share:.0%} attackers had more")
 
 
 check_breakdown = checked("lesson09.breakdown", _probe_breakdown, _judge_breakdown)
-check_breakdown.__doc__ = """Check, for section 5's sign flip with 30% attackers, the most
-attackers per round the trimmed mean (trim 0.2) and the median tolerate, and in how many rounds
-of the run more took part: ``check_breakdown(breakdown, ROUNDS, SEEDS)``."""
+check_breakdown.__doc__ = """Check, for the federation the exercise cell drew (m of the 20
+clients per round, a trimmed mean with ``trim``, a ``share`` of attackers drawn with seed
+s + ``attack_seed``), the most attackers per round the trimmed mean and the median tolerate, and
+in how many rounds of ``rounds`` x ``seeds`` more took part: ``check_breakdown(breakdown, my_m,
+my_trim, my_share, my_attack_seed, ROUNDS, SEEDS)``."""
