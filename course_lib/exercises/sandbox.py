@@ -92,8 +92,9 @@ def command(argv: list[str], *, work: Path, library: Path, data: Path | None, sh
     bwrap = shutil.which("bwrap")
     if bwrap is None or sys.platform != "linux":
         raise SandboxUnavailable(unavailable() or "no sandbox")
-    mounts = [*_system_mounts(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-              "--tmpfs", "/dev/shm", "--bind", str(work), WORK,
+    # the fresh /tmp first: a Python environment under /tmp (a CI checkout) is mounted on it
+    mounts = ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
+              *_system_mounts(), "--bind", str(work), WORK,
               "--ro-bind", str(library), f"{WORK}/course_lib",
               "--bind", str(shared), str(shared)]
     if data is not None:
