@@ -49,3 +49,32 @@ def test_check_gradient_names_missing_return_shape_and_worst_entry():
         check_gradient("dK", wrong, g)
     with pytest.raises(ExerciseFailed):
         check_gradient("dK", g * float("nan"), g)
+
+
+def _fail_on_rank_one():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError("my bug")
+    return dist.get_rank()
+
+
+def test_launch_checked_returns_the_results_or_names_the_rank_that_failed():
+    from course_lib.exercises.common import launch_checked
+
+    with pytest.raises(ExerciseFailed, match="rank 1 failed: ValueError: my bug"):
+        launch_checked(_fail_on_rank_one, 2, timeout=60)
+
+
+def test_judge_cases_details_visible_failures_and_only_counts_hidden_ones():
+    from course_lib.exercises.common import HiddenTestFailed, judge_cases
+
+    def wrong_if_odd(item):
+        return f"case {item['n']} is wrong" if item["n"] % 2 else None
+
+    judge_cases([{"n": 0, "case": {}}, {"n": 2, "case": {"hidden": True}}], wrong_if_odd)
+    with pytest.raises(HiddenTestFailed):
+        judge_cases([{"n": 0, "case": {}}, {"n": 1, "case": {"hidden": True}}], wrong_if_odd)
+    with pytest.raises(ExerciseFailed, match="case 3 is wrong") as raised:  # visible first
+        judge_cases([{"n": 1, "case": {"hidden": True}}, {"n": 3, "case": {}}], wrong_if_odd)
+    assert not isinstance(raised.value, HiddenTestFailed)

@@ -62,6 +62,37 @@ def from_plain(value):
     return value
 
 
+def launch_checked(fn, world_size: int, args=(), *, timeout: float = 60,
+                   hint: str = "every rank must call the same collectives, in the same order"):
+    """``launch(fn, ...)`` for a probe: a failed rank or ranks still waiting at ``timeout``
+    become an :class:`ExerciseFailed` that names them (and, for a hang, says ``hint``)."""
+    from course_lib.runtime import LaunchTimeout, WorkerError, launch
+
+    try:
+        return launch(fn, world_size=world_size, args=args, timeout=timeout)
+    except WorkerError as err:
+        raise ExerciseFailed(f"rank {err.rank} failed: {err.exc_type or 'exited'}: "
+                             f"{err.exc_message or err}") from None
+    except LaunchTimeout as err:
+        raise ExerciseFailed(f"ranks {err.ranks} were still waiting after {timeout:g} s: "
+                             f"{hint}") from None
+
+
+def judge_cases(items, judge_one) -> None:
+    """Judge each of ``items`` with ``judge_one(item)`` (what is wrong, or None): a visible case
+    that fails raises :class:`ExerciseFailed` with the details, a hidden one (``item["case"]
+    ["hidden"]``) only :class:`HiddenTestFailed`, after every visible case was judged."""
+    hidden = False
+    for item in items:
+        wrong = judge_one(item)
+        if wrong and item["case"].get("hidden"):
+            hidden = True
+        elif wrong:
+            raise ExerciseFailed(wrong)
+    if hidden:
+        raise HiddenTestFailed("a hidden case failed")
+
+
 def grading_seed() -> int | None:
     """The seed of this grading run's hidden cases; None outside the grader."""
     seed = os.environ.get(GRADING_SEED)

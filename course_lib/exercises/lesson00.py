@@ -20,8 +20,8 @@ from course_lib.exercises.common import (
     HiddenTestFailed,
     checked,
     grading_seed,
+    launch_checked,
 )
-from course_lib.runtime import LaunchTimeout, WorkerError, launch
 
 WORLD_SIZE = 2
 TOL = 1e-6  # absolute: the visible and hidden values are multiples of 1/4, exact in float32
@@ -29,14 +29,7 @@ TOL = 1e-6  # absolute: the visible and hidden values are multiples of 1/4, exac
 
 def _launch(fn, args, timeout):
     """Launch ``fn`` on 2 ranks; a failed or hung rank becomes an ExerciseFailed that says so."""
-    try:
-        return launch(fn, world_size=WORLD_SIZE, args=args, timeout=timeout)
-    except WorkerError as err:
-        raise ExerciseFailed(f"rank {err.rank} failed: {err.exc_type or 'exited'}: "
-                             f"{err.exc_message or err}") from None
-    except LaunchTimeout as err:
-        raise ExerciseFailed(f"ranks {err.ranks} were still waiting after {timeout:g} s: every "
-                             f"rank must call the same collectives, in the same order") from None
+    return launch_checked(fn, WORLD_SIZE, args, timeout=timeout)
 
 
 # -- exercise 1: an all-reduce every rank joins --------------------------------------------------

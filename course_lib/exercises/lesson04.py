@@ -18,6 +18,7 @@ from course_lib.exercises.common import (
     check_drawn,
     checked,
     grading_seed,
+    launch_checked,
 )
 
 # -- exercise 1: average the gradients, weighted by each rank's number of samples --------------
@@ -90,17 +91,10 @@ def _train_on_ranks(average, cases):
 
 
 def _probe_weighted_average(average) -> dict:
-    from course_lib import launch
-    from course_lib.runtime.errors import LaunchTimeout, WorkerError
-
     cases = _cases(grading_seed())
-    try:
-        ranks = launch(_train_on_ranks, world_size=2, args=(average, cases), timeout=60)
-    except WorkerError as err:
-        raise ExerciseFailed(f"rank {err.rank} raised {err.exc_type}: {err.exc_message}") from None
-    except LaunchTimeout:
-        raise ExerciseFailed("the ranks did not finish within 60 s: does every rank make the same "
-                             "collective calls, in the same order?") from None
+    ranks = launch_checked(_train_on_ranks, 2, (average, cases), timeout=60,
+                           hint="does every rank make the same collective calls, in the same "
+                                "order?")
     return {name: dict(case, ranks=[r[name] for r in ranks]) for name, case in cases.items()}
 
 

@@ -17,6 +17,7 @@ from course_lib.exercises.common import (
     check_drawn,
     checked,
     grading_seed,
+    launch_checked,
 )
 
 # -- exercise 1: the bubble when the last stage is slower ----------------------------------------
@@ -146,17 +147,9 @@ def _column_parallel(gather, cases):
 
 
 def _probe_gather(gather) -> dict:
-    from course_lib import launch
-    from course_lib.runtime.errors import LaunchTimeout, WorkerError
-
     cases = _cases(grading_seed())
-    try:
-        ranks = launch(_column_parallel, world_size=2, args=(gather, cases), timeout=60)
-    except WorkerError as err:
-        raise ExerciseFailed(f"rank {err.rank} raised {err.exc_type}: {err.exc_message}") from None
-    except LaunchTimeout:
-        raise ExerciseFailed("the ranks did not finish within 60 s: does every rank make the same "
-                             "collective calls?") from None
+    ranks = launch_checked(_column_parallel, 2, (gather, cases), timeout=60,
+                           hint="does every rank make the same collective calls?")
     return {name: dict(case, ranks=[r[name] for r in ranks]) for name, case in cases.items()}
 
 

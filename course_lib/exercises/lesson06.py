@@ -24,9 +24,9 @@ from course_lib.exercises.common import (
     HiddenTestFailed,
     checked,
     grading_seed,
+    launch_checked,
 )
 from course_lib.parameter_server import sgd
-from course_lib.runtime import LaunchTimeout, WorkerError, launch
 
 # -- exercise 1: the staleness of fast and slow workers' gradients -------------------------------
 
@@ -187,16 +187,10 @@ def _push_sum_ranks(step, cases):
 def _probe_push_sum(push_sum_step, timeout: float = 30) -> dict:
     cases = _push_cases(grading_seed())
     flat = [cases["visible"], *cases.get("hidden", [])]
-    try:
-        per_rank = launch(_push_sum_ranks, world_size=WORLD_SIZE, timeout=timeout,
-                          args=(push_sum_step, [(c["outs"], c["z0"]) for c in flat]))
-    except WorkerError as err:
-        raise ExerciseFailed(f"rank {err.rank} failed: {err.exc_type or 'exited'}: "
-                             f"{err.exc_message or err}") from None
-    except LaunchTimeout as err:
-        raise ExerciseFailed(f"ranks {err.ranks} were still waiting after {timeout:g} s: does each "
-                             f"node send to its out-neighbours and receive from its "
-                             f"in-neighbours, posting all before waiting?") from None
+    per_rank = launch_checked(
+        _push_sum_ranks, WORLD_SIZE, (push_sum_step, [(c["outs"], c["z0"]) for c in flat]),
+        timeout=timeout, hint="does each node send to its out-neighbours and receive from its "
+                              "in-neighbours, posting all before waiting?")
     runs = [c | {"ranks": [r[n] for r in per_rank]} for n, c in enumerate(flat)]
     return {"visible": runs[0], "hidden": runs[1:]} if "hidden" in cases else {"visible": runs[0]}
 

@@ -16,10 +16,10 @@ import numpy as np
 from course_lib import partitions as pt
 from course_lib.exercises.common import (
     ExerciseFailed,
-    HiddenTestFailed,
     check_drawn,
     checked,
     grading_seed,
+    judge_cases,
 )
 
 # -- exercise 1: Dirichlet per class, with a floor of min_size rows per client ------------------
@@ -138,15 +138,7 @@ def _judge_partition_case(case, runs) -> str | None:
 
 
 def _judge_partition(data) -> str:
-    hidden = False
-    for item in data["cases"]:
-        wrong = _judge_partition_case(item["case"], item["runs"])
-        if wrong and item["case"].get("hidden"):
-            hidden = True
-        elif wrong:
-            raise ExerciseFailed(wrong)
-    if hidden:
-        raise HiddenTestFailed("a hidden case failed")
+    judge_cases(data["cases"], lambda item: _judge_partition_case(item["case"], item["runs"]))
     first = data["cases"][0]
     return (f"correct: disjoint, complete, seeded, at least min_size rows each "
             f"({min(len(p) for p in first['runs'][0])} with {first['case']['clients']} clients, "
