@@ -101,6 +101,26 @@ def fit_alpha_beta(n_bytes, seconds) -> tuple[float, float]:
     return max(alpha, 0.0), max(beta, 0.0)
 
 
+def overlapped_messages(ready, n_bytes, alpha: float, beta: float) -> list[tuple]:
+    """Lesson 10's overlap model: messages (gradient buckets) become ready at ``ready`` seconds
+    and go one at a time over one link, each taking alpha + beta n. Returns each message's
+    (start, end): a message starts when it is ready and the previous one has gone."""
+    free, out = 0.0, []
+    for t, n in sorted(zip(ready, n_bytes, strict=True)):
+        start = max(float(t), free)
+        free = start + alpha + beta * float(n)
+        out.append((start, free))
+    return out
+
+
+def hidden_fraction_model(ready, n_bytes, alpha: float, beta: float, backward: float) -> float:
+    """The share of the messages' time that :func:`overlapped_messages` puts before the end of
+    the backward pass (at ``backward`` seconds): communication hidden under computation."""
+    spans = overlapped_messages(ready, n_bytes, alpha, beta)
+    total = sum(end - start for start, end in spans)
+    return sum(max(0.0, min(end, backward) - start) for start, end in spans) / total
+
+
 ALL_REDUCE_ALGORITHMS = ("reduce + broadcast", "all-to-all", "naive ring", "efficient ring")
 
 

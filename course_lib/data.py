@@ -69,6 +69,44 @@ def load_digits(seed: int = 0, test_fraction: float = 0.25, images: bool = False
                  num_classes=10, name="digits")
 
 
+def stdlib_text(max_chars: int = 400_000) -> torch.Tensor:
+    """Characters of Python's own standard library source (files every Python installation
+    ships: lesson 10's language model needs text and the course downloads nothing), as tokens.
+
+    The modules are read in sorted order until ``max_chars``. Token 0 is the newline, 1-95 are
+    printable ASCII (32-126); a tab or other control character becomes a space and a
+    non-ASCII character a question mark.
+    Deterministic on one Python version; other versions ship other files.
+    """
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(root.glob("*.py"))
+    if not files:
+        raise DatasetUnavailable(f"no Python source files under {root}: this Python ships its "
+                                 f"standard library compiled only; pass another text")
+    chunks, size = [], 0
+    for path in files:
+        text = path.read_text(encoding="utf-8", errors="replace").replace("\t", " ")
+        chunks.append(text)
+        size += len(text)
+        if size >= max_chars:
+            break
+    codes = torch.frombuffer(bytearray("".join(chunks)[:max_chars].encode("ascii", "replace")),
+                             dtype=torch.uint8).long()
+    tokens = torch.where((codes >= 32) & (codes <= 126), codes - 31, 1)  # other: a space
+    tokens[codes == 10] = 0
+    return tokens  # values 0..95: a vocabulary of 96
+
+
+def text_batch(tokens: torch.Tensor, batch: int, context: int, generator=None):
+    """``batch`` random windows of ``context`` tokens and, for each, the tokens one step ahead
+    (what a language model learns to predict)."""
+    starts = torch.randint(0, len(tokens) - context - 1, (batch,), generator=generator)
+    windows = torch.stack([tokens[s:s + context + 1] for s in starts.tolist()])
+    return windows[:, :-1], windows[:, 1:]
+
+
 def shard_rows(n: int, p: int, seed: int | None = None) -> list[torch.Tensor]:
     """Rows 0..n-1 cut into p shards whose sizes differ by at most one, one per worker
     (data parallelism: the lecture note's "n samples partitioned over m workers").

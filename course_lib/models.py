@@ -7,7 +7,9 @@
 * :func:`feed_forward`: a transformer's MLP block, which Megatron-LM splits across ranks;
 * :func:`small_cnn`: lesson 1's CNN made of the hand-written layers of ``backprop``;
 * :class:`FlatMLP`: an MLP whose parameters are one flat vector, for federated learning, where
-  averaging models, control variates and server optimisers are vector arithmetic.
+  averaging models, control variates and server optimisers are vector arithmetic;
+* :func:`tiny_gpt`: a small GPT-style transformer (lesson 10), big enough that its gradients
+  take visible time to all-reduce on two cores.
 
 The same ``seed`` gives the same weights in every process, so ranks can build their replica
 (or their piece) of one model without sending it.
@@ -183,3 +185,60 @@ class FlatMLP:
 
 
 DIGITS_MLP = FlatMLP()  # 64 pixels, 32 hidden units, 10 classes
+
+
+class Block(torch.nn.Module):
+    """One pre-norm transformer block: causal self-attention, then an MLP of 4 d_model, each
+    added to the residual stream (GPT-2's layout)."""
+
+    def __init__(self, d_model: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = torch.nn.LayerNorm(d_model)
+        self.qkv = torch.nn.Linear(d_model, 3 * d_model)
+        self.proj = torch.nn.Linear(d_model, d_model)
+        self.norm2 = torch.nn.LayerNorm(d_model)
+        self.fc1 = torch.nn.Linear(d_model, 4 * d_model)
+        self.fc2 = torch.nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm2(x))))
+
+
+class TinyGPT(torch.nn.Module):
+    """Token and position embeddings, ``layers`` blocks, a final norm and a linear head to the
+    vocabulary. ``forward(tokens)`` gives logits of shape (batch, time, vocab)."""
+
+    def __init__(self, vocab: int, d_model: int, layers: int, heads: int, context: int):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d_model)
+        self.position = torch.nn.Embedding(context, d_model)
+        self.blocks = torch.nn.ModuleList(Block(d_model, heads) for _ in range(layers))
+        self.norm = torch.nn.LayerNorm(d_model)
+        self.head = torch.nn.Linear(d_model, vocab)
+        self.checkpointing = False  # lesson 10: recompute each block's activations in backward
+
+    def forward(self, tokens):
+        x = self.embed(tokens) + self.position(torch.arange(tokens.shape[1],
+                                                            device=tokens.device))
+        for block in self.blocks:
+            if self.checkpointing and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return self.head(self.norm(x))
+
+
+def tiny_gpt(vocab: int = 96, d_model: int = 128, layers: int = 4, heads: int = 4,
+             context: int = 64, seed: int = 0, dtype=torch.float32) -> TinyGPT:
+    """A small GPT-style language model (lesson 10): with the defaults about 0.8 M parameters,
+    3.2 MB of float32 gradients in 4 blocks of 12 weight tensors each."""
+    if d_model % heads:
+        raise ValueError(f"d_model ({d_model}) must be a multiple of heads ({heads})")
+    torch.manual_seed(seed)
+    return TinyGPT(vocab, d_model, layers, heads, context).to(dtype)

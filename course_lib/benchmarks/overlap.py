@@ -1,0 +1,177 @@
+"""Benchmark for lesson 10: does overlapping the all-reduce with backward make a step faster?
+
+DDP paper (Li et al., VLDB 2020), section 3.2. Prints, asserts nothing:
+
+    python -m course_lib.benchmarks.overlap [--steps 15]
+    torchrun --nproc-per-node 2 -m course_lib.benchmarks.overlap
+
+On two ranks (one thread each) training lesson 10's small GPT on the standard library's source:
+the median step time of each synchronisation (a) after backward, (b) per parameter, (c) buckets,
+DDP, and the bucket sweep; the ratio of (b) and (c) to (a); the share of communication hidden
+under backward, measured from a ``torch.profiler`` trace, next to the alpha-beta model's.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from course_lib import cost_models
+from course_lib import overlap as ov
+from course_lib.data import stdlib_text, text_batch
+from course_lib.models import tiny_gpt
+from course_lib.runtime import profiling
+from course_lib.runtime.devices import device
+from course_lib.runtime.timing import synchronize
+from course_lib.runtime.torchrun import experiment_parser, run_experiment
+
+MAIN = (("after backward", None), ("per parameter", None), ("buckets", 1.0), ("DDP", 1.0))
+SWEEP_MB = (0.05, 0.15, 0.5, 1.0, 2.0, 4.0)  # 4 MB: one bucket for the 3.3 MB model
+MESSAGE_BYTES = (2**10, 2**14, 2**17, 2**19, 2**21, 2**22)
+model_fn = functools.partial(tiny_gpt, vocab=96, d_model=128, layers=4, heads=4, context=64)
+
+
+def label(config) -> str:
+    sync, mb = config
+    return sync if mb is None else f"{sync} {mb:g} MB"
+
+
+def _one_step(model, wait, x, y, lr, dev):
+    with profiling.phase("forward"):
+        loss = ov.loss_fn(model, x, y)
+    with profiling.phase("backward"):
+        loss.backward()
+    with profiling.phase("wait"):
+        wait()
+    with profiling.phase("optimizer"), torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad
+    synchronize(dev)
+
+
+def _gradient_ready_times(model, x, y):
+    """Seconds after backward starts at which each parameter's gradient is written (no
+    communication), and how long backward takes."""
+    ready = {}
+    params = [p for p in model.parameters() if p.requires_grad]
+    handles = [p.register_post_accumulate_grad_hook(
+        lambda p, i=i: ready.__setitem__(i, time.perf_counter())) for i, p in enumerate(params)]
+    loss = ov.loss_fn(model, x, y)
+    start = time.perf_counter()
+    loss.backward()
+    end = time.perf_counter()
+    for h in handles:
+        h.remove()
+    return [ready[i] - start for i in range(len(params))], end - start
+
+
+def _message_times(sizes, repeats, group, dev):
+    out = {}
+    for n in sizes:
+        buf = torch.zeros(n // 4, device=dev)
+        times = []
+        for i in range(repeats + 1):  # the first is a warm-up
+            dist.barrier(group=group)
+            start = time.perf_counter()
+            dist.all_reduce(buf, group=group)
+            synchronize(dev)
+            if i:
+                times.append(time.perf_counter() - start)
+        out[n] = times
+    return out
+
+
+def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
+        local_batch: int = 2, steps: int = 15, warmup: int = 3, repeats: int = 7,
+        seed: int = 0, group=None) -> dict:
+    """On every rank: per-step seconds of each synchronisation in ``configs`` and of a step
+    without communication ("none"), alternating step by step; then one profiled step of each;
+    gradient ready times and sizes; all-reduce times of several sizes (for alpha and beta)."""
+    rank, dev = dist.get_rank(group), device(group)
+    tokens = stdlib_text()
+    g = torch.Generator().manual_seed(seed * 1000 + rank)  # each rank its own data
+    configs = [("none", None), *configs]
+    models = {}
+    for config in configs:
+        sync, mb = config
+        models[config] = ov.synchronizer(model_fn().to(dev), sync, mb or 25.0, group)
+    times = {label(c): [] for c in configs}
+    for step in range(warmup + steps):
+        for config in configs:
+            x, y = (t.to(dev) for t in text_batch(tokens, local_batch, 64, g))
+            dist.barrier(group=group)
+            start = time.perf_counter()
+            _one_step(*models[config], x, y, 1e-3, dev)
+            if step >= warmup:
+                times[label(config)].append(time.perf_counter() - start)
+    profiles = {}
+    for config in configs:
+        x, y = (t.to(dev) for t in text_batch(tokens, local_batch, 64, g))
+        dist.barrier(group=group)
+        prof, _ = profiling.profile(lambda c=config: _one_step(*models[c], x, y, 1e-3, dev))
+        profiles[label(config)] = profiling.step_spans(prof, lane=rank)
+    plain = models[("none", None)][0]
+    x, y = (t.to(dev) for t in text_batch(tokens, local_batch, 64, g))
+    ready, backward = _gradient_ready_times(plain, x, y)
+    sizes = [p.numel() * p.element_size() for p in plain.parameters()]
+    return dict(times=times, spans=profiles, ready=ready, backward=backward, sizes=sizes,
+                messages=_message_times(MESSAGE_BYTES, repeats, group, dev))
+
+
+def summarise(runs) -> dict:
+    """Combine the ranks' results: medians of the slowest rank per step, both ranks' spans,
+    alpha and beta fitted to the all-reduce times, and the model's hidden fraction of each
+    synchronisation next to the measured one (rank 0's)."""
+    times = {k: [max(ts) for ts in zip(*(r["times"][k] for r in runs), strict=True)]
+             for k in runs[0]["times"]}
+    sizes = sorted(runs[0]["messages"])
+    seconds = [statistics.median(max(ts) for ts in zip(*(r["messages"][n] for r in runs),
+                                                       strict=True)) for n in sizes]
+    alpha, beta = cost_models.fit_alpha_beta(sizes, seconds)
+    ready, n_bytes, backward = runs[0]["ready"], runs[0]["sizes"], runs[0]["backward"]
+    predicted, measured = {}, {}
+    for name in times:
+        if name == "none" or name.startswith("after"):
+            continue
+        mb = None if name == "per parameter" else float(name.split()[-2])
+        msgs = ([(t, [n]) for t, n in zip(ready, n_bytes, strict=True)] if mb is None else
+                [(max(ready[i] for i in b), [n_bytes[i] for i in b])
+                 for b in ov.assign_buckets([torch.empty(n // 4) for n in n_bytes], mb)])
+        predicted[name] = cost_models.hidden_fraction_model(
+            [t for t, _ in msgs], [sum(ns) for _, ns in msgs], alpha, beta, backward)
+        measured[name] = profiling.hidden_fraction(runs[0]["spans"][name], lane=0)
+    spans = {k: [s for r in runs for s in r["spans"][k]] for k in runs[0]["spans"]}
+    return dict(times=times, medians={k: statistics.median(v) for k, v in times.items()},
+                spans=spans, alpha=alpha, beta=beta, message_sizes=sizes,
+                message_seconds=seconds, predicted=predicted, measured=measured,
+                ready=ready, gradient_bytes=n_bytes, backward=backward)
+
+
+def main(argv=None):
+    parser = experiment_parser(__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=15)
+    args = parser.parse_args(argv)
+    runs = run_experiment(run, world_size=2, kwargs=dict(steps=args.steps))
+    if runs is None:  # torchrun: rank 0 prints
+        return None
+    s = summarise(runs)
+    med = s["medians"]
+    print(f"alpha {s['alpha'] * 1e6:.0f} us, beta {1 / s['beta'] / 1e9:.2f} GB/s (fitted); "
+          f"gradients {sum(s['gradient_bytes']) / 1e6:.2f} MB")
+    for name, t in med.items():
+        extra = ""
+        if name in s["measured"]:
+            extra = (f"; hidden under backward: measured {s['measured'][name]:.0%}, model "
+                     f"{s['predicted'][name]:.0%}")
+        print(f"  {name:22s} {t * 1e3:6.1f} ms  ({t / med['after backward']:.2f} x (a)){extra}")
+    best = min(med[k] for k in med if k != "none" and not k.startswith("after"))
+    print(f"best overlapped step / (a): {best / med['after backward']:.2f} (target <= 0.85)")
+    return s
+
+
+if __name__ == "__main__":
+    main()

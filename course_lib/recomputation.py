@@ -1,0 +1,78 @@
+"""Activation recomputation (gradient checkpointing): trade a second forward pass for memory.
+
+Lecture: backpropagation (lecture note, section 3: the backward pass needs every layer's input,
+so the forward pass keeps them) and its cost at scale (Chen et al. 2016, "Training deep nets
+with sublinear memory cost"; Korthikanti et al. 2022 for a transformer's activation bytes).
+With ``torch.utils.checkpoint`` a block keeps only its input; backward runs the block's forward
+again to get the rest.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from course_lib.overlap import loss_fn
+
+
+def block_activation_floats(d_model: int, heads: int) -> int:
+    """Numbers one pre-norm block of :class:`course_lib.models.TinyGPT` keeps per token for
+    backward: its input and LayerNorm's output (d each), q, k, v (3d), attention's output (d;
+    the projection reads it in place), the residual sum and the second norm's output (2d), the
+    MLP's hidden layer before and after GeLU (4d each): 16 d, plus per-token statistics (two
+    LayerNorms' mean and 1/std, attention's log-sum-exp per head)."""
+    return 16 * d_model + 4 + heads
+
+
+def activation_bytes(tokens: int, d_model: int, layers: int, heads: int, vocab: int,
+                     checkpointing: bool = False, element_size: int = 4) -> int:
+    """Bytes a TinyGPT forward pass keeps for backward for ``tokens`` tokens (batch x context):
+    every block's activations, or with checkpointing each block's input only; plus the head
+    (final norm's input and output, its statistics, and the log-softmax of the logits)."""
+    per_block = d_model if checkpointing else block_activation_floats(d_model, heads)
+    head = 2 * d_model + 2 + vocab
+    return tokens * (layers * per_block + head) * element_size
+
+
+def peak_activation_bytes(tokens: int, d_model: int, layers: int, heads: int, vocab: int,
+                          checkpointing: bool = False, element_size: int = 4) -> int:
+    """The most activation bytes alive at once in a step: all of them at the end of forward;
+    with checkpointing, the kept inputs plus one block's activations while backward recomputes
+    it (Chen et al. 2016: with sqrt(L) segments, O(sqrt(L)) memory for one extra forward)."""
+    kept = activation_bytes(tokens, d_model, layers, heads, vocab, checkpointing, element_size)
+    if not checkpointing:
+        return kept
+    return kept + tokens * block_activation_floats(d_model, heads) * element_size
+
+
+def saved_bytes(model, x, y) -> int:
+    """Measured: the bytes of the tensors autograd saves in a forward pass (each storage
+    counted once; the parameters, which are saved too but exist anyway, left out)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = loss_fn(model, x, y)
+    loss.backward()
+    return sum(seen.values())
+
+
+def step_seconds(model, x, y, repeats: int = 5, warmup: int = 1) -> list[float]:
+    """Seconds of forward + backward, ``repeats`` times after ``warmup``."""
+    times = []
+    for i in range(warmup + repeats):
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        loss_fn(model, x, y).backward()
+        if x.is_cuda:
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return times

@@ -1,0 +1,72 @@
+"""Lesson 10's three hand-written synchronisations (course_lib.overlap) against one process on the
+global batch and against DistributedDataParallel, on two gloo ranks in float64."""
+
+import functools
+
+import pytest
+import torch
+
+from course_lib import launch
+from course_lib import overlap as ov
+from course_lib.data import stdlib_text, text_batch
+from course_lib.models import tiny_gpt
+
+STEPS, LR, GLOBAL_BATCH = 3, 0.5, 8
+model_fn = functools.partial(tiny_gpt, vocab=96, d_model=16, layers=2, heads=2, context=8,
+                             seed=1, dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def text():
+    x, y = text_batch(stdlib_text(20_000), 64, 8, torch.Generator().manual_seed(0))
+    return x, y
+
+
+def _all_syncs(x, y, bucket_mb):
+    return {sync: ov.train(model_fn, x, y, GLOBAL_BATCH, STEPS, LR, sync=sync,
+                           bucket_mb=bucket_mb)["params"] for sync in ov.SYNCS}
+
+
+@pytest.mark.parametrize("bucket_mb", [0.004, 25.0], ids=["many buckets", "one bucket"])
+def test_every_synchronisation_equals_one_process_and_ddp(text, bucket_mb):
+    x, y = text
+    results = launch(_all_syncs, 2, args=(x, y, bucket_mb))
+    expected = ov.train_one_process(model_fn, x, y, GLOBAL_BATCH, STEPS, LR)["params"]
+    for rank, result in enumerate(results):
+        for sync in ov.SYNCS:
+            torch.testing.assert_close(result[sync], expected, rtol=0, atol=1e-10,
+                                       msg=lambda m, s=sync, r=rank: f"{s}, rank {r}: {m}")
+        torch.testing.assert_close(result["buckets"], result["DDP"], rtol=0, atol=1e-10)
+    assert not torch.allclose(expected, ov.parameters_vector(model_fn()))  # it did train
+
+
+def test_buckets_fill_in_reverse_order_and_hold_at_least_the_size():
+    params = [torch.zeros(n) for n in (10, 300, 20, 262_144, 5)]  # float32: 4 bytes each
+    assert ov.assign_buckets(params, 1.0) == [[4, 3], [2, 1, 0]]
+    assert ov.assign_buckets(params, 1e-6) == [[4], [3], [2], [1], [0]]
+    assert ov.assign_buckets(params, 100.0) == [[4, 3, 2, 1, 0]]
+    with pytest.raises(ValueError, match="positive"):
+        ov.assign_buckets(params, 0)
+
+
+def _unused_parameter(sync):
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
+    _, wait = ov.synchronizer(model, sync, bucket_mb=1e-6)
+    model[0](torch.ones(1, 3)).sum().backward()  # the second layer gets no gradient
+    try:
+        wait()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("sync", ["per parameter", "buckets"])
+def test_a_parameter_without_gradient_is_named_not_hung(sync):
+    messages = launch(_unused_parameter, 2, args=(sync,), timeout=60)
+    assert all(m and "got no gradient" in m and "rank" in m for m in messages), messages
+
+
+def test_uneven_global_batch_is_refused(text):
+    x, y = text
+    with pytest.raises(Exception, match="does not split evenly"):
+        launch(ov.train, 2, args=(model_fn, x, y, 7, 1, LR))

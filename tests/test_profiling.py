@@ -1,0 +1,71 @@
+"""What a step spends its time on (course_lib.runtime.profiling), the overlap model
+(course_lib.cost_models) and lesson 10's benchmark run (course_lib.benchmarks.overlap)."""
+
+import pytest
+import torch
+
+from course_lib import cost_models
+from course_lib.benchmarks import overlap as bench
+from course_lib.runtime import launch, profiling
+from course_lib.runtime.timing import Span
+
+
+def test_messages_go_one_at_a_time_when_ready():
+    spans = cost_models.overlapped_messages([0.0, 0.1, 0.1, 5.0], [10, 10, 20, 0], 0.5, 0.1)
+    flat = [t for span in spans for t in span]
+    assert flat == pytest.approx([0.0, 1.5, 1.5, 3.0, 3.0, 5.5, 5.5, 6.0])
+    # backward ends at 3: 3 of the 6 seconds of messages lie before it
+    assert cost_models.hidden_fraction_model([0.0, 0.1, 0.1, 5.0], [10, 10, 20, 0], 0.5, 0.1,
+                                             3.0) == pytest.approx(3.0 / 6.0)
+
+
+def test_hidden_fraction_counts_communication_under_backward_once():
+    spans = [Span(0, 0.0, 1.0, "forward"), Span(0, 1.0, 2.0, "backward"),
+             Span(1, 1.5, 1.0, "all-reduce"), Span(1, 2.0, 1.0, "all-reduce"),  # union 1.5-3
+             Span(2, 0.0, 9.0, "backward")]  # another rank's lanes are not counted
+    assert profiling.hidden_fraction(spans, lane=0) == pytest.approx(1.5 / 1.5)
+    spans.append(Span(1, 3.0, 1.5, "all-reduce"))
+    assert profiling.hidden_fraction(spans, lane=0) == pytest.approx(1.5 / 3.0)
+    assert profiling.hidden_fraction(spans[:2], lane=0) != profiling.hidden_fraction(spans, 0)
+
+
+def test_a_profiled_step_has_its_phases_in_order_and_a_table_and_a_trace():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+    def step():
+        with profiling.phase("forward"):
+            loss = model(torch.randn(4, 8)).sum()
+        with profiling.phase("backward"):
+            loss.backward()
+
+    prof, _ = profiling.profile(step)
+    spans = profiling.step_spans(prof, lane=3)
+    assert [s.kind for s in spans][:2] == ["forward", "backward"]
+    assert {s.lane for s in spans} == {6} and spans[0].start == 0
+    assert spans[1].start >= spans[0].start + spans[0].duration
+    table = profiling.operator_table(prof, top=3)
+    lines = table.splitlines()
+    rules = [i for i, line in enumerate(lines) if line.startswith("---")]
+    rows = lines[rules[1] + 1:rules[2]]  # between the header and the end
+    assert "Self CPU" in table and len(rows) == 3, table
+    path = profiling.export_trace(prof)
+    assert path.exists() and '"traceEvents"' in path.read_text()
+    assert profiling.lane_names(2) == {0: "rank 0 compute", 1: "rank 0 all-reduce",
+                                       2: "rank 1 compute", 3: "rank 1 all-reduce"}
+    with pytest.raises(ValueError, match="no labelled phase"):
+        profiling.step_spans(profiling.profile(lambda: torch.ones(2) + 1)[0])
+
+
+def test_the_benchmark_run_profiles_all_reduces_on_both_ranks():
+    runs = launch(bench.run, 2, kwargs=dict(configs=(("after backward", None), ("buckets", 1.0)),
+                                            steps=1, warmup=1, repeats=1))
+    s = bench.summarise(runs)
+    assert set(s["medians"]) == {"none", "after backward", "buckets 1 MB"}
+    for name in ("after backward", "buckets 1 MB"):
+        lanes = {sp.lane for sp in s["spans"][name] if sp.kind == "all-reduce"}
+        assert lanes == {1, 3}, name  # both ranks' gloo threads were seen
+    assert not any(sp.kind == "all-reduce" for sp in s["spans"]["none"])
+    assert 0 <= s["measured"]["buckets 1 MB"] <= 1 and 0 <= s["predicted"]["buckets 1 MB"] <= 1
+    assert s["alpha"] > 0 and s["beta"] > 0
+    assert len(s["ready"]) == len(s["gradient_bytes"]) == 54
+    assert sum(s["gradient_bytes"]) == 4 * sum(p.numel() for p in bench.model_fn().parameters())
