@@ -114,7 +114,7 @@ class PowerSGD:
         dist.all_reduce(rest, group=group)
         pieces = _split(rest / world_size, qs + [grads[i] for i in vecs])
         out = list(grads)
-        for (i, g), p, q in zip(mats.items(), ps, pieces, strict=False):
+        for i, p, q in zip(mats, ps, pieces, strict=False):  # pieces: the Qs, then vectors
             self.q[i] = q
             out[i] = (p @ q.T).view_as(grads[i])
         for i, v in zip(vecs, pieces[len(qs):], strict=True):

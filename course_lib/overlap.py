@@ -54,7 +54,7 @@ class PerParameterAllReduce:
 
     def wait(self) -> None:
         started = {id(p) for p, _ in self.pending}
-        for p, work in self.pending:
+        for _, work in self.pending:
             work.wait()
         self.pending.clear()
         missing = [i for i, p in enumerate(self.params) if id(p) not in started]

@@ -217,11 +217,12 @@ GANTT_COLORS = {"compute": "#1f77b4", "forward": "#1f77b4", "backward": "#2ca02c
 
 
 def plot_gantt(spans, *, title: str = "Timeline", worker_label: str = "worker",
-               unit: str = "ms"):
+               unit: str = "ms", lane_names=None):
     """A timeline: one row per lane (worker, rank, stage), one bar per :class:`Span`, a colour
     per kind — the lectures' pictures of who computes, talks or waits when. Times are seconds
     shown in ``unit`` ("s" or "ms"); any other unit (e.g. "forward steps") labels times given
-    in that unit as they are."""
+    in that unit as they are. ``lane_names`` ({lane: label}) names the rows instead of
+    ``worker_label`` and the lane's number."""
     spans = [Span(*s) for s in spans]
     if not spans:
         raise ValueError("spans is empty: pass Span(lane, start, duration, kind) values")
@@ -237,7 +238,8 @@ def plot_gantt(spans, *, title: str = "Timeline", worker_label: str = "worker",
                     color=colors[kind], edgecolor="white", linewidth=0.5)
         handles = [matplotlib.patches.Patch(color=colors[k], label=k) for k in kinds]
         ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-        ax.set_yticks(workers, [f"{worker_label} {w}" for w in workers])
+        names = lane_names or {}
+        ax.set_yticks(workers, [names.get(w, f"{worker_label} {w}") for w in workers])
         ax.invert_yaxis()
         ax.set(xlabel=f"time ({unit})", title=title)
         ax.grid(axis="y", visible=False)

@@ -152,3 +152,10 @@ def test_plot_label_counts_draws_one_heatmap_per_partition():
     assert titles == ["a", "b\nEMD 0.50"]
     with pytest.raises(ValueError, match="empty"):
         plot_label_counts({})
+
+
+def test_plot_gantt_names_lanes_it_is_given_and_numbers_the_others():
+    spans = [(0, 0.0, 1.0, "backward"), (1, 0.5, 1.0, "all-reduce"), (2, 0.0, 1.0, "backward")]
+    ax = plots.plot_gantt(spans, lane_names={0: "rank 0 compute", 1: "rank 0 all-reduce"}).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0 compute",
+                                                            "rank 0 all-reduce", "worker 2"]

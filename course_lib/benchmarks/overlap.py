@@ -112,7 +112,8 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
     for config in configs:
         x, y = (t.to(dev) for t in text_batch(tokens, local_batch, 64, g))
         dist.barrier(group=group)
-        prof, _ = profiling.profile(lambda c=config: _one_step(*models[c], x, y, 1e-3, dev))
+        prof, _ = profiling.profile(
+            lambda c=config, x=x, y=y: _one_step(*models[c], x, y, 1e-3, dev))
         profiles[label(config)] = profiling.step_spans(prof, lane=rank)
     plain = models[("none", None)][0]
     x, y = (t.to(dev) for t in text_batch(tokens, local_batch, 64, g))

@@ -135,6 +135,9 @@ def checked(name: str, probe, judge):
             (Path(folder) / f"{n:03d}-{name}.json").write_text(json.dumps(data))
         try:
             return judge(from_plain(data))
+        except NotImplementedError:  # the student edition's library leaves the reference out
+            return ("recorded: the grader judges this exercise (its reference answer is not in "
+                    "the student edition)")
         except HiddenTestFailed:
             if not folder:
                 raise
