@@ -21,6 +21,7 @@ from course_lib.exercises.common import (
     judge_cases,
     launch_checked,
 )
+from course_lib.runtime.profiling import _union  # one interval union for lesson and check
 
 # -- exercise 1: overlapped all-reduce with gradient accumulation -------------------------------
 
@@ -174,16 +175,6 @@ def draw_target(rng) -> dict:
     """Exercise 2's synchronisation and rank: ``common.drawn("lesson10.target", draw_target)``
     in the notebook (fresh every run; the grader's run seeds it)."""
     return dict(sync=TARGETS[int(rng.integers(len(TARGETS)))], rank=int(rng.integers(2)))
-
-
-def _union(intervals):
-    merged = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return merged
 
 
 def exposed_seconds(spans, rank: int) -> float:
