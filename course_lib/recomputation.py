@@ -64,6 +64,36 @@ def saved_bytes(model, x, y) -> int:
     return sum(seen.values())
 
 
+def peak_step_memory(model, x, y) -> dict:
+    """Measured: memory at the peak of one forward and backward pass, in bytes, by PyTorch's own
+    tracker (``torch.distributed._tools.mem_tracker.MemTracker``: it follows every tensor the
+    step allocates and frees, on the CPU as on a GPU), split as it labels it: ``params``,
+    ``grads``, ``activations`` (saved in forward), ``temporaries`` (made and dropped in backward,
+    where recomputed activations appear) and ``total``. The model runs one step first, so that
+    one-time allocations do not count."""
+    try:
+        from torch.distributed._tools.mem_tracker import MemTracker
+    except ImportError as err:  # a private module: pinned torch has it, others may not
+        raise RuntimeError(f"this torch ({torch.__version__}) has no MemTracker; install the "
+                           f"version in requirements.txt") from err
+    loss_fn(model, x, y).backward()
+    model.zero_grad(set_to_none=True)
+    tracker = MemTracker()
+    tracker.track_external(model)
+    with tracker:
+        loss_fn(model, x, y).backward()
+    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    names = {"PARAM": "params", "GRAD": "grads", "ACT": "activations", "TEMP": "temporaries"}
+    out = {name: 0 for name in names.values()}
+    for kind, n_bytes in peak.items():
+        key = names.get(getattr(kind, "name", str(kind)))
+        if key:
+            out[key] += n_bytes
+    out["total"] = sum(out.values())
+    model.zero_grad(set_to_none=True)
+    return out
+
+
 def step_seconds(model, x, y, repeats: int = 5, warmup: int = 1) -> list[float]:
     """Seconds of forward + backward, ``repeats`` times after ``warmup``."""
     times = []

@@ -48,3 +48,19 @@ def test_step_seconds_times_each_repeat(batch):
     model = tiny_gpt(d_model=16, layers=1, heads=2, context=16)
     times = rc.step_seconds(model, *batch, repeats=3, warmup=1)
     assert len(times) == 3 and all(t > 0 for t in times)
+
+
+def test_peak_step_memory_falls_with_recomputation_and_its_activations_match_the_formula(batch):
+    x, y = batch
+    peaks = {}
+    for checkpointing in (False, True):
+        model = tiny_gpt(d_model=32, layers=3, heads=4, context=16)
+        model.checkpointing = checkpointing
+        peaks[checkpointing] = rc.peak_step_memory(model, x, y)
+        assert peaks[checkpointing]["params"] == 4 * sum(p.numel() for p in model.parameters())
+        assert all(p.grad is None for p in model.parameters())  # left as it was found
+    full = peaks[False]["activations"] + peaks[False]["temporaries"]
+    predicted = rc.peak_activation_bytes(x.numel(), 32, 3, 4, 96, False)
+    assert abs(full - predicted) <= 0.25 * predicted, (full, predicted)
+    assert peaks[True]["activations"] < peaks[False]["activations"] / 2
+    assert peaks[True]["total"] < peaks[False]["total"]

@@ -146,6 +146,49 @@ def _federated():
     return log["params"], f"FedAvg + SCAFFOLD on ranks, accuracy {log['accuracy'][-1]:.2f}"
 
 
+def _fast_data_parallel():
+    import functools
+
+    from course_lib import compression as cp
+    from course_lib import overlap as ov
+    from course_lib import recomputation as rc
+    from course_lib.data import load_digits, stdlib_text, text_batch
+    from course_lib.models import digits_mlp, tiny_gpt
+    from course_lib.runtime import profiling
+
+    gpt = functools.partial(tiny_gpt, d_model=32, layers=2, heads=2, context=16)
+    x, y = text_batch(stdlib_text(20_000), 32, 16, torch.Generator().manual_seed(0))
+    p = dist.get_world_size()
+    params = {sync: ov.train(gpt, x, y, 4 * p, 3, 0.1, sync=sync, bucket_mb=0.01)["params"]
+              for sync in ov.SYNCS}
+    for sync, got in params.items():
+        torch.testing.assert_close(got, params["after backward"], atol=1e-4, rtol=1e-4,
+                                   msg=sync)
+    model, wait = ov.synchronizer(gpt().to(device()), "buckets", 0.01)
+    xb, yb = x[:4].to(device()), y[:4].to(device())
+
+    def step():
+        with profiling.phase("forward"):
+            loss = ov.loss_fn(model, xb, yb)
+        with profiling.phase("backward"):
+            loss.backward()
+        with profiling.phase("wait"):
+            wait()
+
+    step()
+    prof, _ = profiling.profile(step)
+    spans = profiling.step_spans(prof, lane=dist.get_rank())
+    comm = sum(s.kind == profiling.COMM for s in spans)
+    split = load_digits()
+    ef = cp.train(functools.partial(digits_mlp, width=32, depth=1), split.x_train,
+                  split.y_train, split.x_test, split.y_test, cp.PowerSGD(2), True, 32 * p, 20,
+                  0.1)
+    plain = gpt().to(device())
+    peak = rc.peak_step_memory(plain, xb, yb)
+    return params["buckets"], (f"4 syncs agree; profiled {comm} all-reduce bars; PowerSGD+EF "
+                               f"accuracy {ef['accuracy']:.2f}; peak {peak['total'] / 1e6:.1f} MB")
+
+
 CASES = [  # lesson, what, smallest world size, function
     ("00", "hello: one all-reduce", 1, _hello),
     ("03", "all-reduce four ways, timing", 1, _all_reduces),
@@ -155,6 +198,7 @@ CASES = [  # lesson, what, smallest world size, function
     ("02/06", "parameter server, gossip, local SGD", 2, _parameter_server_and_gossip),
     ("07", "compressed all-reduce, autocast", 1, _precision),
     ("08", "federated on ranks", 1, _federated),
+    ("10", "overlap, profiler, compression, memory", 1, _fast_data_parallel),
 ]
 
 
