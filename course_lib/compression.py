@@ -10,8 +10,10 @@ Each compressor's ``all_reduce(grads, group)`` takes a model's gradients and ret
 ranks' mean as the compressor delivers it, the bytes this rank sent, and what counts as sent (top-k:
 this rank's kept entries; PowerSGD: the low-rank matrix every rank decodes, as in the paper's
 code and torch's hook) -- error feedback keeps the rest; :func:`train` runs SGD with any of them, by
-hand over blocking collectives, two or three per step for the whole model (torch's PowerSGD
-hook, which runs per DDP bucket, is kept to one bucket on gloo: with several it hangs).
+hand over blocking collectives, two or three per step for the whole model, issued in program
+order on every rank. (torch's PowerSGD hook hangs on gloo with several DDP buckets: it starts
+each bucket's next all-reduce inside a future's callback, which gloo runs on its own worker
+threads, so the ranks' order of collectives depends on timing.)
 """
 
 from __future__ import annotations
