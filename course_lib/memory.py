@@ -1,0 +1,66 @@
+"""Where a training step's bytes go: parameters, gradients, optimizer state, activations.
+
+Lecture: model parallelism and memory; ZeRO (Rajbhandari et al., SC 2020, section 3): with Adam
+a model of Psi parameters keeps 16 Psi bytes of training state -- in fp32, 4 for the weights,
+4 for the gradients, 8 for the two moments; in mixed precision, 2 + 2 for fp16 weights and
+gradients and 12 for fp32 master weights and moments -- before a single activation.
+:func:`state_bytes` counts them from a model; :func:`measure_step` measures a real Adam step
+with PyTorch's memory tracker, on the CPU as on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from course_lib.overlap import loss_fn
+
+PRECISIONS = ("fp32", "mixed")
+
+
+def state_bytes(model, precision: str = "fp32") -> dict:
+    """Bytes of the training state of ``model`` with Adam, counted from its parameters:
+    ``params`` and ``grads`` (4 bytes each per parameter in fp32, 2 in mixed precision),
+    ``optimizer`` (the two moments, 8 per parameter; plus the fp32 master weights, 4 more, in
+    mixed precision) and their ``total`` (16 per parameter either way)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    psi = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    low = 4 if precision == "fp32" else 2
+    out = dict(params=low * psi, grads=low * psi, optimizer=(8 if precision == "fp32" else 12)
+               * psi)
+    out["total"] = sum(out.values())
+    return out
+
+
+def measure_step(model, x, y, lr: float = 1e-3) -> dict:
+    """Measured: the memory of one Adam step (forward, backward, optimizer step) at its peak,
+    split as PyTorch's tracker (``torch.distributed._tools.mem_tracker.MemTracker``) labels the
+    bytes: ``params``, ``grads``, ``optimizer``, ``activations``, ``temporaries``, ``total``.
+    A first step runs untracked, so that Adam's state already exists, as in training; the
+    gradients stay allocated between steps (``zero_grad(set_to_none=False)``, as DDP's buckets
+    keep them), so they are part of the peak. Adam's step counts (one float32 per tensor) are
+    optimizer state too."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss_fn(model, x, y).backward()
+        opt.step()
+
+    step()
+    tracker = MemTracker()
+    tracker.track_external(model, opt)
+    with tracker:
+        step()
+    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    names = {"PARAM": "params", "GRAD": "grads", "OPT": "optimizer", "ACT": "activations",
+             "TEMP": "temporaries"}
+    out = dict.fromkeys(names.values(), 0)
+    for kind, n_bytes in peak.items():
+        key = names.get(getattr(kind, "name", str(kind)))
+        if key:
+            out[key] += n_bytes
+    out["total"] = sum(out.values())
+    return out

@@ -1,0 +1,148 @@
+"""ZeRO by hand: shard the optimizer state (stage 1) and the gradients (stage 2) over the ranks.
+
+Lecture: model parallelism and memory; ZeRO (Rajbhandari et al., SC 2020, section 5). Data
+parallelism keeps a full copy of the training state on every rank: parameters, gradients and
+Adam's two moments (and, with mixed precision, fp32 master weights). Adam works element by
+element, so each rank can keep and update the moments of only its 1/p of the parameters:
+
+* **stage 1** (optimizer state): all-reduce the gradients as before; each rank runs Adam on its
+  shard of the flattened parameters; an all-gather puts the updated shards back together;
+* **stage 2** (+ gradients): a reduce-scatter instead of the all-reduce leaves each rank only the
+  mean gradient of its own shard -- the same bytes on the wire as an all-reduce's first half.
+
+Both take exactly the steps of unsharded Adam on one process (Adam is elementwise), with the
+moments' memory divided by p. :func:`train` runs either, or plain data parallelism ("DDP").
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from course_lib.data_parallel import parameters_vector
+from course_lib.overlap import global_batches, loss_fn
+from course_lib.runtime.devices import device
+
+STAGES = (0, 1, 2)
+
+
+def shard_bounds(numel: int, world_size: int, rank: int) -> tuple[int, int, int]:
+    """(start, end, shard size) of ``rank``'s shard of a flat vector of ``numel`` entries cut
+    into ``world_size`` equal shards (the last padded: all shards have one size, which
+    all-gather and reduce-scatter need)."""
+    size = -(-numel // world_size)
+    start = min(rank * size, numel)
+    return start, min(start + size, numel), size
+
+
+class ShardedAdam:
+    """Adam whose state lives only for this rank's shard of the flattened parameters.
+
+    ``step()`` expects every parameter's ``.grad`` to hold this rank's local gradient; it
+    averages them over the ranks (stage 1: all-reduce; stage 2: reduce-scatter), steps Adam on
+    the shard, and all-gathers the parameters."""
+
+    def __init__(self, params, stage: int = 1, group=None, **adam):
+        if stage not in (1, 2):
+            raise ValueError(f"stage must be 1 or 2 (stage 3 shards the parameters too: FSDP), "
+                             f"got {stage}")
+        self.params = [p for p in params if p.requires_grad]
+        self.stage, self.group = stage, group
+        self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.numel = sum(p.numel() for p in self.params)
+        self.start, self.end, self.size = shard_bounds(self.numel, self.world_size, self.rank)
+        with torch.no_grad():
+            flat = self._flat([p.detach() for p in self.params])
+        # the shard as a leaf of its own: Adam keeps its moments for these entries only
+        self.shard = flat[self.rank * self.size:(self.rank + 1) * self.size].clone()
+        self.shard.requires_grad_(True)
+        self.adam = torch.optim.Adam([self.shard], foreach=False, **adam)
+
+    def _flat(self, tensors):
+        """The tensors flattened into one vector, zero-padded to world_size x shard size."""
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        padding = self.world_size * -(-self.numel // self.world_size) - self.numel
+        return torch.nn.functional.pad(flat, (0, padding))
+
+    @torch.no_grad()
+    def step(self) -> None:
+        grads = self._flat([p.grad for p in self.params]) / self.world_size
+        if self.stage == 1:  # every rank gets every mean gradient, and uses its shard of it
+            dist.all_reduce(grads, group=self.group)
+            mine = grads[self.rank * self.size:(self.rank + 1) * self.size]
+        else:  # stage 2: each rank receives only its shard's sum
+            mine = torch.empty(self.size, dtype=grads.dtype, device=grads.device)
+            dist.reduce_scatter_single(mine, grads, group=self.group)
+        self.shard.grad = mine.clone()
+        self.adam.step()
+        full = torch.empty(self.world_size * self.size, dtype=self.shard.dtype,
+                           device=self.shard.device)
+        dist.all_gather_single(full, self.shard.detach(), group=self.group)
+        offset = 0
+        for p in self.params:  # every rank now holds every updated parameter
+            p.copy_(full[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds (Adam's moments, and its step count)."""
+        return sum(t.numel() * t.element_size() for state in self.adam.state.values()
+                   for t in state.values() if torch.is_tensor(t))
+
+
+def adam_state_bytes(optimizer) -> int:
+    """Bytes of the tensors in a torch optimizer's state (Adam: exp_avg, exp_avg_sq, step)."""
+    return sum(t.numel() * t.element_size() for state in optimizer.state.values()
+               for t in state.values() if torch.is_tensor(t))
+
+
+def train(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2, stage: int = 1,
+          seed: int = 0, group=None) -> dict:
+    """Adam with data parallelism over ``group``: stage 0 all-reduces the gradients and keeps
+    the whole optimizer state on every rank; stages 1 and 2 use :class:`ShardedAdam`. Returns
+    the final ``params``, this rank's ``losses`` and the optimizer ``state_bytes`` it held."""
+    rank, world_size, dev = dist.get_rank(group), dist.get_world_size(group), device(group)
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {STAGES}, got {stage}")
+    if global_batch % world_size:
+        raise ValueError(f"global_batch {global_batch} does not split evenly over {world_size} "
+                         f"ranks; choose a multiple of {world_size}")
+    model = model_fn().to(dev)
+    x, y = x.to(dev), y.to(dev)
+    if stage == 0:
+        opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
+    else:
+        opt = ShardedAdam(model.parameters(), stage, group, lr=lr)
+    losses = []
+    for idx in global_batches(len(y), global_batch, steps, seed):
+        mine = idx[rank::world_size].to(dev)
+        opt.zero_grad()
+        loss = loss_fn(model, x[mine], y[mine])
+        loss.backward()
+        if stage == 0:
+            for p in model.parameters():
+                dist.all_reduce(p.grad, group=group)
+                p.grad /= world_size
+        opt.step()
+        losses.append(loss.item())
+    state = adam_state_bytes(opt) if stage == 0 else opt.state_bytes()
+    return dict(params=parameters_vector(model), losses=losses, state_bytes=state)
+
+
+def train_one_process(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2,
+                      seed: int = 0) -> dict:
+    """The baseline: unsharded Adam on one process with the whole global batch."""
+    model = model_fn()
+    opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
+    losses = []
+    for idx in global_batches(len(y), global_batch, steps, seed):
+        opt.zero_grad()
+        loss = loss_fn(model, x[idx], y[idx])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return dict(params=parameters_vector(model), losses=losses,
+                state_bytes=adam_state_bytes(opt))

@@ -1,0 +1,29 @@
+"""Where the bytes of a training step go (course_lib.memory), counted and measured."""
+
+import pytest
+import torch
+
+from course_lib import memory as M
+from course_lib.data import stdlib_text, text_batch
+from course_lib.models import tiny_gpt
+
+
+def test_state_bytes_of_a_hand_sized_model():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))  # 8 parameters
+    assert M.state_bytes(model) == dict(params=32, grads=32, optimizer=64, total=128)
+    assert M.state_bytes(model, "mixed") == dict(params=16, grads=16, optimizer=96, total=128)
+    with pytest.raises(ValueError, match="precision"):
+        M.state_bytes(model, "fp8")
+
+
+def test_a_measured_adam_step_holds_what_was_counted():
+    x, y = text_batch(stdlib_text(20_000), 3, 16, torch.Generator().manual_seed(0))
+    model = tiny_gpt(d_model=32, layers=2, heads=4, context=16)
+    counted = M.state_bytes(model)
+    measured = M.measure_step(model, x, y)
+    tensors = len(list(model.parameters()))
+    assert measured["params"] == counted["params"]
+    assert measured["grads"] == counted["grads"]
+    assert measured["optimizer"] == counted["optimizer"] + 4 * tensors  # + a step count each
+    assert measured["activations"] > 0
+    assert measured["total"] == sum(v for k, v in measured.items() if k != "total")

@@ -1,0 +1,73 @@
+"""ZeRO stages 1 and 2 by hand (course_lib.zero) against unsharded Adam on one process."""
+
+import functools
+
+import pytest
+import torch
+
+from course_lib import WorkerError, launch
+from course_lib import zero as Z
+from course_lib.data import load_digits
+from course_lib.models import digits_mlp
+
+STEPS, LR, GLOBAL_BATCH = 5, 0.05, 16
+# 775 parameters: an odd number, so the last shard is padded
+model_fn = functools.partial(digits_mlp, width=9, depth=2)
+
+
+def _double():
+    return model_fn().double()
+
+
+@pytest.fixture(scope="module")
+def digits():
+    split = load_digits(dtype=torch.float64)
+    return split.x_train[:200], split.y_train[:200]
+
+
+def _all_stages(x, y):
+    return {stage: Z.train(_double, x, y, GLOBAL_BATCH, STEPS, LR, stage=stage)
+            for stage in Z.STAGES}
+
+
+def test_zero_1_and_2_take_the_steps_of_unsharded_adam(digits):
+    x, y = digits
+    ranks = launch(_all_stages, 2, args=(x, y))
+    one = Z.train_one_process(_double, x, y, GLOBAL_BATCH, STEPS, LR)
+    assert not torch.allclose(one["params"], Z.parameters_vector(_double()))  # it trained
+    for rank, result in enumerate(ranks):
+        for stage in Z.STAGES:
+            torch.testing.assert_close(result[stage]["params"], one["params"], rtol=0,
+                                       atol=1e-10, msg=lambda m, s=stage, r=rank:
+                                       f"stage {s}, rank {r}: {m}")
+
+
+def test_each_rank_holds_half_of_the_optimizer_state(digits):
+    x, y = digits
+    ranks = launch(_all_stages, 2, args=(x, y))
+    numel = sum(p.numel() for p in model_fn().parameters())
+    shard = -(-numel // 2)
+    for result in ranks:
+        # two float64 moments per parameter, and Adam's step count (a float32) per tensor
+        assert result[0]["state_bytes"] == 2 * numel * 8 + 6 * 4
+        for stage in (1, 2):
+            assert result[stage]["state_bytes"] == 2 * shard * 8 + 4  # one shard, one step count
+
+
+@pytest.mark.parametrize(("numel", "p"), [(10, 2), (11, 2), (7, 3), (2, 4)])
+def test_shards_cover_the_vector_once_and_have_one_size(numel, p):
+    bounds = [Z.shard_bounds(numel, p, r) for r in range(p)]
+    assert {size for _, _, size in bounds} == {-(-numel // p)}
+    covered = [i for start, end, _ in bounds for i in range(start, end)]
+    assert covered == list(range(numel))
+
+
+def test_a_stage_that_is_not_1_or_2_is_refused():
+    with pytest.raises(WorkerError, match="ValueError: stage must be 1 or 2 .*stage 3"):
+        launch(lambda: Z.ShardedAdam(model_fn().parameters(), stage=3), 1)
+
+
+def test_an_uneven_global_batch_is_refused(digits):
+    x, y = digits
+    with pytest.raises(WorkerError, match="does not split evenly"):
+        launch(Z.train, 2, args=(_double, x, y, 15, 1))
