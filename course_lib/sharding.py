@@ -41,3 +41,59 @@ def fsdp_parameter_bytes(model_fn, group=None) -> dict:
                         for p in model.parameters())
     return dict(rank=dist.get_rank(group), local_bytes=local, total_bytes=total,
                 grads_sharded=grads_sharded)
+
+
+def _fully_shard_blocks(model, mesh, reshard_after_forward: bool):
+    """FSDP2's usual wrapping: every child that holds parameters (a transformer's blocks, an
+    MLP's layers) is its own unit -- gathered just before it computes, freed after -- then the
+    root for whatever is left (embeddings, the head)."""
+    from torch.distributed.fsdp import fully_shard
+
+    children = list(model.blocks) if hasattr(model, "blocks") else list(model.children())
+    for child in children:
+        if any(True for _ in child.parameters()):
+            fully_shard(child, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def train_fsdp(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2, seed: int = 0,
+               reshard_after_forward: bool = True, group=None) -> dict:
+    """Adam on a model sharded with FSDP2 (``fully_shard``: ZeRO stage 3) over ``group``; each
+    step every rank takes every world_size-th row of the step's global batch. Returns this
+    rank's ``losses``, the full final ``params`` (gathered), and the bytes this rank held of
+    parameters, gradients and optimizer state (``bytes``) against the whole model's
+    (``unsharded``)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from course_lib.overlap import global_batches, loss_fn
+
+    rank, world_size, dev = dist.get_rank(group), dist.get_world_size(group), device(group)
+    if global_batch % world_size:
+        raise ValueError(f"global_batch {global_batch} does not split evenly over {world_size} "
+                         f"ranks; choose a multiple of {world_size}")
+    mesh = DeviceMesh.from_group(group or dist.group.WORLD, dev.type)
+    model = _fully_shard_blocks(model_fn().to(dev), mesh, reshard_after_forward)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
+    x, y = x.to(dev), y.to(dev)
+    losses = []
+    for idx in global_batches(len(y), global_batch, steps, seed):
+        mine = idx[rank::world_size].to(dev)
+        opt.zero_grad(set_to_none=False)
+        loss = loss_fn(model, x[mine], y[mine])
+        loss.backward()  # FSDP2 reduce-scatters each unit's gradients, averaged over the ranks
+        opt.step()
+        losses.append(loss.item())
+
+    def local_bytes(tensors):
+        return sum(t.to_local().numel() * t.element_size() if hasattr(t, "to_local") else
+                   t.numel() * t.element_size() for t in tensors)
+
+    params = list(model.parameters())
+    held = dict(params=local_bytes(params), grads=local_bytes(p.grad for p in params),
+                optimizer=local_bytes(t for s in opt.state.values() for k, t in s.items()
+                                      if k != "step"))
+    whole = sum(p.numel() for p in params) * params[0].element_size()
+    full = torch.cat([p.full_tensor().reshape(-1) for p in params])
+    return dict(losses=losses, params=full, bytes=held,
+                unsharded=dict(params=whole, grads=whole, optimizer=2 * whole))

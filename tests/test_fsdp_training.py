@@ -1,0 +1,51 @@
+"""FSDP2 training (course_lib.sharding.train_fsdp) against Adam on one process, on 2 gloo ranks."""
+
+import functools
+
+import pytest
+import torch
+
+from course_lib import WorkerError, launch
+from course_lib import sharding as S
+from course_lib import zero as Z
+from course_lib.data import stdlib_text, text_batch
+from course_lib.models import tiny_gpt
+
+model_fn = functools.partial(tiny_gpt, d_model=16, layers=2, heads=2, context=8, seed=3,
+                             dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def text():
+    return text_batch(stdlib_text(20_000), 64, 8, torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("reshard", [True, False], ids=["reshard after forward", "keep"])
+def test_fsdp2_training_equals_adam_on_one_process(text, reshard):
+    x, y = text
+    ranks = launch(S.train_fsdp, 2, args=(model_fn, x, y, 8, 4),
+                   kwargs=dict(reshard_after_forward=reshard))
+    one = Z.train_one_process(model_fn, x, y, 8, 4)
+    for result in ranks:
+        # stated tolerance: float64, sums over the ranks taken in another order
+        torch.testing.assert_close(result["params"], one["params"], rtol=0, atol=1e-9)
+    losses = [(a + b) / 2 for a, b in zip(ranks[0]["losses"], ranks[1]["losses"], strict=True)]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(one["losses"]), rtol=0,
+                               atol=1e-9)
+
+
+def test_each_rank_holds_about_half_of_parameters_gradients_and_optimizer_state(text):
+    x, y = text
+    ranks = launch(S.train_fsdp, 2, args=(model_fn, x, y, 8, 1))
+    for kind in ("params", "grads", "optimizer"):
+        together = sum(r["bytes"][kind] for r in ranks)
+        whole = ranks[0]["unsharded"][kind]
+        # each tensor is cut into 2 row shards; odd row counts pad at most one row per tensor
+        assert whole <= together <= whole * 1.05, kind
+        assert all(r["bytes"][kind] <= 0.55 * whole for r in ranks), kind
+
+
+def test_an_uneven_global_batch_is_refused(text):
+    x, y = text
+    with pytest.raises(WorkerError, match="does not split evenly"):
+        launch(S.train_fsdp, 2, args=(model_fn, x, y, 7, 1))
