@@ -1,0 +1,166 @@
+"""Pipelines without the bubble: interleaved 1F1B and zero-bubble schedules (lesson 11).
+
+Lecture: model parallelism, pipelines (the bubble (p - 1) / (m + p - 1) of GPipe and 1F1B);
+Narayanan et al. 2021 (interleaved 1F1B: v model chunks per rank shrink the bubble v-fold,
+``cost_models.bubble_fraction(p, m, chunks=v)``); Qi et al. 2024 (zero bubble: split backward
+into its input-gradient half B, which the previous stage waits for, and its weight-gradient half
+W, which can fill the gaps).
+
+The model is cut into p v pieces. With the *loop* placement rank r holds pieces r, r + p,
+r + 2p, ... (``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``); with the *V*
+placement (v = 2) rank r holds pieces r and 2p - 1 - r, so the first and last pieces share rank
+0 (``ScheduleZBVZeroBubble``). :func:`run` runs one step of any of them from
+``torch.distributed.pipelining`` and returns each local piece's gradients;
+:func:`measure_bubble` times steps of pieces padded to steady durations.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from course_lib.runtime.devices import device
+from course_lib.runtime.timing import synchronize
+
+SCHEDULES = ("interleaved 1F1B", "interleaved zero bubble", "ZBV zero bubble")
+
+
+def placement(schedule: str, p: int, v: int) -> list[list[int]]:
+    """Which pieces (of p v) each of the p ranks holds, in the order the rank keeps them."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}: use one of {SCHEDULES}")
+    if schedule == "ZBV zero bubble":
+        if v != 2:
+            raise ValueError(f"the V placement has exactly 2 pieces per rank, got v = {v}")
+        return [[r, 2 * p - 1 - r] for r in range(p)]
+    if v < 1:
+        raise ValueError(f"v (pieces per rank) must be at least 1, got {v}")
+    return [[r + k * p for k in range(v)] for r in range(p)]
+
+
+def _schedule_class(schedule: str):
+    from torch.distributed.pipelining import (
+        ScheduleInterleaved1F1B,
+        ScheduleInterleavedZeroBubble,
+        ScheduleZBVZeroBubble,
+    )
+
+    return {"interleaved 1F1B": ScheduleInterleaved1F1B,
+            "interleaved zero bubble": ScheduleInterleavedZeroBubble,
+            "ZBV zero bubble": ScheduleZBVZeroBubble}[schedule]
+
+
+def build(pieces, micro_batches: int, schedule: str = "interleaved 1F1B", group=None):
+    """This rank's part of a pipeline over ``pieces`` (p v consecutive parts of a model):
+    its ``PipelineStage`` objects and the schedule that drives them (loss: cross-entropy,
+    averaged over micro-batches). Returns (runner, the piece indices, their modules)."""
+    from torch.distributed.pipelining import PipelineStage
+
+    rank, p, dev = dist.get_rank(group), dist.get_world_size(group), device(group)
+    v = len(pieces) // p
+    if v * p != len(pieces):
+        raise ValueError(f"{len(pieces)} pieces do not divide over {p} ranks")
+    mine = placement(schedule, p, v)[rank]
+    modules = [pieces[i].to(dev) for i in mine]
+    stages = [PipelineStage(m, i, len(pieces), dev, group=group)
+              for m, i in zip(modules, mine, strict=True)]
+    runner = _schedule_class(schedule)(stages, micro_batches,
+                                       loss_fn=torch.nn.functional.cross_entropy)
+    return runner, mine, modules
+
+
+def step(runner, mine, n_pieces: int, x, y, group=None) -> list[float]:
+    """One training step of a built pipeline on the batch (x, y): the first piece's rank feeds
+    x, the last piece's rank y; returns the micro-batches' losses where the last piece lives."""
+    dev = device(group)
+    losses, args, kwargs = [], [], {}
+    if 0 in mine:
+        args.append(x.to(dev))
+    if n_pieces - 1 in mine:
+        kwargs.update(target=y.to(dev), losses=losses)
+    runner.step(*args, **kwargs)
+    return [loss.item() for loss in losses]
+
+
+def run(pieces, x, y, micro_batches: int, schedule: str = "interleaved 1F1B",
+        group=None) -> dict:
+    """One training step of ``pieces`` on every rank of ``group``, following ``schedule`` over
+    ``micro_batches`` equal parts of (x, y). Returns this rank's piece indices, their gradients
+    and (where the last piece lives) the micro-batches' losses."""
+    if len(x) % micro_batches:
+        raise ValueError(f"a batch of {len(x)} does not divide into {micro_batches} equal "
+                         f"micro-batches; choose a divisor of {len(x)}")
+    runner, mine, modules = build(pieces, micro_batches, schedule, group)
+    for m in modules:
+        m.zero_grad()
+    losses = step(runner, mine, len(pieces), x, y, group)
+    return dict(pieces=mine, grads=[[q.grad.detach().clone() for q in m.parameters()]
+                                    for m in modules], micro_losses=losses)
+
+
+class _HoldBackward(torch.autograd.Function):
+    """Identity forward; its backward sleeps until ``seconds`` have passed since it began."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.clone()  # a new tensor: zero-bubble schedules take gradients of views badly
+
+    @staticmethod
+    def backward(ctx, grad):
+        start = time.perf_counter()
+        out = grad.clone()
+        time.sleep(max(0.0, ctx.seconds - (time.perf_counter() - start)))
+        return out, None
+
+
+class Padded(torch.nn.Module):
+    """A piece whose forward takes at least ``forward_seconds`` and whose backward (input
+    gradient) at least ``backward_seconds``: steady stage times on shared cores (lesson 5's
+    padding trick). Sleeping, not spinning, so it takes no core from the other ranks."""
+
+    def __init__(self, piece, forward_seconds: float, backward_seconds: float):
+        super().__init__()
+        self.piece, self.forward_seconds, self.backward_seconds = (piece, forward_seconds,
+                                                                   backward_seconds)
+
+    def forward(self, x):
+        start = time.perf_counter()
+        out = _HoldBackward.apply(self.piece(x), self.backward_seconds)
+        time.sleep(max(0.0, self.forward_seconds - (time.perf_counter() - start)))
+        return out
+
+
+def measure_bubble(pieces, x, y, micro_batches: int, schedule: str = "interleaved 1F1B",
+                   forward_seconds: float = 0.004, backward_seconds: float = 0.008,
+                   repeats: int = 3, group=None) -> dict:
+    """On every rank: time ``repeats`` steps of :func:`run` with every piece padded (after one
+    untimed step). Each rank's work per step is known -- micro_batches x its pieces x (forward
+    + backward) -- so the idle fraction of a step is 1 - work / wall time. Returns the wall
+    times and this rank's work."""
+    if len(x) % micro_batches:
+        raise ValueError(f"a batch of {len(x)} does not divide into {micro_batches} equal "
+                         f"micro-batches; choose a divisor of {len(x)}")
+    padded = [Padded(piece, forward_seconds, backward_seconds) for piece in pieces]
+    p = dist.get_world_size(group)
+    work = micro_batches * (len(pieces) // p) * (forward_seconds + backward_seconds)
+    runner, mine, _ = build(padded, micro_batches, schedule, group)
+    walls = []
+    for i in range(repeats + 1):  # the first step sets up the stages' buffers: untimed
+        dist.barrier(group=group)
+        start = time.perf_counter()
+        step(runner, mine, len(padded), x, y, group)
+        synchronize(device(group))
+        if i:
+            walls.append(time.perf_counter() - start)
+    return dict(walls=walls, work=work)
+
+
+def bubble_of(results) -> float:
+    """The measured idle fraction: 1 - work / the median over repeats of the slowest rank's
+    wall time (a step ends when its last rank does)."""
+    wall = statistics.median(max(ws) for ws in zip(*(r["walls"] for r in results), strict=True))
+    return 1.0 - results[0]["work"] / wall

@@ -1,0 +1,88 @@
+"""Interleaved 1F1B and zero-bubble schedules (course_lib.interleaving) give the gradients of the
+unsplit model, on 2 gloo ranks in float64."""
+
+import pytest
+import torch
+
+from course_lib import WorkerError, launch
+from course_lib import interleaving as il
+from course_lib.models import mlp
+from course_lib.pipeline import reference_gradients
+
+
+def _pieces(n):
+    model = mlp((12, *[10] * (n - 1), 4), activation=torch.nn.Tanh, seed=2, dtype=torch.float64)
+    layers = list(model)  # linear, tanh, ..., linear: each linear with its activation
+    return [torch.nn.Sequential(*layers[2 * i:2 * i + 2]) for i in range(n)]
+
+
+@pytest.mark.parametrize(("schedule", "micro_batches"), [
+    ("interleaved 1F1B", 2), ("interleaved 1F1B", 4), ("interleaved zero bubble", 4),
+    ("ZBV zero bubble", 4)])
+def test_schedules_give_the_unsplit_models_gradients(schedule, micro_batches):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 12, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 4, (8,), generator=g)
+    pieces = _pieces(4)  # p = 2 ranks, v = 2 pieces each
+    loss, grads = reference_gradients(_pieces(4), x, y)
+    per_piece = []
+    offset = 0
+    for piece in pieces:
+        n = len(list(piece.parameters()))
+        per_piece.append(grads[offset:offset + n])
+        offset += n
+    results = launch(il.run, 2, args=(pieces, x, y, micro_batches, schedule))
+    seen = set()
+    for result in results:
+        for index, got in zip(result["pieces"], result["grads"], strict=True):
+            seen.add(index)
+            for a, b in zip(got, per_piece[index], strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+        if result["micro_losses"]:
+            torch.testing.assert_close(sum(result["micro_losses"]) / micro_batches, loss)
+    assert seen == {0, 1, 2, 3}
+
+
+def test_placements():
+    assert il.placement("interleaved 1F1B", 2, 3) == [[0, 2, 4], [1, 3, 5]]
+    assert il.placement("ZBV zero bubble", 3, 2) == [[0, 5], [1, 4], [2, 3]]
+    with pytest.raises(ValueError, match="exactly 2"):
+        il.placement("ZBV zero bubble", 2, 3)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        il.placement("GPipe", 2, 1)
+
+
+def test_a_batch_that_does_not_divide_is_refused():
+    x, y = torch.randn(6, 12, dtype=torch.float64), torch.zeros(6, dtype=torch.long)
+    with pytest.raises(WorkerError, match="does not divide into 4"):
+        launch(il.run, 2, args=(_pieces(4), x, y, 4))
+
+
+
+def test_padded_pieces_compute_the_same_values_and_gradients():
+    piece = _pieces(1)[0]
+    x = torch.randn(3, 12, dtype=torch.float64, requires_grad=True)
+    out = il.Padded(piece, 0.001, 0.002)(x)
+    out.sum().backward()
+    padded_grads = [x.grad.clone()] + [p.grad.clone() for p in piece.parameters()]
+    x.grad = None
+    piece.zero_grad()
+    expected = piece(x)
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected)
+    for a, b in zip(padded_grads, [x.grad] + [p.grad for p in piece.parameters()], strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_measure_bubble_times_every_repeat_and_knows_each_ranks_work():
+    x = torch.randn(16, 12, dtype=torch.float64)
+    y = torch.randint(0, 4, (16,))
+    results = launch(il.measure_bubble, 2, args=(_pieces(4), x, y, 2),
+                     kwargs=dict(forward_seconds=0.002, backward_seconds=0.004, repeats=2))
+    assert all(r["work"] == pytest.approx(2 * 2 * 0.006) and len(r["walls"]) == 2
+               for r in results)
+
+
+def test_bubble_of_uses_the_slowest_rank_of_each_repeat():
+    results = [dict(walls=[1.0, 2.0], work=0.5), dict(walls=[1.5, 1.0], work=0.5)]
+    assert il.bubble_of(results) == pytest.approx(1 - 0.5 / 1.75)
