@@ -118,35 +118,47 @@ class _HoldBackward(torch.autograd.Function):
 
 
 class Padded(torch.nn.Module):
-    """A piece whose forward takes at least ``forward_seconds`` and whose backward (input
-    gradient) at least ``backward_seconds``: steady stage times on shared cores (lesson 5's
-    padding trick). Sleeping, not spinning, so it takes no core from the other ranks."""
+    """A piece whose forward takes at least ``forward_seconds``, the input-gradient half of its
+    backward (B) at least ``backward_seconds`` and the weight-gradient half (W) at least
+    ``weight_seconds``: steady stage times on shared cores (lesson 5's padding trick).
 
-    def __init__(self, piece, forward_seconds: float, backward_seconds: float):
+    B and W are padded on separate paths -- the output passes through a hold, and is scaled by
+    a parameter fixed at 1 whose gradient passes through another -- so a zero-bubble schedule,
+    which computes B and W at different times, meets each hold once; other schedules meet both
+    in one backward. Sleeping, not spinning: it takes no core from the other ranks."""
+
+    def __init__(self, piece, forward_seconds: float, backward_seconds: float,
+                 weight_seconds: float = 0.0):
         super().__init__()
-        self.piece, self.forward_seconds, self.backward_seconds = (piece, forward_seconds,
-                                                                   backward_seconds)
+        self.piece, self.forward_seconds = piece, forward_seconds
+        self.backward_seconds, self.weight_seconds = backward_seconds, weight_seconds
+        dtype = next(piece.parameters()).dtype
+        self.one = torch.nn.Parameter(torch.ones((), dtype=dtype))  # its gradient is not used
 
     def forward(self, x):
         start = time.perf_counter()
         out = _HoldBackward.apply(self.piece(x), self.backward_seconds)
+        if self.weight_seconds:
+            out = out * _HoldBackward.apply(self.one, self.weight_seconds)
         time.sleep(max(0.0, self.forward_seconds - (time.perf_counter() - start)))
         return out
 
 
 def measure_bubble(pieces, x, y, micro_batches: int, schedule: str = "interleaved 1F1B",
                    forward_seconds: float = 0.004, backward_seconds: float = 0.008,
-                   repeats: int = 3, group=None) -> dict:
-    """On every rank: time ``repeats`` steps of :func:`run` with every piece padded (after one
+                   weight_seconds: float = 0.0, repeats: int = 3, group=None) -> dict:
+    """On every rank: time ``repeats`` steps with every piece :class:`Padded` (after one
     untimed step). Each rank's work per step is known -- micro_batches x its pieces x (forward
-    + backward) -- so the idle fraction of a step is 1 - work / wall time. Returns the wall
+    + backward + weight) -- so the idle fraction of a step is 1 - work / wall time. Returns the wall
     times and this rank's work."""
     if len(x) % micro_batches:
         raise ValueError(f"a batch of {len(x)} does not divide into {micro_batches} equal "
                          f"micro-batches; choose a divisor of {len(x)}")
-    padded = [Padded(piece, forward_seconds, backward_seconds) for piece in pieces]
+    padded = [Padded(piece, forward_seconds, backward_seconds, weight_seconds)
+              for piece in pieces]
     p = dist.get_world_size(group)
-    work = micro_batches * (len(pieces) // p) * (forward_seconds + backward_seconds)
+    work = (micro_batches * (len(pieces) // p)
+            * (forward_seconds + backward_seconds + weight_seconds))
     runner, mine, _ = build(padded, micro_batches, schedule, group)
     walls = []
     for i in range(repeats + 1):  # the first step sets up the stages' buffers: untimed
@@ -164,3 +176,65 @@ def bubble_of(results) -> float:
     wall time (a step ends when its last rank does)."""
     wall = statistics.median(max(ws) for ws in zip(*(r["walls"] for r in results), strict=True))
     return 1.0 - results[0]["work"] / wall
+
+
+# -- a simulator of the interleaved schedule (a model, not a measurement) ----------------------
+
+
+def interleaved_order(rank: int, p: int, v: int, m: int) -> list[tuple[str, int, int]]:
+    """Rank ``rank``'s actions in interleaved 1F1B (Narayanan et al. 2021, as Megatron-LM runs
+    it): ("forward" or "backward", local chunk, micro-batch). Micro-batches go in groups of p;
+    within a group every chunk in turn; backward visits the chunks in reverse. A warm-up of
+    2 (p - rank - 1) + (v - 1) p forwards, then one forward and one backward in turn."""
+    if m % p:
+        raise ValueError(f"interleaved 1F1B needs micro-batches in groups of p: m = {m} is not "
+                         f"a multiple of p = {p}")
+    total = m * v
+
+    def action(k, forward):
+        chunk = (k % (p * v)) // p
+        return ("forward" if forward else "backward", chunk if forward else v - 1 - chunk,
+                (k // (p * v)) * p + k % p)
+
+    warmup = min(total, 2 * (p - rank - 1) + (v - 1) * p)
+    order = [action(k, True) for k in range(warmup)]
+    for k in range(total - warmup):
+        order += [action(k + warmup, True), action(k, False)]
+    order += [action(k, False) for k in range(total - warmup, total)]
+    return order
+
+
+def simulate_interleaved(p: int, v: int, m: int, forward: float = 1.0, backward: float = 2.0,
+                         overhead: float = 0.0) -> dict:
+    """Run :func:`interleaved_order` on p model ranks: every action of a piece takes
+    ``forward`` or ``backward`` plus ``overhead`` (what a real step adds per action: sending,
+    the schedule's bookkeeping); an action waits for its rank and for its input (forward of the
+    previous piece; backward of the next, or the last piece's own forward). Returns the
+    ``spans`` (rank, start, duration, kind) and the idle fraction ``bubble``."""
+    orders = [interleaved_order(r, p, v, m) for r in range(p)]
+    done, free, position, spans = {}, [0.0] * p, [0] * p, []
+    last = p * v - 1
+    while any(position[r] < len(orders[r]) for r in range(p)):
+        progressed = False
+        for r in range(p):
+            if position[r] == len(orders[r]):
+                continue
+            kind, chunk, i = orders[r][position[r]]
+            piece = chunk * p + r
+            if kind == "forward":
+                needs = ("forward", piece - 1, i) if piece > 0 else None
+            else:
+                needs = ("backward", piece + 1, i) if piece < last else ("forward", piece, i)
+            if needs is not None and needs not in done:
+                continue
+            start = max(free[r], done.get(needs, 0.0))
+            length = (forward if kind == "forward" else backward) + overhead
+            done[(kind, piece, i)] = free[r] = start + length
+            spans.append((r, start, length, kind))
+            position[r] += 1
+            progressed = True
+        if not progressed:
+            raise RuntimeError("the schedule deadlocked: an action waits for one never run")
+    makespan = max(free)
+    busy = sum(d for _, _, d, _ in spans)
+    return dict(spans=spans, bubble=1 - busy / (p * makespan), makespan=makespan)

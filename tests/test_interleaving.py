@@ -86,3 +86,47 @@ def test_measure_bubble_times_every_repeat_and_knows_each_ranks_work():
 def test_bubble_of_uses_the_slowest_rank_of_each_repeat():
     results = [dict(walls=[1.0, 2.0], work=0.5), dict(walls=[1.5, 1.0], work=0.5)]
     assert il.bubble_of(results) == pytest.approx(1 - 0.5 / 1.75)
+
+
+@pytest.mark.parametrize(("p", "v", "m"), [(2, 2, 2), (2, 2, 4), (2, 2, 8), (4, 2, 8), (4, 3, 4),
+                                           (2, 1, 6), (3, 2, 6)])
+def test_the_simulated_interleaved_bubble_is_the_formulas(p, v, m):
+    from course_lib.cost_models import bubble_fraction
+
+    simulated = il.simulate_interleaved(p, v, m, forward=1.0, backward=2.0)
+    assert simulated["bubble"] == pytest.approx(bubble_fraction(p, m, v), abs=1e-12)
+    # the ideal makespan with no bubble is m v (F + B); the bubble adds (p - 1)(F + B)
+    assert simulated["makespan"] == pytest.approx((m * v + p - 1) * 3.0)
+
+
+def test_each_rank_runs_every_chunk_and_micro_batch_once_each_way():
+    p, v, m = 3, 2, 6
+    for rank in range(p):
+        order = il.interleaved_order(rank, p, v, m)
+        forwards = [(c, i) for kind, c, i in order if kind == "forward"]
+        backwards = [(c, i) for kind, c, i in order if kind == "backward"]
+        everything = sorted((c, i) for c in range(v) for i in range(m))
+        assert sorted(forwards) == everything and sorted(backwards) == everything
+        for c, i in backwards:  # a backward never comes before its own forward
+            assert order.index(("forward", c, i)) < order.index(("backward", c, i))
+    with pytest.raises(ValueError, match="multiple of p"):
+        il.interleaved_order(0, 2, 2, 3)
+
+
+def test_a_per_action_overhead_lengthens_the_step_but_not_the_formula():
+    plain = il.simulate_interleaved(2, 2, 4, 0.02, 0.04)
+    slower = il.simulate_interleaved(2, 2, 4, 0.02, 0.04, overhead=0.002)
+    assert slower["makespan"] > plain["makespan"]
+    assert slower["bubble"] == pytest.approx(plain["bubble"])
+
+
+def test_weight_padding_leaves_values_and_gradients_alone():
+    piece = _pieces(1)[0]
+    x = torch.randn(3, 12, dtype=torch.float64)
+    padded = il.Padded(piece, 0.0, 0.0, weight_seconds=0.001)
+    padded(x).sum().backward()
+    got = [p.grad.clone() for p in piece.parameters()]
+    piece.zero_grad()
+    piece(x).sum().backward()
+    for a, b in zip(got, [p.grad for p in piece.parameters()], strict=True):
+        torch.testing.assert_close(a, b)
