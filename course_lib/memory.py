@@ -32,22 +32,45 @@ def state_bytes(model, precision: str = "fp32") -> dict:
     return out
 
 
-def measure_step(model, x, y, lr: float = 1e-3) -> dict:
+def measure_step(model, x, y, lr: float = 1e-3, precision: str = "fp32") -> dict:
     """Measured: the memory of one Adam step (forward, backward, optimizer step) at its peak,
     split as PyTorch's tracker (``torch.distributed._tools.mem_tracker.MemTracker``) labels the
-    bytes: ``params``, ``grads``, ``optimizer``, ``activations``, ``temporaries``, ``total``.
-    A first step runs untracked, so that Adam's state already exists, as in training; the
-    gradients stay allocated between steps (``zero_grad(set_to_none=False)``, as DDP's buckets
-    keep them), so they are part of the peak. Adam's step counts (one float32 per tensor) are
-    optimizer state too."""
+    bytes: ``params``, ``grads``, ``optimizer``, ``activations``, ``temporaries``, ``other``
+    (what it can't attribute) and ``total``.
+
+    "mixed": the model computes in bfloat16 (weights, gradients, activations) and Adam updates
+    float32 master copies, which are optimizer state; each step copies the gradients up and
+    the updated masters down. A first step runs untracked, so that Adam's state exists, as in
+    training; gradients stay allocated between steps (``set_to_none=False``, as DDP's buckets
+    keep them). Adam's step counts (a float32 per tensor) count as optimizer state."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    params = list(model.parameters())
+    if precision == "mixed":
+        model.to(torch.bfloat16)
+        masters = [p.detach().float().clone().requires_grad_(True) for p in params]
+    else:
+        masters = params
+    opt = torch.optim.Adam(masters, lr=lr)
 
     def step():
         opt.zero_grad(set_to_none=False)
+        for p in params:
+            if p.grad is not None:
+                p.grad.zero_()
         loss_fn(model, x, y).backward()
+        if precision == "mixed":
+            with torch.no_grad():
+                for master, p in zip(masters, params, strict=True):
+                    master.grad = p.grad.float()  # up to float32 for the update
         opt.step()
+        if precision == "mixed":
+            with torch.no_grad():
+                for master, p in zip(masters, params, strict=True):
+                    p.copy_(master)  # down to bfloat16 for the next forward
+                    master.grad = None  # float32 gradients only while Adam steps
 
     step()
     tracker = MemTracker()
@@ -56,7 +79,7 @@ def measure_step(model, x, y, lr: float = 1e-3) -> dict:
         step()
     peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
     names = {"PARAM": "params", "GRAD": "grads", "OPT": "optimizer", "ACT": "activations",
-             "TEMP": "temporaries"}
+             "TEMP": "temporaries", "OTH": "other"}
     out = dict.fromkeys(names.values(), 0)
     for kind, n_bytes in peak.items():
         key = names.get(getattr(kind, "name", str(kind)))

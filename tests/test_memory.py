@@ -27,3 +27,16 @@ def test_a_measured_adam_step_holds_what_was_counted():
     assert measured["optimizer"] == counted["optimizer"] + 4 * tensors  # + a step count each
     assert measured["activations"] > 0
     assert measured["total"] == sum(v for k, v in measured.items() if k != "total")
+
+
+def test_a_measured_mixed_precision_step_halves_weights_and_gradients():
+    x, y = text_batch(stdlib_text(20_000), 3, 16, torch.Generator().manual_seed(0))
+    model = tiny_gpt(d_model=32, layers=2, heads=4, context=16)
+    counted = M.state_bytes(model, "mixed")
+    measured = M.measure_step(model, x, y, precision="mixed")
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert measured["params"] == counted["params"] and measured["grads"] == counted["grads"]
+    # masters and moments; the tracker also counts a little of Adam's working memory here
+    assert counted["optimizer"] <= measured["optimizer"] <= 1.05 * counted["optimizer"]
+    with pytest.raises(ValueError, match="precision"):
+        M.measure_step(model, x, y, precision="fp8")
