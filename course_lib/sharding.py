@@ -10,6 +10,9 @@ ZeRO shards it over the p data-parallel ranks, stage by stage
 
 from __future__ import annotations
 
+import time
+import warnings
+
 import torch
 import torch.distributed as dist
 
@@ -61,7 +64,8 @@ def train_fsdp(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2, 
                reshard_after_forward: bool = True, group=None) -> dict:
     """Adam on a model sharded with FSDP2 (``fully_shard``: ZeRO stage 3) over ``group``; each
     step every rank takes every world_size-th row of the step's global batch. Returns this
-    rank's ``losses``, the full final ``params`` (gathered), and the bytes this rank held of
+    rank's ``losses`` and ``seconds`` per step, the full final ``params`` (gathered), and the
+    bytes this rank held of
     parameters, gradients and optimizer state (``bytes``) against the whole model's
     (``unsharded``)."""
     from torch.distributed.device_mesh import DeviceMesh
@@ -73,17 +77,21 @@ def train_fsdp(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2, 
         raise ValueError(f"global_batch {global_batch} does not split evenly over {world_size} "
                          f"ranks; choose a multiple of {world_size}")
     mesh = DeviceMesh.from_group(group or dist.group.WORLD, dev.type)
+    # the head's output is a view (a linear layer on 3-d input); nothing here changes it in place
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
     model = _fully_shard_blocks(model_fn().to(dev), mesh, reshard_after_forward)
     opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
     x, y = x.to(dev), y.to(dev)
-    losses = []
+    losses, seconds = [], []
     for idx in global_batches(len(y), global_batch, steps, seed):
         mine = idx[rank::world_size].to(dev)
+        start = time.perf_counter()
         opt.zero_grad(set_to_none=False)
         loss = loss_fn(model, x[mine], y[mine])
         loss.backward()  # FSDP2 reduce-scatters each unit's gradients, averaged over the ranks
         opt.step()
         losses.append(loss.item())
+        seconds.append(time.perf_counter() - start)
 
     def local_bytes(tensors):
         return sum(t.to_local().numel() * t.element_size() if hasattr(t, "to_local") else
@@ -95,5 +103,5 @@ def train_fsdp(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2, 
                                       if k != "step"))
     whole = sum(p.numel() for p in params) * params[0].element_size()
     full = torch.cat([p.full_tensor().reshape(-1) for p in params])
-    return dict(losses=losses, params=full, bytes=held,
+    return dict(losses=losses, params=full, bytes=held, seconds=seconds,
                 unsharded=dict(params=whole, grads=whole, optimizer=2 * whole))

@@ -32,7 +32,7 @@ def zero1(params, lr, momentum):
                                        (0, size * world - numel))[rank * size:(rank + 1) * size]
         mine = mine - lr * buf
         full = torch.empty(size * world, dtype=mine.dtype)
-        dist.all_gather_into_tensor(full, mine)
+        dist.all_gather_single(full, mine)
         offset = 0
         with torch.no_grad():
             for p in params:

@@ -189,6 +189,32 @@ def _fast_data_parallel():
                                f"accuracy {ef['accuracy']:.2f}; peak {peak['total'] / 1e6:.1f} MB")
 
 
+def _memory_and_sharding():
+    import functools
+
+    from course_lib import interleaving as il
+    from course_lib import memory as M
+    from course_lib import sharding as S
+    from course_lib import zero as Z
+    from course_lib.data import stdlib_text, text_batch
+    from course_lib.models import mlp, tiny_gpt
+
+    gpt = functools.partial(tiny_gpt, d_model=32, layers=2, heads=2, context=16)
+    x, y = text_batch(stdlib_text(20_000), 32, 16, torch.Generator().manual_seed(0))
+    p = dist.get_world_size()
+    runs = {stage: Z.train(gpt, x, y, 4 * p, 3, stage=stage) for stage in Z.STAGES}
+    for stage in (1, 2):
+        torch.testing.assert_close(runs[stage]["params"], runs[0]["params"], atol=1e-4,
+                                   rtol=1e-4, msg=f"ZeRO-{stage}")
+    fsdp = S.train_fsdp(gpt, x, y, 4 * p, 3)
+    peak = M.measure_step(gpt().to(device()), x[:4].to(device()), y[:4].to(device()))
+    pieces = [torch.nn.Sequential(*list(mlp((12, 10, 10, 10, 4)))[2 * i:2 * i + 2])
+              for i in range(2 * p)]
+    il.run(pieces, torch.randn(8, 12), torch.randint(0, 4, (8,)), 2 * p)
+    return runs[1]["params"], (f"ZeRO-1/2 = Adam; FSDP2 {fsdp['bytes']['params']:,} B of params"
+                               f" here; step peak {peak['total'] / 1e6:.1f} MB; interleaved 1F1B")
+
+
 CASES = [  # lesson, what, smallest world size, function
     ("00", "hello: one all-reduce", 1, _hello),
     ("03", "all-reduce four ways, timing", 1, _all_reduces),
@@ -199,6 +225,7 @@ CASES = [  # lesson, what, smallest world size, function
     ("07", "compressed all-reduce, autocast", 1, _precision),
     ("08", "federated on ranks", 1, _federated),
     ("10", "overlap, profiler, compression, memory", 1, _fast_data_parallel),
+    ("11", "ZeRO by hand, FSDP2, interleaved pipeline", 1, _memory_and_sharding),
 ]
 
 
