@@ -39,10 +39,10 @@ def measure_step(model, x, y, lr: float = 1e-3, precision: str = "fp32") -> dict
     (what it can't attribute) and ``total``.
 
     "mixed": the model computes in bfloat16 (weights, gradients, activations) and Adam updates
-    float32 master copies, which are optimizer state; each step copies the gradients up and
-    the updated masters down. A first step runs untracked, so that Adam's state exists, as in
-    training; gradients stay allocated between steps (``set_to_none=False``, as DDP's buckets
-    keep them). Adam's step counts (a float32 per tensor) count as optimizer state."""
+    float32 master copies, which are optimizer state; tensor by tensor, each step copies the
+    gradient up and the updated master down. A first step runs untracked, so that Adam's state
+    exists, as in training; gradients stay allocated between steps (as DDP's buckets keep
+    them). Adam's step counts (a float32 per tensor) count as optimizer state."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     if precision not in PRECISIONS:
@@ -51,35 +51,36 @@ def measure_step(model, x, y, lr: float = 1e-3, precision: str = "fp32") -> dict
     if precision == "mixed":
         model.to(torch.bfloat16)
         masters = [p.detach().float().clone().requires_grad_(True) for p in params]
+        # one Adam per tensor, stepped in turn: a float32 copy of one gradient at a time
+        opts = [torch.optim.Adam([m], lr=lr, foreach=False) for m in masters]
     else:
         masters = params
-    opt = torch.optim.Adam(masters, lr=lr)
+        opts = [torch.optim.Adam(params, lr=lr, foreach=False)]
 
     def step():
-        opt.zero_grad(set_to_none=False)
         for p in params:
             if p.grad is not None:
                 p.grad.zero_()
         loss_fn(model, x, y).backward()
-        if precision == "mixed":
-            with torch.no_grad():
-                for master, p in zip(masters, params, strict=True):
-                    master.grad = p.grad.float()  # up to float32 for the update
-        opt.step()
-        if precision == "mixed":
-            with torch.no_grad():
-                for master, p in zip(masters, params, strict=True):
-                    p.copy_(master)  # down to bfloat16 for the next forward
-                    master.grad = None  # float32 gradients only while Adam steps
+        if precision == "fp32":
+            opts[0].step()
+            return
+        with torch.no_grad():
+            for master, p, opt in zip(masters, params, opts, strict=True):
+                master.grad = p.grad.float()  # up to float32 for the update
+                opt.step()
+                master.grad = None
+                p.copy_(master)  # down to bfloat16 for the next forward
 
     step()
     tracker = MemTracker()
-    tracker.track_external(model, opt)
+    # the masters are no module's parameters: tracked as "other", counted as optimizer state
+    tracker.track_external(model, *opts, *(masters if precision == "mixed" else []))
     with tracker:
         step()
     peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
     names = {"PARAM": "params", "GRAD": "grads", "OPT": "optimizer", "ACT": "activations",
-             "TEMP": "temporaries", "OTH": "other"}
+             "TEMP": "temporaries", "OTH": "optimizer" if precision == "mixed" else "other"}
     out = dict.fromkeys(names.values(), 0)
     for kind, n_bytes in peak.items():
         key = names.get(getattr(kind, "name", str(kind)))

@@ -213,7 +213,8 @@ def plot_times(timings: Mapping[str, Timing], *, title: str = "Wall time",
 
 GANTT_COLORS = {"compute": "#1f77b4", "forward": "#1f77b4", "backward": "#2ca02c",
                 "communicate / wait": "#ff7f0e", "idle (waiting for the straggler)": "0.85",
-                "idle": "0.85"}
+                "idle": "0.85", "all-reduce": "#ff7f0e", "wait": "#d62728",
+                "optimizer": "#9467bd", "GPU compute": "#1f77b4"}
 
 
 def plot_gantt(spans, *, title: str = "Timeline", worker_label: str = "worker",
@@ -230,7 +231,9 @@ def plot_gantt(spans, *, title: str = "Timeline", worker_label: str = "worker",
     workers = sorted({s[0] for s in spans})
     kinds = list(dict.fromkeys(s[3] for s in spans))
     palette = STYLE["axes.prop_cycle"].by_key()["color"]
-    colors = {k: GANTT_COLORS.get(k, palette[i % len(palette)]) for i, k in enumerate(kinds)}
+    taken = {GANTT_COLORS[k] for k in kinds if k in GANTT_COLORS}
+    free = [c for c in palette if c not in taken] or palette  # no two kinds share a colour
+    colors = {k: GANTT_COLORS.get(k, free[i % len(free)]) for i, k in enumerate(kinds)}
     with course_style():
         fig, ax = plt.subplots(figsize=(9.0, 1.1 + 0.4 * len(workers)))
         for worker, start, duration, kind in spans:

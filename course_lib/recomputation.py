@@ -68,9 +68,10 @@ def peak_step_memory(model, x, y) -> dict:
     """Measured: memory at the peak of one forward and backward pass, in bytes, by PyTorch's own
     tracker (``torch.distributed._tools.mem_tracker.MemTracker``: it follows every tensor the
     step allocates and frees, on the CPU as on a GPU), split as it labels it: ``params``,
-    ``grads``, ``activations`` (saved in forward), ``temporaries`` (made and dropped in backward,
-    where recomputed activations appear) and ``total``. The model runs one step first, so that
-    one-time allocations do not count."""
+    ``grads``, ``activations``, ``temporaries`` and ``total``. The tracker's own documentation
+    warns that it may put a tensor under activations or temporaries wrongly (recomputed
+    activations land in both); the peak itself is exact, so compare their sum. The model runs
+    one step first, so that one-time allocations do not count."""
     try:
         from torch.distributed._tools.mem_tracker import MemTracker
     except ImportError as err:  # a private module: pinned torch has it, others may not
