@@ -19,7 +19,7 @@ order), so a group of size g and stride k crosses nodes when g k exceeds the GPU
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from course_lib.cost_models import ring_all_reduce_time, zero_bytes_per_rank
 
@@ -27,7 +27,10 @@ from course_lib.cost_models import ring_all_reduce_time, zero_bytes_per_rank
 @dataclass(frozen=True)
 class Transformer:
     """A GPT-style model: ``layers`` blocks of width ``hidden`` with ``heads`` heads, sequences of
-    ``seq`` tokens, a vocabulary of ``vocab``, ``global_batch`` sequences per step."""
+    ``seq`` tokens, a vocabulary of ``vocab``, ``global_batch`` sequences per step.
+    ``value_bytes``: 2 for bf16 mixed precision (Megatron's, ZeRO's), 4 for float32 throughout
+    (this course's runs). ``tied_head``: the output layer reuses the token embedding (GPT-2,
+    Megatron); :class:`course_lib.models.TinyGPT` has its own head and final norm."""
 
     layers: int
     hidden: int
@@ -35,13 +38,17 @@ class Transformer:
     seq: int
     vocab: int
     global_batch: int
+    value_bytes: int = 2
+    tied_head: bool = True
 
     @property
     def parameters(self) -> int:
         """12 h^2 + 13 h per block (attention 4 h^2 + 4 h, MLP 8 h^2 + 5 h, two LayerNorms 4 h),
-        plus token and position embeddings (the head shares the token embedding)."""
+        plus token and position embeddings; an untied head adds its weight and bias and the
+        final norm."""
         h = self.hidden
-        return self.layers * (12 * h * h + 13 * h) + (self.vocab + self.seq) * h
+        head = 0 if self.tied_head else self.vocab * h + self.vocab + 2 * h
+        return self.layers * (12 * h * h + 13 * h) + (self.vocab + self.seq) * h + head
 
     def flops_per_step(self, recompute: bool = False) -> float:
         """6 parameters x tokens for forward and backward (8 with recomputation: one more forward),
@@ -96,43 +103,73 @@ class Plan:
                 f"m {self.micro_batches}{', recompute' if self.recompute else ''}")
 
 
-BYTES = 2  # bf16 activations, gradients and messages
-
-
 def micro_batch_size(model: Transformer, plan: Plan) -> float:
     """Sequences per micro-batch on one data-parallel rank."""
     return model.global_batch / (plan.dp * plan.micro_batches)
 
 
+def state_bytes(psi: float, dp: int, zero: int, value_bytes: int = 2) -> float:
+    """Parameters, gradients and Adam's state for ``psi`` parameters over ``dp`` ranks at ZeRO
+    stage ``zero``: mixed precision (2-byte values) is ZeRO's 16 bytes a parameter
+    (``cost_models.zero_bytes_per_rank``); float32 is 4 + 4 + 8 bytes, and ZeRO shards the 8 of
+    Adam's moments (stage 1), then the gradients' 4 (stage 2), then the parameters' 4 (stage 3)."""
+    if value_bytes == 2:
+        return zero_bytes_per_rank(psi, dp, zero)
+    if value_bytes != 4:
+        raise ValueError(f"value_bytes must be 2 (bf16 mixed precision) or 4 (float32), got "
+                         f"{value_bytes}")
+    return {0: 16 * psi, 1: 8 * psi + 8 * psi / dp, 2: 4 * psi + 12 * psi / dp,
+            3: 16 * psi / dp}[zero]
+
+
 def activation_bytes_per_layer(model: Transformer, plan: Plan) -> float:
-    """One layer's activations for one micro-batch on one GPU (Korthikanti et al. 2022, no
-    sequence parallelism): s b h (10 + 24/t + 5 a s / (h t)) bytes; with recomputation only the
-    layer's input, 2 s b h."""
+    """One layer's activations for one micro-batch on one GPU, Megatron's GPT in bf16 with
+    dropout (Korthikanti et al. 2022, Table 2, no sequence parallelism):
+    s b h (10 + 24/t + 5 a s / (h t)) bytes; with full recomputation only the layer's input,
+    2 s b h."""
     s, h, a, t = model.seq, model.hidden, model.heads, plan.tp
     b = micro_batch_size(model, plan)
     if plan.recompute:
-        return BYTES * s * b * h
+        return model.value_bytes * s * b * h
     return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
 
 
-def memory(model: Transformer, plan: Plan) -> dict:
-    """Predicted bytes per GPU: ``state`` (parameters, gradients, optimizer: 16 bytes a parameter
-    of this GPU's share, divided by ZeRO over dp) and ``activations`` (the first pipeline stage
-    keeps min(pp, m) micro-batches in flight under 1F1B), and their ``total``."""
+def tiny_gpt_bytes_per_layer(model: Transformer, plan: Plan) -> float:
+    """The same for :class:`course_lib.models.TinyGPT` (no dropout; CPU attention keeps no
+    s x s scores): per token the 16 h numbers and the statistics of
+    ``recomputation.block_activation_floats``, of which q, k, v, attention's output and the
+    MLP's hidden layer (12 h and a log-sum-exp per head) are split over the tensor-parallel
+    ranks; with recomputation the block's input, h."""
+    h, t = model.hidden, plan.tp
+    tokens = model.seq * micro_batch_size(model, plan)
+    floats = h if plan.recompute else 4 * h + 4 + (12 * h + model.heads) / t
+    return tokens * floats * model.value_bytes
+
+
+def memory(model: Transformer, plan: Plan, per_layer=activation_bytes_per_layer) -> dict:
+    """Predicted bytes per GPU: ``state`` (parameters, gradients, optimizer of this GPU's
+    share, :func:`state_bytes`) and ``activations`` (``per_layer`` bytes for each of the stage's
+    layers and each of the min(pp, m) micro-batches the first stage keeps in flight under 1F1B;
+    with recomputation, plus one layer's whole activations while backward recomputes it), and
+    their ``total``."""
     share = model.parameters / (plan.tp * plan.pp)
-    state = zero_bytes_per_rank(share, plan.dp, plan.zero)
+    state = state_bytes(share, plan.dp, plan.zero, model.value_bytes)
     in_flight = min(plan.pp, plan.micro_batches)
-    acts = model.layers / plan.pp * in_flight * activation_bytes_per_layer(model, plan)
+    acts = model.layers / plan.pp * in_flight * per_layer(model, plan)
+    if plan.recompute:
+        acts += per_layer(model, replace(plan, recompute=False))
     return dict(state=state, activations=acts, total=state + acts)
 
 
-def step_time(model: Transformer, cluster: Cluster, plan: Plan) -> dict:
-    """Predicted seconds of one step, term by term, and their ``total``."""
+def step_time(model: Transformer, cluster: Cluster, plan: Plan, overlap: bool = True) -> dict:
+    """Predicted seconds of one step, term by term, and their ``total``. ``overlap``: the
+    data-parallel all-reduce runs under backward (DDP, lesson 10); False for a step that
+    all-reduces after backward (:mod:`course_lib.train_gpt`)."""
     compute = model.flops_per_step(plan.recompute) / (cluster.gpus * cluster.peak_flops
                                                        * cluster.mfu)
     bubble = compute * (plan.pp - 1) / plan.micro_batches
     b = micro_batch_size(model, plan)
-    activation = BYTES * model.seq * b * model.hidden
+    activation = model.value_bytes * model.seq * b * model.hidden
     tp = 0.0
     if plan.tp > 1:  # 2 all-reduces forward, 2 backward, per layer and micro-batch
         alpha, beta = cluster.link(plan.tp, 1)
@@ -143,33 +180,54 @@ def step_time(model: Transformer, cluster: Cluster, plan: Plan) -> dict:
         alpha, beta = cluster.link(plan.pp, plan.tp)
         pp = 2 * (plan.micro_batches + plan.pp - 1) * (alpha + beta * activation)
     dp = 0.0
-    if plan.dp > 1:  # the gradients of this GPU's share; ZeRO-3 gathers parameters once more
+    if plan.dp > 1:  # the gradients (and ZeRO-3's parameters) of this GPU's share
         alpha, beta = cluster.link(plan.dp, plan.tp * plan.pp)
-        grads = BYTES * model.parameters / (plan.tp * plan.pp)
-        total = float(ring_all_reduce_time(grads, plan.dp, alpha, beta))
-        total *= 1.5 if plan.zero == 3 else 1.0
-        dp = max(0.0, total - 2 / 3 * compute)  # backward (2/3 of compute) hides the rest
+        grads = model.value_bytes * model.parameters / (plan.tp * plan.pp)
+        # in all-reduces' worth (a reduce-scatter or an all-gather is half of one): ZeRO-0/1
+        # one a step; ZeRO-2 keeps no whole gradient, so it reduce-scatters every micro-batch
+        # and gathers the parameters once; ZeRO-3 gathers them for every micro-batch's forward
+        # and backward too (1.5 m)
+        rounds = {0: 1, 1: 1, 2: (plan.micro_batches + 1) / 2, 3: 1.5 * plan.micro_batches}
+        total = rounds[plan.zero] * float(ring_all_reduce_time(grads, plan.dp, alpha, beta))
+        # what can hide it: backward (2/3 of the compute); ZeRO-3's gathers also prefetch
+        # under forward
+        hidden = (compute if plan.zero == 3 else 2 / 3 * compute) if overlap else 0.0
+        dp = max(0.0, total - hidden)
     out = dict(compute=compute, bubble=bubble, tensor_parallel=tp, pipeline=pp,
                data_parallel=dp)
     out["total"] = sum(out.values())
     return out
 
 
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
 def candidate_plans(model: Transformer, cluster: Cluster, zero_stages=(0, 1, 2, 3),
-                    micro_batches=(1, 2, 4, 8, 16, 32)) -> list[Plan]:
-    """Every plan that uses all GPUs: tp divides the heads and stays within a node, pp divides
-    the layers, the global batch splits into dp x m micro-batches (without pipelining, m is
-    gradient accumulation); ZeRO-3 without pipelining."""
+                    micro_batch_sizes=(1, 2, 4, 8, 16, 32)) -> list[Plan]:
+    """Every plan that uses all GPUs: tp divides the heads and a node's GPUs (each group inside
+    one node), pp divides
+    the layers, each data-parallel rank's share of the global batch splits into m micro-batches
+    of one of ``micro_batch_sizes`` sequences (without pipelining, m is gradient
+    accumulation); ZeRO-3 only without pipelining (it would gather every stage's parameters
+    once per micro-batch)."""
     n = cluster.gpus
     plans = []
-    for tp, pp in itertools.product(range(1, n + 1), repeat=2):
-        if n % (tp * pp) or model.heads % tp or model.layers % pp or tp > cluster.gpus_per_node:
+    for tp in divisors(n):
+        if model.heads % tp or cluster.gpus_per_node % tp:  # a group inside one node
             continue
-        dp = n // (tp * pp)
-        for zero, m, recompute in itertools.product(zero_stages, micro_batches, (False, True)):
-            if model.global_batch % (dp * m) or (zero == 3 and pp > 1):
+        for pp in divisors(n // tp):
+            if model.layers % pp:
                 continue
-            plans.append(Plan(dp, tp, pp, zero, m, recompute))
+            dp = n // (tp * pp)
+            if model.global_batch % dp:
+                continue
+            per_rank = model.global_batch // dp
+            for zero, b, recompute in itertools.product(zero_stages, micro_batch_sizes,
+                                                        (False, True)):
+                if per_rank % b or (zero == 3 and pp > 1):
+                    continue
+                plans.append(Plan(dp, tp, pp, zero, per_rank // b, recompute))
     return plans
 
 
@@ -182,13 +240,15 @@ class Ranked:
     notes: list = field(default_factory=list)
 
 
-def rank_plans(model: Transformer, cluster: Cluster, **options) -> list[Ranked]:
-    """All candidate plans with their predictions: the ones that fit first, fastest first, and
-    of equally fast ones the one that needs less memory."""
+def rank_plans(model: Transformer, cluster: Cluster, per_layer=activation_bytes_per_layer,
+               overlap: bool = True, **options) -> list[Ranked]:
+    """All candidate plans (``options`` go to :func:`candidate_plans`) with their predictions:
+    the ones that fit first, fastest first, and of equally fast ones the one that needs less
+    memory. ``per_layer`` and ``overlap`` as in :func:`memory` and :func:`step_time`."""
     out = []
     for plan in candidate_plans(model, cluster, **options):
-        mem = memory(model, plan)
-        out.append(Ranked(plan, mem, step_time(model, cluster, plan),
+        mem = memory(model, plan, per_layer)
+        out.append(Ranked(plan, mem, step_time(model, cluster, plan, overlap),
                           mem["total"] <= cluster.memory))
     return sorted(out, key=lambda r: (not r.fits, round(r.time["total"], 6), r.memory["total"]))
 
@@ -208,3 +268,18 @@ def why(best: Ranked, other: Ranked) -> str:
     extra = other.time[worst] - best.time[worst]
     return (f"{other.plan}: {other.time['total'] / best.time['total']:.2f} x the best step, most "
             f"of it {worst.replace('_', ' ')} (+{extra * 1e3:.0f} ms)")
+
+
+def torchrun_command(model: Transformer, cluster: Cluster, plan: Plan, steps: int = 10) -> str:
+    """The command that runs ``plan`` with :mod:`course_lib.train_gpt` on every node of
+    ``cluster``. One node: ``--standalone`` (torchrun picks a free port). Several: the same
+    command on each node, with the rendezvous host and a free port of your choosing in
+    $HEAD_NODE and $PORT (a fixed port collides with other jobs)."""
+    where = ("--standalone" if cluster.nodes == 1 else
+             f"--nnodes {cluster.nodes} --rdzv-backend c10d --rdzv-endpoint $HEAD_NODE:$PORT")
+    flags = (f"--dp {plan.dp} --tp {plan.tp} --pp {plan.pp} --zero {plan.zero} "
+             f"--micro-batches {plan.micro_batches}{' --recompute' if plan.recompute else ''}")
+    shape = (f"--layers {model.layers} --d-model {model.hidden} --heads {model.heads} "
+             f"--context {model.seq} --vocab {model.vocab} --global-batch {model.global_batch}")
+    return (f"torchrun {where} --nproc-per-node {cluster.gpus_per_node} -m course_lib.train_gpt "
+            f"{flags} {shape} --steps {steps}")

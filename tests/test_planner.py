@@ -29,7 +29,8 @@ def test_memory_terms_by_hand():
     per_layer = 8 * b * 4 * (10 + 24 / 2 + 5 * 2 * 8 / (4 * 2))
     assert mem["activations"] == pytest.approx(2 * 1 * per_layer)
     recomputed = P.memory(TINY, P.Plan(dp=2, tp=2, pp=1, zero=1, recompute=True))
-    assert recomputed["activations"] == pytest.approx(2 * 2 * 8 * b * 4)
+    # each layer's input, plus one layer's activations while backward recomputes it
+    assert recomputed["activations"] == pytest.approx(2 * 2 * 8 * b * 4 + per_layer)
     assert mem["total"] == pytest.approx(mem["state"] + mem["activations"])
 
 
@@ -43,14 +44,14 @@ def test_a_pipeline_stage_keeps_at_most_pp_micro_batches_in_flight():
 
 
 def test_recomputation_makes_a_plan_fit():
-    plan = P.Plan(dp=8, tp=1, pp=1, zero=3)
-    full, recomputed = (P.memory(GPT_7B, P.Plan(dp=8, tp=1, pp=1, zero=3, recompute=r))
-                        for r in (False, True))
+    plan = P.Plan(dp=8, tp=1, pp=1, zero=3, micro_batches=2)  # 32 sequences a micro-batch
+    full, recomputed = (P.memory(GPT_7B, P.Plan(dp=8, tp=1, pp=1, zero=3, micro_batches=2,
+                                                recompute=r)) for r in (False, True))
     limit = (full["total"] + recomputed["total"]) / 2
     small = P.Cluster(**{**NODE.__dict__, "memory": limit})
     ranked = {r.plan: r for r in P.rank_plans(GPT_7B, small)}
     assert not ranked[plan].fits
-    assert ranked[P.Plan(dp=8, tp=1, pp=1, zero=3, recompute=True)].fits
+    assert ranked[P.Plan(dp=8, tp=1, pp=1, zero=3, micro_batches=2, recompute=True)].fits
 
 
 def test_tensor_parallelism_across_nodes_loses_to_pipeline_parallelism():
@@ -89,3 +90,67 @@ def test_candidates_respect_divisibility():
         assert GPT_7B.global_batch % (plan.dp * plan.micro_batches) == 0
         assert not (plan.zero == 3 and plan.pp > 1)
     assert any(p.pp == 1 and p.micro_batches > 1 for p in P.candidate_plans(GPT_7B, NODE))
+
+
+def test_float32_state_and_an_untied_head_count_what_tiny_gpt_holds():
+    from course_lib.models import tiny_gpt
+
+    gpt = tiny_gpt(vocab=96, d_model=64, layers=4, heads=4, context=32)
+    model = P.Transformer(layers=4, hidden=64, heads=4, seq=32, vocab=96, global_batch=8,
+                          value_bytes=4, tied_head=False)
+    numel = sum(p.numel() for p in gpt.parameters())
+    assert model.parameters == numel
+    psi = 1000
+    assert P.state_bytes(psi, 4, 0, 4) == 16 * psi
+    assert P.state_bytes(psi, 4, 1, 4) == 4 * psi + 4 * psi + 8 * psi / 4
+    assert P.state_bytes(psi, 4, 2, 4) == 4 * psi + (4 + 8) * psi / 4
+    assert P.state_bytes(psi, 4, 3, 4) == 16 * psi / 4
+    assert P.state_bytes(psi, 4, 1, 2) == 4 * psi + 12 * psi / 4  # ZeRO's mixed precision
+    with pytest.raises(ValueError, match="value_bytes"):
+        P.state_bytes(psi, 4, 1, 8)
+
+
+def test_tiny_gpt_layer_bytes_match_what_autograd_saves():
+    import torch
+
+    from course_lib import train_gpt
+    from course_lib.models import tiny_gpt
+
+    model = P.Transformer(layers=4, hidden=64, heads=4, seq=32, vocab=96, global_batch=8,
+                          value_bytes=4, tied_head=False)
+    gpt = tiny_gpt(vocab=96, d_model=64, layers=4, heads=4, context=32)
+    for tp in (1, 2, 4):
+        # one block split over tp ranks, run as rank 0 (f and g are the identity for tp = 1)
+        block = train_gpt.ParallelBlock(gpt.blocks[0], 0, tp, group=None)
+        block.tp = 1  # no group here: rank 0's share of the work, without the all-reduces
+        saved = train_gpt.SavedBytes()
+        x = torch.randn(8, 32, 64, requires_grad=True)
+        with saved.hooks():
+            block(x)
+        per_layer = P.tiny_gpt_bytes_per_layer(model, P.Plan(dp=1, tp=tp, pp=1))
+        # the block's input is saved by the first LayerNorm: it is x itself, a leaf here
+        assert saved.peak == pytest.approx(per_layer, rel=1e-9), tp
+
+
+def test_candidate_plans_on_a_big_cluster_use_divisors_and_micro_batch_sizes():
+    cluster = P.Cluster(gpus_per_node=8, nodes=192, memory=80 * 2**30, peak_flops=312e12,
+                        intra_bandwidth=300e9, inter_bandwidth=25e9)
+    model = P.Transformer(layers=80, hidden=12288, heads=96, seq=2048, vocab=51_200,
+                          global_batch=2304)
+    plans = P.candidate_plans(model, cluster)
+    assert P.Plan(dp=24, tp=8, pp=8, zero=0, micro_batches=96) in plans  # Megatron's, b = 1
+    for plan in plans:
+        assert plan.dp * plan.tp * plan.pp == 1536 and plan.tp <= 8
+        assert model.global_batch % (plan.dp * plan.micro_batches) == 0
+        assert not (plan.zero == 3 and plan.pp > 1)
+
+
+def test_the_torchrun_command_runs_the_plan_on_every_node():
+    plan = P.Plan(dp=4, tp=8, pp=1, zero=1, micro_batches=4, recompute=True)
+    one = P.torchrun_command(GPT_7B, NODE, P.Plan(dp=2, tp=4, pp=1))
+    assert one.startswith("torchrun --standalone --nproc-per-node 8 -m course_lib.train_gpt")
+    four = P.Cluster(**{**NODE.__dict__, "nodes": 4})
+    cmd = P.torchrun_command(GPT_7B, four, plan)
+    assert "--nnodes 4" in cmd and "$HEAD_NODE:$PORT" in cmd and "--recompute" in cmd
+    assert "--dp 4 --tp 8 --pp 1 --zero 1 --micro-batches 4" in cmd
+    assert "--layers 32 --d-model 4096 --heads 32 --context 2048" in cmd

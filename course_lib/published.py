@@ -1,0 +1,87 @@
+"""Published training configurations to check the planner against (lesson 12).
+
+Lecture: the seed article's "choose a strategy" step, checked against what was run at scale.
+Every number below is copied from the paper named beside it; nothing here is measured by this
+course. The A100 clusters of both Megatron-LM papers are DGX A100 nodes: 8 GPUs of 80 GB,
+312 teraFLOP/s of 16-bit peak each, NVLink/NVSwitch inside a node and eight 200 Gb/s InfiniBand
+adapters per node, one per GPU (Narayanan et al. 2021, section 5). The NVLink bandwidth is not
+in the papers: 300 GB/s per GPU and direction is NVIDIA's A100 specification (600 GB/s both
+ways).
+"""
+
+from __future__ import annotations
+
+from course_lib.planner import Cluster, Plan, Transformer
+
+NARAYANAN_2021 = ("Narayanan et al. 2021, Efficient large-scale language model training on GPU "
+                  "clusters using Megatron-LM, Table 1")
+KORTHIKANTI_2022 = ("Korthikanti et al. 2022, Reducing activation recomputation in large "
+                    "transformer models, Tables 3 and 5")
+RAJBHANDARI_2020 = "Rajbhandari et al. 2020, ZeRO, Table 1 and section 3.2"
+
+SEQ, VOCAB = 2048, 51_200  # both Megatron-LM papers
+
+
+def a100_cluster(gpus: int, mfu: float = 0.5) -> Cluster:
+    """``gpus`` A100 80 GB GPUs in DGX nodes of 8 (fewer than 8: one node with that many)."""
+    return Cluster(gpus_per_node=min(gpus, 8), nodes=max(1, gpus // 8), memory=80e9,
+                   peak_flops=312e12, intra_bandwidth=300e9, inter_bandwidth=25e9, mfu=mfu)
+
+
+def megatron_flops(model: Transformer) -> float:
+    """FLOPs per iteration as both papers count them, with full recomputation (Narayanan et al.
+    2021, equation 3): 96 B s l h^2 (1 + s / (6 h) + V / (16 l h))."""
+    b, s, h, v = model.global_batch, model.seq, model.hidden, model.vocab
+    layers = model.layers
+    return 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+
+
+def _gpt(layers, hidden, heads, batch, seq=SEQ, vocab=VOCAB):
+    return Transformer(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab,
+                       global_batch=batch)
+
+
+# Throughput: teraFLOP/s per GPU (Narayanan et al. 2021, Table 1; interleaved schedule, full
+# recomputation; the micro-batch size of each row is not published) ...
+THROUGHPUT = [
+    dict(name="GPT 1.7B", source=NARAYANAN_2021, model=_gpt(24, 2304, 24, 512), gpus=32,
+         tp=1, pp=1, tflops_per_gpu=137),
+    dict(name="GPT 18.4B", source=NARAYANAN_2021, model=_gpt(40, 6144, 48, 1024), gpus=256,
+         tp=8, pp=1, tflops_per_gpu=135),
+    dict(name="GPT 39.1B", source=NARAYANAN_2021, model=_gpt(48, 8192, 64, 1536), gpus=512,
+         tp=8, pp=2, tflops_per_gpu=138),
+    dict(name="GPT 145.6B", source=NARAYANAN_2021, model=_gpt(80, 12288, 96, 2304), gpus=1536,
+         tp=8, pp=8, tflops_per_gpu=148),
+]
+
+# ... and seconds per iteration with full recomputation, no data parallelism (Korthikanti et
+# al. 2022, Tables 3 and 5; micro-batch 4 for 22B, 1 for the others; the 175B model ran the
+# interleaved schedule with 3 chunks per GPU).
+ITERATION = [
+    dict(name="GPT 22B", source=KORTHIKANTI_2022, model=_gpt(48, 6144, 64, 4), gpus=8,
+         plan=Plan(dp=1, tp=8, pp=1, micro_batches=1, recompute=True), seconds=1.42),
+    dict(name="GPT 175B", source=KORTHIKANTI_2022, model=_gpt(96, 12288, 96, 64), gpus=64,
+         plan=Plan(dp=1, tp=8, pp=8, micro_batches=64, recompute=True), seconds=18.13),
+    dict(name="GPT 1T", source=KORTHIKANTI_2022, model=_gpt(128, 25600, 160, 512), gpus=512,
+         plan=Plan(dp=1, tp=8, pp=64, micro_batches=512, recompute=True), seconds=94.42),
+]
+
+# Memory: GB (10^9 bytes) per GPU. ZeRO's Table 1: the model states (16 bytes a parameter in
+# mixed precision) of a 7.5B model over 64 data-parallel GPUs at each stage; section 3.2: GPT-2's
+# 1.5B model, its states, and its activations at sequence 1K and batch 32, with and without
+# recomputation ("about 60 GB", "about 8 GB"). GPT-2 1.5B: 48 layers, 1600 wide, 25 heads.
+GPT2_XL = _gpt(48, 1600, 25, 32, seq=1024, vocab=50_257)
+MEMORY = [
+    dict(name="7.5B, ZeRO-1 over 64", source=RAJBHANDARI_2020, psi=7.5e9, dp=64, zero=1,
+         term="state", gb=31.4),
+    dict(name="7.5B, ZeRO-2 over 64", source=RAJBHANDARI_2020, psi=7.5e9, dp=64, zero=2,
+         term="state", gb=16.6),
+    dict(name="7.5B, ZeRO-3 over 64", source=RAJBHANDARI_2020, psi=7.5e9, dp=64, zero=3,
+         term="state", gb=1.88),
+    dict(name="GPT-2 1.5B, states", source=RAJBHANDARI_2020, model=GPT2_XL,
+         plan=Plan(dp=1, tp=1, pp=1), term="state", gb=24),
+    dict(name="GPT-2 1.5B, activations", source=RAJBHANDARI_2020, model=GPT2_XL,
+         plan=Plan(dp=1, tp=1, pp=1), term="activations", gb=60),
+    dict(name="GPT-2 1.5B, activations, recomputed", source=RAJBHANDARI_2020, model=GPT2_XL,
+         plan=Plan(dp=1, tp=1, pp=1, recompute=True), term="activations", gb=8),
+]

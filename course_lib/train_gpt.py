@@ -1,0 +1,344 @@
+"""Train a small GPT under any plan: data x tensor x pipeline parallelism, ZeRO, recomputation.
+
+Lecture: the seed article's workflow ("choose a strategy, configure the environment, implement,
+monitor"); lesson 12 runs here the plan :mod:`course_lib.planner` picks. Every part is an earlier
+lesson's: tensor parallelism is Megatron's f and g (lesson 5, :mod:`course_lib.tensor_parallel`)
+applied to attention (heads split) and the MLP; pipeline parallelism is
+``torch.distributed.pipelining``'s 1F1B (lessons 5 and 11); data parallelism all-reduces the
+gradients after backward (lesson 4), or ZeRO-1/2 shards Adam (:mod:`course_lib.zero`), or ZeRO-3
+is FSDP2 (:mod:`course_lib.sharding`).
+
+Ranks are laid out as the planner assumes (Megatron's order): tensor-parallel innermost, then
+pipeline, then data parallel, so rank = (d pp + s) tp + t. ::
+
+    python -m course_lib.train_gpt --dp 1 --tp 2 --pp 1          # two workers through launch
+    torchrun --standalone --nproc-per-node 2 -m course_lib.train_gpt --tp 2
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from course_lib.data import stdlib_text, text_batch
+from course_lib.models import tiny_gpt
+from course_lib.runtime.devices import device
+from course_lib.runtime.timing import synchronize
+from course_lib.tensor_parallel import f_operator, g_operator, new_counter
+from course_lib.zero import ShardedAdam, adam_state_bytes
+
+MODEL = dict(vocab=96, d_model=64, layers=4, heads=4, context=32)
+
+
+def check_plan(world_size: int, dp: int, tp: int, pp: int, zero: int, micro_batches: int,
+               global_batch: int, layers: int, heads: int) -> None:
+    """Refuse, with what to change, a plan that cannot run exactly."""
+    if min(dp, tp, pp, micro_batches) < 1:
+        raise ValueError(f"dp, tp, pp and micro_batches must be at least 1, got {dp}, {tp}, "
+                         f"{pp}, {micro_batches}")
+    if dp * tp * pp != world_size:
+        raise ValueError(f"dp x tp x pp = {dp} x {tp} x {pp} = {dp * tp * pp}, but the job has "
+                         f"{world_size} ranks: start dp x tp x pp processes")
+    if heads % tp:
+        raise ValueError(f"tensor parallelism splits the {heads} heads: tp = {tp} must divide it")
+    if layers % pp:
+        raise ValueError(f"pipeline parallelism splits the {layers} layers: pp = {pp} must "
+                         f"divide it")
+    if global_batch % (dp * micro_batches):
+        raise ValueError(f"the global batch {global_batch} must split into dp x micro_batches "
+                         f"= {dp * micro_batches} equal micro-batches")
+    if pp > 1 and micro_batches < pp:
+        raise ValueError(f"1F1B needs at least as many micro-batches as stages: micro_batches = "
+                         f"{micro_batches} < pp = {pp}")
+    if zero not in (0, 1, 2, 3):
+        raise ValueError(f"zero must be 0, 1, 2 or 3, got {zero}")
+    if zero == 3 and pp > 1:
+        raise ValueError("ZeRO-3 (FSDP) with pipeline parallelism gathers every stage's "
+                         "parameters once per micro-batch; this module (and the planner) "
+                         "leaves that combination out: use zero <= 2 with pp > 1")
+
+
+class ParallelBlock(torch.nn.Module):
+    """This rank's part of one :class:`course_lib.models.Block` over a tensor-parallel group of
+    ``tp`` ranks (Megatron-LM): the heads ``rank``-th share of q, k, v (qkv's rows) and the
+    projection's matching columns; the MLP's hidden units likewise (fc1's rows, fc2's columns).
+    LayerNorms and the output biases are whole on every rank (added once, after g)."""
+
+    def __init__(self, block, rank: int, tp: int, group=None):
+        super().__init__()
+        d = block.norm1.normalized_shape[0]
+        self.tp, self.group, self.heads = tp, group, block.heads // tp
+        self.counter = new_counter()
+        self.norm1, self.norm2 = block.norm1, block.norm2
+        cut = lambda n: slice(rank * n // tp, (rank + 1) * n // tp)  # noqa: E731
+        qkv = [cut(d).start + k * d for k in range(3)]
+        rows = torch.cat([torch.arange(s, s + d // tp) for s in qkv])
+        keep = lambda t: torch.nn.Parameter(t.detach().clone())  # noqa: E731
+        self.qkv_w, self.qkv_b = keep(block.qkv.weight[rows]), keep(block.qkv.bias[rows])
+        self.proj_w, self.proj_b = keep(block.proj.weight[:, cut(d)]), keep(block.proj.bias)
+        hidden = cut(4 * d)
+        self.fc1_w, self.fc1_b = keep(block.fc1.weight[hidden]), keep(block.fc1.bias[hidden])
+        self.fc2_w, self.fc2_b = keep(block.fc2.weight[:, hidden]), keep(block.fc2.bias)
+
+    def f(self, x):  # identity forward; backward sums the input's gradient over the group
+        return x if self.tp == 1 else f_operator(x, self.counter, self.group)
+
+    def g(self, x):  # forward sums the partial outputs over the group
+        return x if self.tp == 1 else g_operator(x, self.counter, self.group)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = F.linear(self.f(self.norm1(x)), self.qkv_w, self.qkv_b).chunk(3, dim=2)
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.g(a.transpose(1, 2).reshape(b, t, -1) @ self.proj_w.T) + self.proj_b
+        hidden = F.gelu(F.linear(self.f(self.norm2(x)), self.fc1_w, self.fc1_b))
+        return x + self.g(hidden @ self.fc2_w.T) + self.fc2_b
+
+
+class StageModule(torch.nn.Module):
+    """Pipeline stage ``stage`` of ``pp``: the embeddings on the first, its share of the blocks
+    (each split over the tensor-parallel group), the final norm and head on the last."""
+
+    def __init__(self, gpt, stage: int, pp: int, tp_rank: int, tp: int, tp_group=None,
+                 recompute: bool = False):
+        super().__init__()
+        per = len(gpt.blocks) // pp
+        self.first, self.last, self.recompute = stage == 0, stage == pp - 1, recompute
+        if self.first:
+            self.embed, self.position = gpt.embed, gpt.position
+        self.blocks = torch.nn.ModuleList(ParallelBlock(b, tp_rank, tp, tp_group)
+                                          for b in gpt.blocks[stage * per:(stage + 1) * per])
+        if self.last:
+            self.norm, self.head = gpt.norm, gpt.head
+
+    def forward(self, x):
+        if self.first:
+            x = self.embed(x) + self.position(torch.arange(x.shape[1], device=x.device))
+        for block in self.blocks:
+            if self.recompute and torch.is_grad_enabled():  # keep each block's input only
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return self.head(self.norm(x)) if self.last else x
+
+
+def loss_fn(logits, targets):
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+class SavedBytes:
+    """Measured activation memory: bytes of the distinct storages autograd holds for backward,
+    now and at the peak (parameters, saved too but counted as state, left out). A saved
+    tensor stays counted until autograd lets it go, whichever schedule runs the passes."""
+
+    def __init__(self):
+        self.refs, self.now, self.peak = {}, 0, 0
+
+    def pack(self, t):
+        base = t if t._base is None else t._base
+        if isinstance(base, torch.nn.Parameter):
+            return t
+        return _Held(self, t)
+
+    @staticmethod
+    def unpack(held):
+        return held.tensor if isinstance(held, _Held) else held
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
+class _Held:
+    def __init__(self, tracker, tensor):
+        self.tracker, self.tensor = tracker, tensor
+        self.key = tensor.untyped_storage().data_ptr()
+        count = tracker.refs.get(self.key, 0)
+        if count == 0:
+            tracker.now += tensor.untyped_storage().nbytes()
+            tracker.peak = max(tracker.peak, tracker.now)
+        tracker.refs[self.key] = count + 1
+
+    def __del__(self):
+        self.tracker.refs[self.key] -= 1
+        if self.tracker.refs[self.key] == 0:
+            del self.tracker.refs[self.key]
+            self.tracker.now -= self.tensor.untyped_storage().nbytes()
+
+
+def _local_bytes(tensors) -> int:
+    return sum((t.to_local() if hasattr(t, "to_local") else t).numel() * t.element_size()
+               for t in tensors if t is not None)
+
+
+def global_batch_of(tokens, step: int, global_batch: int, context: int, seed: int):
+    """Step ``step``'s global batch: the same on every rank and in the one-process run."""
+    generator = torch.Generator().manual_seed(seed * 100_003 + step)
+    return text_batch(tokens, global_batch, context, generator)
+
+
+def train(dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, micro_batches: int = 1,
+          recompute: bool = False, steps: int = 10, global_batch: int = 16, lr: float = 3e-3,
+          seed: int = 0, dtype=torch.float32, group=None, **model) -> dict:
+    """Train :func:`course_lib.models.tiny_gpt` (shape ``model``: vocab, d_model, layers, heads,
+    context; defaults :data:`MODEL`) for ``steps`` Adam steps under the plan, on every rank.
+
+    ``group`` must hold every rank of the job (a mesh makes new groups, which all ranks create
+    together). Returns this rank's coordinates, the global mean ``losses`` (every rank has
+    them), ``seconds`` per step, and the bytes this rank held: ``state`` (parameters, gradients,
+    optimizer state) and ``activations`` (the peak saved for backward)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    shape = {**MODEL, **model}
+    world = dist.get_world_size(group)
+    if world != dist.get_world_size():
+        raise ValueError("train_gpt builds its own groups from the whole job: pass group=None "
+                         "or a group of every rank")
+    check_plan(world, dp, tp, pp, zero, micro_batches, global_batch, shape["layers"],
+               shape["heads"])
+    dev = device(group)
+    ranks = torch.tensor(dist.get_process_group_ranks(group or dist.group.WORLD))
+    mesh = DeviceMesh(dev.type, ranks.view(dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
+    d, s, t = (mesh.get_local_rank(n) for n in ("dp", "pp", "tp"))
+    dp_group, pp_group, tp_group = (mesh.get_group(n) for n in ("dp", "pp", "tp"))
+    gpt = tiny_gpt(**shape, seed=seed, dtype=dtype)  # every plan starts from the same weights
+    stage = StageModule(gpt, s, pp, t, tp, tp_group, recompute).to(dev)
+    if zero == 3:
+        from course_lib.sharding import _fully_shard_blocks
+
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
+        stage = _fully_shard_blocks(stage, mesh["dp"], reshard_after_forward=True)
+    if zero in (1, 2):
+        opt = ShardedAdam(stage.parameters(), zero, dp_group, lr=lr)
+    else:
+        opt = torch.optim.Adam(stage.parameters(), lr=lr, foreach=False)
+    runner = None
+    if pp > 1:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+        mb, ctx, width = global_batch // (dp * micro_batches), shape["context"], shape["d_model"]
+        meta = lambda *size: torch.empty(*size, dtype=dtype, device="meta")  # noqa: E731
+        first, last = s == 0, s == pp - 1
+        # every shape given: otherwise the stage infers them by running the first micro-batch,
+        # and the first stage then keeps that forward's activations for the whole run
+        piped = PipelineStage(
+            stage, s, pp, dev, group=pp_group,
+            input_args=torch.empty(mb, ctx, dtype=torch.long, device="meta") if first else
+            meta(mb, ctx, width).requires_grad_(),
+            output_args=meta(mb, ctx, shape["vocab"] if last else width),
+            output_grads=None if last else meta(mb, ctx, width),
+            input_grads=None if first else meta(mb, ctx, width))
+        runner = Schedule1F1B(piped, micro_batches, loss_fn=loss_fn)
+    tokens = stdlib_text()
+    saved = SavedBytes()
+    losses, seconds, peaks = [], [], []
+    rows = global_batch // dp
+    for step in range(steps):
+        x, y = global_batch_of(tokens, step, global_batch, shape["context"], seed)
+        x, y = x[d * rows:(d + 1) * rows].to(dev), y[d * rows:(d + 1) * rows].to(dev)
+        synchronize(dev)
+        start = time.perf_counter()
+        opt.zero_grad()
+        saved.peak, micro = saved.now, []
+        with saved.hooks():
+            if runner is None:  # micro-batches are gradient accumulation
+                for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True):
+                    loss = loss_fn(stage(xm), ym)
+                    (loss / micro_batches).backward()
+                    micro.append(loss.detach())
+            elif s == 0:
+                runner.step(x)
+            else:
+                runner.step(target=y, losses=micro) if s == pp - 1 else runner.step()
+        if zero == 0 and dp > 1:  # one message of every gradient, after backward (lesson 4)
+            grads = [p.grad for p in stage.parameters()]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=dp_group)
+            flat /= dp
+            torch._foreach_copy_(grads, [z.view_as(g) for z, g in
+                                         zip(flat.split([g.numel() for g in grads]), grads,
+                                             strict=True)])
+        opt.step()
+        synchronize(dev)
+        seconds.append(time.perf_counter() - start)
+        peaks.append(saved.peak)
+        mean = torch.stack(micro).mean() if micro else torch.zeros((), dtype=dtype, device=dev)
+        dist.all_reduce(mean, group=pp_group)  # only the last stage holds losses
+        dist.all_reduce(mean, group=dp_group)
+        losses.append(mean.item() / dp)
+    params = list(stage.parameters())
+    state = dict(params=_local_bytes(params), grads=_local_bytes(p.grad for p in params),
+                 optimizer=opt.state_bytes() if zero in (1, 2) else _local_bytes(
+                     v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)))
+    return dict(rank=dist.get_rank(group), dp=d, pp=s, tp=t, losses=losses, seconds=seconds,
+                state=state, activations=peaks[-1], peaks=peaks)
+
+
+def train_one_process(steps: int = 10, global_batch: int = 16, lr: float = 3e-3, seed: int = 0,
+                      dtype=torch.float32, recompute: bool = False, **model) -> dict:
+    """The baseline: the whole model, the whole global batch, Adam, in this process."""
+    shape = {**MODEL, **model}
+    gpt = tiny_gpt(**shape, seed=seed, dtype=dtype)
+    gpt.checkpointing = recompute
+    opt = torch.optim.Adam(gpt.parameters(), lr=lr, foreach=False)
+    tokens = stdlib_text()
+    saved = SavedBytes()
+    losses, seconds = [], []
+    for step in range(steps):
+        x, y = global_batch_of(tokens, step, global_batch, shape["context"], seed)
+        start = time.perf_counter()
+        opt.zero_grad()
+        with saved.hooks():
+            loss = loss_fn(gpt(x), y)
+            loss.backward()
+        opt.step()
+        seconds.append(time.perf_counter() - start)
+        losses.append(loss.item())
+    params = list(gpt.parameters())
+    state = dict(params=_local_bytes(params), grads=_local_bytes(p.grad for p in params),
+                 optimizer=adam_state_bytes(opt))
+    return dict(losses=losses, seconds=seconds, state=state, activations=saved.peak)
+
+
+def main(argv=None) -> None:
+    from course_lib.runtime.torchrun import experiment_parser, run_experiment
+
+    parser = experiment_parser("Train a small GPT under a data x tensor x pipeline plan.")
+    for name in ("dp", "tp", "pp"):
+        parser.add_argument(f"--{name}", type=int, default=1)
+    parser.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
+    parser.add_argument("--micro-batches", type=int, default=1)
+    parser.add_argument("--recompute", action="store_true")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--global-batch", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    for name, value in MODEL.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=value)
+    a = parser.parse_args(argv)
+    kwargs = dict(dp=a.dp, tp=a.tp, pp=a.pp, zero=a.zero, micro_batches=a.micro_batches,
+                  recompute=a.recompute, steps=a.steps, global_batch=a.global_batch, lr=a.lr,
+                  **{name: getattr(a, name) for name in MODEL})
+    results = run_experiment(train, world_size=a.dp * a.tp * a.pp, kwargs=kwargs,
+                             backend=a.backend, timeout=a.timeout)
+    if results is None:  # torchrun: rank 0 prints
+        return
+    slowest = [max(r["seconds"][i] for r in results) for i in range(a.steps)]
+    busiest = max(results, key=lambda r: sum(r["state"].values()) + r["activations"])
+    print(f"plan: dp {a.dp} x tp {a.tp} x pp {a.pp}, ZeRO-{a.zero}, m {a.micro_batches}"
+          f"{', recompute' if a.recompute else ''}; {len(results)} ranks")
+    print("loss per step: " + " ".join(f"{v:.4f}" for v in results[0]["losses"]))
+    later = slowest[2:] or slowest
+    print(f"median step of the slowest rank (after 2 warm-up steps): "
+          f"{statistics.median(later) * 1e3:.1f} ms")
+    print(f"most memory on one rank (rank {busiest['rank']}): state "
+          f"{sum(busiest['state'].values()) / 2**20:.2f} MiB, activations "
+          f"{busiest['activations'] / 2**20:.2f} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Training a small GPT under every plan (course_lib.train_gpt): each equals one process."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from course_lib import launch
+from course_lib import train_gpt as T
+
+KW = dict(steps=3, global_batch=8, dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def one_process():
+    return {r: T.train_one_process(recompute=r, **KW) for r in (False, True)}
+
+
+def _same_losses(results, baseline):
+    for r in results:
+        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(baseline["losses"]),
+                                   rtol=1e-10, atol=1e-12, msg=f"rank {r['rank']}")
+
+
+PLANS_2 = {
+    "data": dict(dp=2),
+    "tensor": dict(tp=2),
+    "pipeline": dict(pp=2, micro_batches=2),
+    "ZeRO-1": dict(dp=2, zero=1),
+    "ZeRO-2": dict(dp=2, zero=2),
+    "ZeRO-3 (FSDP)": dict(dp=2, zero=3),
+    "data, accumulation, recomputation": dict(dp=2, micro_batches=2, recompute=True),
+    "pipeline, recomputation": dict(pp=2, micro_batches=4, recompute=True),
+}
+
+
+@pytest.mark.parametrize("name", PLANS_2)
+def test_every_strategy_on_two_ranks_equals_one_process(name, one_process):
+    plan = PLANS_2[name]
+    results = launch(T.train, world_size=2, kwargs={**plan, **KW})
+    _same_losses(results, one_process[False])
+    assert [(r["dp"], r["pp"], r["tp"]) for r in results] == [
+        (i // (plan.get("pp", 1) * plan.get("tp", 1)), (i // plan.get("tp", 1)) % plan.get("pp", 1),
+         i % plan.get("tp", 1)) for i in range(2)]
+
+
+def test_what_each_rank_holds_follows_the_plan(one_process):
+    whole = one_process[False]["state"]
+    tp, = [launch(T.train, world_size=2, kwargs={"tp": 2, **KW})]
+    fsdp = launch(T.train, world_size=2, kwargs={"dp": 2, "zero": 3, **KW})
+    zero1 = launch(T.train, world_size=2, kwargs={"dp": 2, "zero": 1, **KW})
+    for r in tp:  # the blocks' matrices are split; embeddings, norms and the head are not
+        assert 0.5 * whole["params"] < r["state"]["params"] < 0.6 * whole["params"]
+    for r in fsdp:  # FSDP shards every parameter, gradient and moment
+        assert r["state"]["params"] == pytest.approx(whole["params"] / 2, rel=0.01)
+        assert r["state"]["grads"] == pytest.approx(whole["grads"] / 2, rel=0.01)
+    for r in zero1:  # ZeRO-1 shards only the moments (and pads the shard)
+        assert r["state"]["params"] == whole["params"]
+        assert r["state"]["optimizer"] == pytest.approx(whole["optimizer"] / 2, rel=0.01)
+    # recomputation keeps far fewer activations than one process without it
+    assert one_process[True]["activations"] < 0.3 * one_process[False]["activations"]
+
+
+@pytest.mark.parametrize("plan", [dict(dp=2, tp=2), dict(tp=2, pp=2, micro_batches=2),
+                                  dict(dp=2, pp=2, micro_batches=2, zero=1)],
+                         ids=["data x tensor", "tensor x pipeline", "data x pipeline, ZeRO-1"])
+def test_hybrids_on_four_oversubscribed_ranks_equal_one_process(plan, one_process):
+    results = launch(T.train, world_size=4, kwargs={**plan, **KW})
+    _same_losses(results, one_process[False])
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(dp=3, world=2), "start dp x tp x pp processes"),
+    (dict(tp=3), "tp = 3 must divide it"),
+    (dict(pp=3, micro_batches=3), "pp = 3 must"),
+    (dict(dp=2, micro_batches=5), "must split into dp x micro_batches"),
+    (dict(pp=2, micro_batches=1), "1F1B needs at least as many micro-batches"),
+    (dict(pp=2, micro_batches=2, zero=3), "ZeRO-3"),
+    (dict(zero=4), "zero must be"),
+    (dict(dp=0), "at least 1"),
+])
+def test_a_plan_that_cannot_run_exactly_is_refused_with_what_to_change(change, message):
+    plan = dict(dp=1, tp=1, pp=1, zero=0, micro_batches=1)
+    world = change.pop("world", None)
+    plan.update(change)
+    world = world or plan["dp"] * plan["tp"] * plan["pp"]
+    with pytest.raises(ValueError, match=message):
+        T.check_plan(world, global_batch=12, layers=4, heads=4, **plan)
+
+
+def test_saved_bytes_counts_each_storage_once_and_lets_it_go():
+    saved = T.SavedBytes()
+    w = torch.nn.Parameter(torch.randn(4, 4))
+    x = torch.randn(3, 4, requires_grad=True)
+    with saved.hooks():
+        y = x @ w  # saves x (counted) and w (a parameter: not counted)
+        z = (y * y).sum()  # saves y twice: one storage
+    assert saved.peak == saved.now == x.untyped_storage().nbytes() + y.untyped_storage().nbytes()
+    z.backward()
+    del y, z
+    assert saved.now == 0 and saved.refs == {}
+
+
+def test_the_plan_runs_under_torchrun():
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "-m", "course_lib.train_gpt", "--tp", "2", "--steps", "3", "--global-batch", "8"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("loss per step:"))
+    losses = [float(v) for v in line.split(":")[1].split()]
+    expected = T.train_one_process(steps=3, global_batch=8)["losses"]
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), atol=2e-4, rtol=0)
+    assert "plan: dp 1 x tp 2 x pp 1, ZeRO-0, m 1; 2 ranks" in done.stdout
+
+
+def test_the_module_runs_through_launch_from_the_command_line(capsys):
+    T.main(["--dp", "2", "--steps", "2", "--global-batch", "4"])
+    out = capsys.readouterr().out
+    assert "plan: dp 2 x tp 1 x pp 1, ZeRO-0, m 1; 2 ranks" in out
+    assert "median step of the slowest rank" in out and "most memory on one rank" in out
