@@ -253,16 +253,20 @@ def rank_plans(model: Transformer, cluster: Cluster, per_layer=activation_bytes_
     return sorted(out, key=lambda r: (not r.fits, round(r.time["total"], 6), r.memory["total"]))
 
 
+def size(n_bytes: float) -> str:
+    """Bytes in GiB, or MiB below one GiB (a small model's plans differ below 0.1 GiB)."""
+    return f"{n_bytes / 2**30:.1f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.2f} MiB"
+
+
 def why(best: Ranked, other: Ranked) -> str:
     """Why ``other`` loses to ``best``: it does not fit, or the term that costs it most."""
     if not other.fits:
-        return (f"{other.plan}: needs {other.memory['total'] / 2**30:.1f} GiB per GPU "
-                f"({other.memory['state'] / 2**30:.1f} state, "
-                f"{other.memory['activations'] / 2**30:.1f} activations)")
+        return (f"{other.plan}: needs {size(other.memory['total'])} per GPU "
+                f"({size(other.memory['state'])} state, "
+                f"{size(other.memory['activations'])} activations)")
     if other.time["total"] <= 1.005 * best.time["total"]:
         return (f"{other.plan}: as fast as the best, but it needs "
-                f"{other.memory['total'] / 2**30:.1f} GiB per GPU against "
-                f"{best.memory['total'] / 2**30:.1f}")
+                f"{size(other.memory['total'])} per GPU against {size(best.memory['total'])}")
     terms = [k for k in best.time if k != "total"]
     worst = max(terms, key=lambda k: other.time[k] - best.time[k])
     extra = other.time[worst] - best.time[worst]

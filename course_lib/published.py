@@ -85,3 +85,16 @@ MEMORY = [
     dict(name="GPT-2 1.5B, activations, recomputed", source=RAJBHANDARI_2020, model=GPT2_XL,
          plan=Plan(dp=1, tp=1, pp=1, recompute=True), term="activations", gb=8),
 ]
+
+# One layer of the 22B model (tensor-parallel over 8 GPUs, micro-batch 4): forward and backward
+# took 19.6 ms without recomputation (Korthikanti et al. 2022, Table 4) -- the kernels' speed,
+# tensor-parallel all-reduces included, that the planner's assumed MFU stands for.
+LAYER_22B = dict(source="Korthikanti et al. 2022, Table 4", model=_gpt(48, 6144, 64, 4), tp=8,
+                 micro_batch=4, seconds=19.6e-3)
+
+
+def layer_flops(model: Transformer, micro_batch: int) -> float:
+    """Model FLOPs of one layer's forward and backward for one micro-batch (Korthikanti et al.
+    2022, equation 7 without the head): 72 b s h^2 (1 + s / (6 h))."""
+    s, h = model.seq, model.hidden
+    return 72 * micro_batch * s * h * h * (1 + s / (6 * h))

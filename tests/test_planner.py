@@ -154,3 +154,35 @@ def test_the_torchrun_command_runs_the_plan_on_every_node():
     assert "--nnodes 4" in cmd and "$HEAD_NODE:$PORT" in cmd and "--recompute" in cmd
     assert "--dp 4 --tp 8 --pp 1 --zero 1 --micro-batches 4" in cmd
     assert "--layers 32 --d-model 4096 --heads 32 --context 2048" in cmd
+
+
+def test_published_configurations_hold_what_the_papers_print():
+    from course_lib import published as pub
+
+    # Narayanan et al. 2021 print the parameter count of each row (equation 2 of the paper)
+    for row, billions in zip(pub.THROUGHPUT, (1.7, 18.4, 39.1, 145.6), strict=True):
+        assert row["model"].parameters / 1e9 == pytest.approx(billions, abs=0.06)
+        assert row["gpus"] % (row["tp"] * row["pp"]) == 0
+    for row in pub.ITERATION:
+        assert row["plan"].tp * row["plan"].pp * row["plan"].dp == row["gpus"]
+    # ZeRO's Table 1 is its own formula: 16 bytes a parameter, sharded stage by stage
+    for row in pub.MEMORY[:3]:
+        assert P.state_bytes(row["psi"], row["dp"], row["zero"]) / 1e9 == pytest.approx(
+            row["gb"], abs=0.05)
+    # 96 B s l h^2 (1 + s/6h + V/16lh) is 4/3 of 72 B s l h^2 (...): recomputation's extra forward
+    model = pub.ITERATION[0]["model"]
+    per_layer = pub.layer_flops(model, model.global_batch) * model.layers
+    assert pub.megatron_flops(model) > 4 / 3 * per_layer
+    cluster = pub.a100_cluster(32)
+    assert (cluster.gpus_per_node, cluster.nodes, cluster.gpus) == (8, 4, 32)
+    assert pub.a100_cluster(4).gpus == 4
+
+
+def test_why_speaks_in_mib_below_a_gib():
+    assert P.size(3 * 2**30) == "3.0 GiB" and P.size(2.5 * 2**20) == "2.50 MiB"
+    tiny = P.Transformer(layers=2, hidden=8, heads=2, seq=4, vocab=10, global_batch=4)
+    two = P.Cluster(gpus_per_node=2, nodes=1, memory=2**30, peak_flops=1e9,
+                    intra_bandwidth=1e9, inter_bandwidth=1e9)
+    ranked = P.rank_plans(tiny, two)
+    assert "MiB" in P.why(ranked[0], ranked[1]) or "x the best step" in P.why(ranked[0],
+                                                                              ranked[1])

@@ -31,11 +31,11 @@ def sequence_parallel_bytes_per_layer(model: P.Transformer, plan: P.Plan) -> flo
     parallelism (Korthikanti et al. 2022, Table 2): s b h (34/t + 5 a s / (h t)); with full
     recomputation the layer's input, split along the sequence too: 2 s b h / t."""
     ### BEGIN SOLUTION
-    s, h, a, t = model.seq, model.hidden, model.heads, plan.tp
-    b = P.micro_batch_size(model, plan)
-    if plan.recompute:
-        return model.value_bytes * s * b * h / t
-    return s * b * h * (34 / t + 5 * a * s / (h * t))
+    sbh = model.seq * P.micro_batch_size(model, plan) * model.hidden
+    if plan.recompute:  # each layer keeps its input, split along the sequence
+        return model.value_bytes * sbh / plan.tp
+    scores = 5 * model.heads * model.seq / model.hidden  # attention's s x s, split by heads
+    return sbh * (34 + scores) / plan.tp  # everything else, split along the sequence
     ### END SOLUTION
 
 
