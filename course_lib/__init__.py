@@ -9,9 +9,10 @@ The lecture's concepts, one module each, named in the lecture's words:
     backprop, erm, erm_simulators, parameter_server, collectives, data_parallel, pipeline,
     tensor_parallel, sharding, async_sgd, hogwild, decentralized, number_formats,
     loss_scaling, mixed_precision, quantization, partitions, federated, fl_security,
-    overlap, compression, recomputation, zero, memory, interleaving, planner
+    overlap, compression, recomputation, zero, memory, interleaving, planner, train_gpt
 
 and beside them ``data`` (the digits, row shards), ``models`` (the course's networks),
+``published`` (the papers' training configurations the planner is checked against),
 ``cost_models`` (every closed-form prediction, in one vocabulary) and ``plots``. The machinery
 sits beneath, by role: ``runtime`` (launch, the worker, torchrun, devices, machine report,
 timing, profiling), ``exercises`` (a module of checks per lesson and the grader), ``benchmarks``.
