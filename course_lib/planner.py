@@ -209,8 +209,8 @@ def candidate_plans(model: Transformer, cluster: Cluster, zero_stages=(0, 1, 2, 
     one node), pp divides
     the layers, each data-parallel rank's share of the global batch splits into m micro-batches
     of one of ``micro_batch_sizes`` sequences (without pipelining, m is gradient
-    accumulation); ZeRO-3 only without pipelining (it would gather every stage's parameters
-    once per micro-batch)."""
+    accumulation; with it, at least pp, as 1F1B needs); ZeRO-3 only without pipelining (it
+    would gather every stage's parameters once per micro-batch)."""
     n = cluster.gpus
     plans = []
     for tp in divisors(n):
@@ -225,9 +225,10 @@ def candidate_plans(model: Transformer, cluster: Cluster, zero_stages=(0, 1, 2, 
             per_rank = model.global_batch // dp
             for zero, b, recompute in itertools.product(zero_stages, micro_batch_sizes,
                                                         (False, True)):
-                if per_rank % b or (zero == 3 and pp > 1):
+                m = per_rank // b
+                if per_rank % b or (zero == 3 and pp > 1) or (pp > 1 and m < pp):
                     continue
-                plans.append(Plan(dp, tp, pp, zero, per_rank // b, recompute))
+                plans.append(Plan(dp, tp, pp, zero, m, recompute))
     return plans
 
 

@@ -23,8 +23,9 @@ SEQ, VOCAB = 2048, 51_200  # both Megatron-LM papers
 
 
 def a100_cluster(gpus: int, mfu: float = 0.5) -> Cluster:
-    """``gpus`` A100 80 GB GPUs in DGX nodes of 8 (fewer than 8: one node with that many)."""
-    return Cluster(gpus_per_node=min(gpus, 8), nodes=max(1, gpus // 8), memory=80e9,
+    """``gpus`` A100 80 GB GPUs (80 GiB each) in DGX nodes of 8 (fewer than 8: one node with
+    that many)."""
+    return Cluster(gpus_per_node=min(gpus, 8), nodes=max(1, gpus // 8), memory=80 * 2**30,
                    peak_flops=312e12, intra_bandwidth=300e9, inter_bandwidth=25e9, mfu=mfu)
 
 
@@ -55,16 +56,34 @@ THROUGHPUT = [
 ]
 
 # ... and seconds per iteration with full recomputation, no data parallelism (Korthikanti et
-# al. 2022, Tables 3 and 5; micro-batch 4 for 22B, 1 for the others; the 175B model ran the
-# interleaved schedule with 3 chunks per GPU).
+# al. 2022, Tables 3 and 5; micro-batch 4 for 22B, 1 for the others). ``chunks``: the
+# interleaved schedule's chunks per GPU where the paper gives them (3 for the 175B model; the
+# paper does not say for the 1T model).
 ITERATION = [
     dict(name="GPT 22B", source=KORTHIKANTI_2022, model=_gpt(48, 6144, 64, 4), gpus=8,
-         plan=Plan(dp=1, tp=8, pp=1, micro_batches=1, recompute=True), seconds=1.42),
+         plan=Plan(dp=1, tp=8, pp=1, micro_batches=1, recompute=True), seconds=1.42,
+         chunks=1),
     dict(name="GPT 175B", source=KORTHIKANTI_2022, model=_gpt(96, 12288, 96, 64), gpus=64,
-         plan=Plan(dp=1, tp=8, pp=8, micro_batches=64, recompute=True), seconds=18.13),
+         plan=Plan(dp=1, tp=8, pp=8, micro_batches=64, recompute=True), seconds=18.13,
+         chunks=3),
     dict(name="GPT 1T", source=KORTHIKANTI_2022, model=_gpt(128, 25600, 160, 512), gpus=512,
-         plan=Plan(dp=1, tp=8, pp=64, micro_batches=512, recompute=True), seconds=94.42),
+         plan=Plan(dp=1, tp=8, pp=64, micro_batches=512, recompute=True), seconds=94.42,
+         chunks=None),
 ]
+
+# ZeRO-3 against tensor x pipeline x data parallelism ("PTD-P": tp 8, pp 12) for the 174.6B
+# model, global batch 1536, as the GPU count grows: teraFLOP/s per GPU (Narayanan et al. 2021,
+# Table 2; ZeRO-3's micro-batch 4, 2, 1 sequences at 384, 768, 1536 GPUs; PTD-P's 1).
+GPT_175B = _gpt(96, 12288, 96, 1536)
+ZERO3_VS_PTDP = [
+    dict(gpus=gpus, plan=plan, tflops_per_gpu=tflops)
+    for gpus, mb, zero3, ptdp in ((384, 4, 144, 153), (768, 2, 88, 149), (1536, 1, 44, 141))
+    for plan, tflops in ((Plan(dp=gpus, tp=1, pp=1, zero=3, micro_batches=1536 // (gpus * mb),
+                               recompute=True), zero3),
+                         (Plan(dp=gpus // 96, tp=8, pp=12, micro_batches=1536 // (gpus // 96),
+                               recompute=True), ptdp))
+]
+TABLE_2 = "Narayanan et al. 2021, Table 2"
 
 # Memory: GB (10^9 bytes) per GPU. ZeRO's Table 1: the model states (16 bytes a parameter in
 # mixed precision) of a 7.5B model over 64 data-parallel GPUs at each stage; section 3.2: GPT-2's
@@ -91,6 +110,13 @@ MEMORY = [
 # tensor-parallel all-reduces included, that the planner's assumed MFU stands for.
 LAYER_22B = dict(source="Korthikanti et al. 2022, Table 4", model=_gpt(48, 6144, 64, 4), tp=8,
                  micro_batch=4, seconds=19.6e-3)
+
+
+def measured_mfu() -> float:
+    """The share of peak :data:`LAYER_22B` ran at: the planner's MFU for the A100 clusters."""
+    layer = LAYER_22B
+    return layer_flops(layer["model"], layer["micro_batch"]) / layer["tp"] / (
+        layer["seconds"] * 312e12)
 
 
 def layer_flops(model: Transformer, micro_batch: int) -> float:

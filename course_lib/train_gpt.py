@@ -305,9 +305,11 @@ def train_one_process(steps: int = 10, global_batch: int = 16, lr: float = 3e-3,
     return dict(losses=losses, seconds=seconds, state=state, activations=saved.peak)
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> list | None:
     from course_lib.runtime.torchrun import experiment_parser, run_experiment
 
+    """The command line; returns every rank's results (``None`` on ranks other than torchrun's
+    rank 0)."""
     parser = experiment_parser("Train a small GPT under a data x tensor x pipeline plan.")
     for name in ("dp", "tp", "pp"):
         parser.add_argument(f"--{name}", type=int, default=1)
@@ -326,7 +328,7 @@ def main(argv=None) -> None:
     results = run_experiment(train, world_size=a.dp * a.tp * a.pp, kwargs=kwargs,
                              backend=a.backend, timeout=a.timeout)
     if results is None:  # torchrun: rank 0 prints
-        return
+        return None
     slowest = [max(r["seconds"][i] for r in results) for i in range(a.steps)]
     busiest = max(results, key=lambda r: sum(r["state"].values()) + r["activations"])
     print(f"plan: dp {a.dp} x tp {a.tp} x pp {a.pp}, ZeRO-{a.zero}, m {a.micro_batches}"
@@ -338,6 +340,7 @@ def main(argv=None) -> None:
     print(f"most memory on one rank (rank {busiest['rank']}): state "
           f"{sum(busiest['state'].values()) / 2**20:.2f} MiB, activations "
           f"{busiest['activations'] / 2**20:.2f} MiB")
+    return results
 
 
 if __name__ == "__main__":

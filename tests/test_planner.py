@@ -89,6 +89,7 @@ def test_candidates_respect_divisibility():
         assert GPT_7B.heads % plan.tp == 0 and GPT_7B.layers % plan.pp == 0
         assert GPT_7B.global_batch % (plan.dp * plan.micro_batches) == 0
         assert not (plan.zero == 3 and plan.pp > 1)
+        assert plan.pp == 1 or plan.micro_batches >= plan.pp  # 1F1B's requirement
     assert any(p.pp == 1 and p.micro_batches > 1 for p in P.candidate_plans(GPT_7B, NODE))
 
 
@@ -143,6 +144,7 @@ def test_candidate_plans_on_a_big_cluster_use_divisors_and_micro_batch_sizes():
         assert plan.dp * plan.tp * plan.pp == 1536 and plan.tp <= 8
         assert model.global_batch % (plan.dp * plan.micro_batches) == 0
         assert not (plan.zero == 3 and plan.pp > 1)
+        assert plan.pp == 1 or plan.micro_batches >= plan.pp  # 1F1B's requirement
 
 
 def test_the_torchrun_command_runs_the_plan_on_every_node():
@@ -176,6 +178,12 @@ def test_published_configurations_hold_what_the_papers_print():
     cluster = pub.a100_cluster(32)
     assert (cluster.gpus_per_node, cluster.nodes, cluster.gpus) == (8, 4, 32)
     assert pub.a100_cluster(4).gpus == 4
+    # one 22B layer at 150 teraFLOP/s of 312: the MFU the comparison uses
+    assert pub.measured_mfu() == pytest.approx(0.48, abs=0.005)
+    for row in pub.ZERO3_VS_PTDP:
+        plan = row["plan"]
+        assert plan.dp * plan.tp * plan.pp == row["gpus"]
+        assert pub.GPT_175B.global_batch % (plan.dp * plan.micro_batches) == 0
 
 
 def test_why_speaks_in_mib_below_a_gib():

@@ -117,7 +117,8 @@ def test_the_plan_runs_under_torchrun():
 
 
 def test_the_module_runs_through_launch_from_the_command_line(capsys):
-    T.main(["--dp", "2", "--steps", "2", "--global-batch", "4"])
+    results = T.main(["--dp", "2", "--steps", "2", "--global-batch", "4"])
+    assert [r["rank"] for r in results] == [0, 1] and len(results[0]["losses"]) == 2
     out = capsys.readouterr().out
     assert "plan: dp 2 x tp 1 x pp 1, ZeRO-0, m 1; 2 ranks" in out
     assert "median step of the slowest rank" in out and "most memory on one rank" in out

@@ -28,8 +28,9 @@ from course_lib.exercises.common import (
 
 def sequence_parallel_bytes_per_layer(model: P.Transformer, plan: P.Plan) -> float:
     """Reference: one layer's activation bytes for one micro-batch with tensor and sequence
-    parallelism (Korthikanti et al. 2022, Table 2): s b h (34/t + 5 a s / (h t)); with full
-    recomputation the layer's input, split along the sequence too: 2 s b h / t."""
+    parallelism (Korthikanti et al. 2022, Table 2): s b h (34/t + 5 a s / (h t)). With full
+    recomputation the paper's table gives 2 s b h; the layer's input lies in the
+    sequence-parallel region, so the exercise splits it too: 2 s b h / t."""
     ### BEGIN SOLUTION
     sbh = model.seq * P.micro_batch_size(model, plan) * model.hidden
     if plan.recompute:  # each layer keeps its input, split along the sequence
