@@ -178,8 +178,12 @@ def test_published_configurations_hold_what_the_papers_print():
     cluster = pub.a100_cluster(32)
     assert (cluster.gpus_per_node, cluster.nodes, cluster.gpus) == (8, 4, 32)
     assert pub.a100_cluster(4).gpus == 4
-    # one 22B layer at 150 teraFLOP/s of 312: the MFU the comparison uses
-    assert pub.measured_mfu() == pytest.approx(0.48, abs=0.005)
+    # one 22B layer at 150 teraFLOP/s of 312, all-reduces included; without the four
+    # all-reduces of 2 s b h bytes over NVLink (about 0.66 ms each) the kernels ran at ~55 %
+    assert pub.measured_mfu(all_reduces_out=False) == pytest.approx(0.48, abs=0.005)
+    ring = 2 * 7 * 5e-6 + 2 * 7 / 8 * (2 * 2048 * 4 * 6144) / 300e9
+    kernels = 19.6e-3 - 4 * ring
+    assert pub.measured_mfu() == pytest.approx(0.48 * 19.6e-3 / kernels, rel=0.01)
     for row in pub.ZERO3_VS_PTDP:
         plan = row["plan"]
         assert plan.dp * plan.tp * plan.pp == row["gpus"]
