@@ -46,7 +46,14 @@ def fsdp_parameter_bytes(model_fn, group=None) -> dict:
                 grads_sharded=grads_sharded)
 
 
-def _fully_shard_blocks(model, mesh, reshard_after_forward: bool):
+def local_bytes(tensors) -> int:
+    """Bytes this rank holds of ``tensors``: a DTensor's local shard, a plain tensor whole
+    (``None`` entries, such as a missing gradient, count nothing)."""
+    return sum((t.to_local() if hasattr(t, "to_local") else t).numel() * t.element_size()
+               for t in tensors if t is not None)
+
+
+def fully_shard_blocks(model, mesh, reshard_after_forward: bool = True):
     """FSDP2's usual wrapping: every child that holds parameters (a transformer's blocks, an
     MLP's layers) is its own unit -- gathered just before it computes, freed after -- then the
     root for whatever is left (embeddings, the head)."""
@@ -79,7 +86,7 @@ def train_fsdp(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2, 
     mesh = DeviceMesh.from_group(group or dist.group.WORLD, dev.type)
     # the head's output is a view (a linear layer on 3-d input); nothing here changes it in place
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
-    model = _fully_shard_blocks(model_fn().to(dev), mesh, reshard_after_forward)
+    model = fully_shard_blocks(model_fn().to(dev), mesh, reshard_after_forward)
     opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
     x, y = x.to(dev), y.to(dev)
     losses, seconds = [], []
@@ -92,10 +99,6 @@ def train_fsdp(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2, 
         opt.step()
         losses.append(loss.item())
         seconds.append(time.perf_counter() - start)
-
-    def local_bytes(tensors):
-        return sum(t.to_local().numel() * t.element_size() if hasattr(t, "to_local") else
-                   t.numel() * t.element_size() for t in tensors)
 
     params = list(model.parameters())
     held = dict(params=local_bytes(params), grads=local_bytes(p.grad for p in params),

@@ -29,6 +29,7 @@ from course_lib.data import stdlib_text, text_batch
 from course_lib.models import tiny_gpt
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
+from course_lib.sharding import fully_shard_blocks, local_bytes
 from course_lib.tensor_parallel import f_operator, g_operator, new_counter
 from course_lib.zero import ShardedAdam, adam_state_bytes
 
@@ -171,11 +172,6 @@ class _Held:
             self.tracker.now -= self.tensor.untyped_storage().nbytes()
 
 
-def _local_bytes(tensors) -> int:
-    return sum((t.to_local() if hasattr(t, "to_local") else t).numel() * t.element_size()
-               for t in tensors if t is not None)
-
-
 def global_batch_of(tokens, step: int, global_batch: int, context: int, seed: int):
     """Step ``step``'s global batch: the same on every rank and in the one-process run."""
     generator = torch.Generator().manual_seed(seed * 100_003 + step)
@@ -209,10 +205,8 @@ def train(dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, micro_batches: i
     gpt = tiny_gpt(**shape, seed=seed, dtype=dtype)  # every plan starts from the same weights
     stage = StageModule(gpt, s, pp, t, tp, tp_group, recompute).to(dev)
     if zero == 3:
-        from course_lib.sharding import _fully_shard_blocks
-
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
-        stage = _fully_shard_blocks(stage, mesh["dp"], reshard_after_forward=True)
+        stage = fully_shard_blocks(stage, mesh["dp"], reshard_after_forward=True)
     if zero in (1, 2):
         opt = ShardedAdam(stage.parameters(), zero, dp_group, lr=lr)
     else:
@@ -272,8 +266,8 @@ def train(dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, micro_batches: i
         dist.all_reduce(mean, group=dp_group)
         losses.append(mean.item() / dp)
     params = list(stage.parameters())
-    state = dict(params=_local_bytes(params), grads=_local_bytes(p.grad for p in params),
-                 optimizer=opt.state_bytes() if zero in (1, 2) else _local_bytes(
+    state = dict(params=local_bytes(params), grads=local_bytes(p.grad for p in params),
+                 optimizer=opt.state_bytes() if zero in (1, 2) else local_bytes(
                      v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)))
     return dict(rank=dist.get_rank(group), dp=d, pp=s, tp=t, losses=losses, seconds=seconds,
                 state=state, activations=peaks[-1], peaks=peaks)
@@ -300,7 +294,7 @@ def train_one_process(steps: int = 10, global_batch: int = 16, lr: float = 3e-3,
         seconds.append(time.perf_counter() - start)
         losses.append(loss.item())
     params = list(gpt.parameters())
-    state = dict(params=_local_bytes(params), grads=_local_bytes(p.grad for p in params),
+    state = dict(params=local_bytes(params), grads=local_bytes(p.grad for p in params),
                  optimizer=adam_state_bytes(opt))
     return dict(losses=losses, seconds=seconds, state=state, activations=saved.peak)
 

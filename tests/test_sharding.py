@@ -20,3 +20,11 @@ def test_fully_shard_keeps_about_one_nth_of_the_parameters_per_rank():
     for r in results:
         assert r["local_bytes"] == pytest.approx(total / 2, rel=0.05)
         assert r["grads_sharded"]
+
+
+def test_local_bytes_counts_what_this_rank_holds():
+    from course_lib.sharding import local_bytes
+
+    tensors = [torch.zeros(3, 4), torch.zeros(5, dtype=torch.float64), None]
+    assert local_bytes(tensors) == 12 * 4 + 5 * 8  # a missing gradient counts nothing
+    assert local_bytes([]) == 0
