@@ -3,16 +3,15 @@
 Each lesson puts a measurement next to a formula from here. One vocabulary throughout:
 
 * ``p``: the processes taking part (the lecture note's workers m, a pipeline's stages, ZeRO's
-  N_d, the ranks of a collective);
+  N_d, the ranks of a collective), at least 1 (:func:`check_processes` refuses less);
 * ``n_bytes``: the size of one message or vector; ``d``: the numbers (words) in a model;
 * ``alpha`` (seconds per message) and ``beta`` (seconds per byte): the alpha-beta model of one
   message, t = alpha + beta n;
 * ``f``: the parallel fraction of a program; ``micro_batches``: a pipeline's m;
 * ``psi``: a model's parameter count (ZeRO's Psi).
 
-Sources: the lecture note on parallel ERM (section 2.4), slides parts 1-3, and the papers in
-the course's reference numbers (Amdahl, Gustafson, GPipe, Megatron-LM, ZeRO, nccl-tests).
-"""
+Sources: the lecture note on parallel ERM (section 2.4), slides parts 1-3; Amdahl, Gustafson,
+GPipe, Megatron-LM, ZeRO, nccl-tests."""
 
 from __future__ import annotations
 
@@ -21,18 +20,27 @@ import math
 import numpy as np
 import torch
 
+
+def check_processes(p, name: str = "p"):
+    """``p`` itself, if it is (or every entry of it is) a number of processes, at least 1."""
+    if not (isinstance(p, (int, float)) and not isinstance(p, bool) and p >= 1) and not (
+            np.size(p) and (np.asarray(p, dtype=float) >= 1).all()):
+        raise ValueError(f"{name} (the number of processes) must be at least 1, got {p!r}")
+    return p
+
+
 # -- speedup -------------------------------------------------------------------------------------
 
 
 def amdahl_speedup(p, f: float):
     """Strong scaling (fixed total work): S(p) = 1 / ((1 - f) + f / p)."""
-    p = np.asarray(p, dtype=float)
+    p = np.asarray(check_processes(p), dtype=float)
     return 1.0 / ((1.0 - f) + f / p)
 
 
 def gustafson_speedup(p, f: float):
     """Weak scaling (work grows with p): S(p) = (1 - f) + f p."""
-    return (1.0 - f) + f * np.asarray(p, dtype=float)
+    return (1.0 - f) + f * np.asarray(check_processes(p), dtype=float)
 
 
 def fit_amdahl(p, speedups) -> float:
@@ -40,7 +48,7 @@ def fit_amdahl(p, speedups) -> float:
     p, s = np.asarray(p, dtype=float), np.asarray(speedups, dtype=float)
     if p.shape != s.shape or p.size == 0:
         raise ValueError("p and speedups must be non-empty and of the same length")
-    x = 1.0 - 1.0 / p
+    x = 1.0 - 1.0 / check_processes(p)
     if not np.any(x > 0):
         return 1.0  # one process only: nothing to fit
     return float(np.clip(np.dot(x, 1.0 - 1.0 / s) / np.dot(x, x), 0.0, 1.0))
@@ -51,7 +59,7 @@ def fit_gustafson(p, speedups) -> float:
     p, s = np.asarray(p, dtype=float), np.asarray(speedups, dtype=float)
     if p.shape != s.shape or p.size == 0:
         raise ValueError("p and speedups must be non-empty and of the same length")
-    x = p - 1.0
+    x = check_processes(p) - 1.0
     if not np.any(x > 0):
         return 1.0  # one process only: nothing to fit
     return float(np.clip(np.dot(x, s - 1.0) / np.dot(x, x), 0.0, 1.0))
@@ -60,7 +68,7 @@ def fit_gustafson(p, speedups) -> float:
 def probability_any_fails(p, q: float):
     """P(at least one of p independent workers fails), each with probability q: 1 - (1 - q)^p
     (lecture note, section 2.4: the straggler effect)."""
-    return 1.0 - (1.0 - q) ** torch.as_tensor(p, dtype=torch.float64)
+    return 1.0 - (1.0 - q) ** torch.as_tensor(check_processes(p), dtype=torch.float64)
 
 
 def bulk_synchronous_timeline(compute_seconds, communication: float, iterations: int = 3):
@@ -69,6 +77,7 @@ def bulk_synchronous_timeline(compute_seconds, communication: float, iterations:
     all communicate for ``communication`` seconds. Returns Gantt spans."""
     from course_lib.runtime.timing import Span
 
+    check_processes(len(compute_seconds), "len(compute_seconds)")
     spans, t, slowest = [], 0.0, max(compute_seconds)
     for _ in range(iterations):
         for k, c in enumerate(compute_seconds):
@@ -130,7 +139,7 @@ def all_reduce_bytes(algorithm: str, n_bytes: float, p: int) -> float:
     ring 2 (p - 1) / p n, almost independent of p."""
     if algorithm not in ALL_REDUCE_ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}: use one of {ALL_REDUCE_ALGORITHMS}")
-    if p == 1:
+    if check_processes(p) == 1:
         return 0
     return {"reduce + broadcast": (p - 1) * n_bytes, "all-to-all": (p - 1) * n_bytes,
             "naive ring": 2 * n_bytes if p > 2 else n_bytes,
@@ -139,15 +148,17 @@ def all_reduce_bytes(algorithm: str, n_bytes: float, p: int) -> float:
 
 def ring_all_reduce_time(n_bytes, p: int, alpha: float, beta: float):
     """The efficient ring: 2 (p - 1) messages in sequence, 2 (p - 1) / p n bytes in all:
-    2 (p - 1) alpha + 2 (p - 1) / p n beta."""
+    2 (p - 1) alpha + 2 (p - 1) / p n beta. A number in, a number out; an array, a tensor."""
+    if isinstance(n_bytes, (int, float)) and check_processes(p):
+        return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes * beta
     n = torch.as_tensor(n_bytes, dtype=torch.float64)
-    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta
+    return 2 * (check_processes(p) - 1) * alpha + 2 * (p - 1) / p * n * beta
 
 
 def bus_bandwidth(n_bytes: float, seconds: float, p: int, op: str = "all_reduce") -> float:
     """Bus bandwidth in bytes/s as nccl-tests report it: algbw = bytes / time, times 2(p-1)/p
     for all-reduce and (p-1)/p for all-gather and reduce-scatter, to compare across p."""
-    factor = {"all_reduce": 2 * (p - 1) / p, "all_gather": (p - 1) / p,
+    factor = {"all_reduce": 2 * (check_processes(p) - 1) / p, "all_gather": (p - 1) / p,
               "reduce_scatter": (p - 1) / p}
     if op not in factor:
         raise ValueError(f"unknown op {op!r}: use one of {sorted(factor)}")
@@ -157,6 +168,7 @@ def bus_bandwidth(n_bytes: float, seconds: float, p: int, op: str = "all_reduce"
 def parameter_server_words(p: int, d: int, topology: str) -> int:
     """Words through the server in one synchronous iteration, both ways (lecture note, section
     2): O(dp) on a star, 2 d (p - 1); O(d log p) on a binomial tree, 2 d ceil(log2 p)."""
+    check_processes(p)
     if topology == "star":
         return 2 * d * (p - 1)
     if topology == "tree":
@@ -171,6 +183,7 @@ def parameter_server_epoch_seconds(n: int, batch: int, compute_seconds, round_tr
     synchronous, every step waits for the slowest, n / (p b) (max_k c_k + r); asynchronous,
     the workers' rates add up, (n / b) / sum_k 1 / (c_k + r)."""
     c = np.asarray(compute_seconds, dtype=float)
+    check_processes(len(c), "the workers, len(compute_seconds),")
     if mode == "sync":
         return n / (len(c) * batch) * (c.max() + round_trip)
     if mode == "async":
@@ -182,20 +195,20 @@ def async_staleness(p: int, slowdown: float = 1.0) -> float:
     """Typical staleness of an asynchronous gradient with p equally fast workers, p - 1 (each of
     the others pushes once while it computes); for a worker ``slowdown`` times slower than the
     rest, about slowdown (p - 1)."""
-    return slowdown * (p - 1)
+    return slowdown * (check_processes(p) - 1)
 
 
 def federated_bytes_per_round(clients: int, d: int, messages: int = 1,
                               bytes_per_number: int = 4) -> int:
     """A federated round: the model to each of ``clients`` and back, ``messages`` vectors of d
     numbers each way (SCAFFOLD: 2, the model and a control variate)."""
-    return 2 * clients * d * messages * bytes_per_number
+    return 2 * check_processes(clients, "clients") * d * messages * bytes_per_number
 
 
 def quantized_sum_error_bound(p: int, scale: float, stochastic: bool = True) -> float:
     """Largest error of one entry of a sum of p int8-quantised vectors with step ``scale``: each
     rank's code is off by less than one step (stochastic rounding) or half a step (nearest)."""
-    return p * scale * (1.0 if stochastic else 0.5)
+    return check_processes(p) * scale * (1.0 if stochastic else 0.5)
 
 
 # -- model parallelism ---------------------------------------------------------------------------
@@ -221,6 +234,8 @@ def pipeline_timeline(p: int, micro_batches: int, schedule: str = "1F1B",
     or on the last stage its own forward i). Returns Gantt spans."""
     from course_lib.pipeline import SCHEDULES
     from course_lib.runtime.timing import Span
+
+    check_processes(p), check_processes(micro_batches, "micro_batches")
 
     times = {}
     for kind, value in (("forward", forward), ("backward", backward)):
@@ -277,10 +292,9 @@ ZERO_STAGES = (0, 1, 2, 3)
 
 
 def zero_bytes_per_rank(psi: float, p: int, stage: int) -> float:
-    """Bytes of mixed-precision Adam training state per rank (ZeRO): baseline 16 Psi; stage 1
-    shards the optimizer state (4 Psi + 12 Psi / p); stage 2 also the gradients (2 Psi + 14 Psi
-    / p); stage 3 also the parameters (16 Psi / p)."""
+    """Mixed-precision Adam's bytes per rank (ZeRO): baseline 16 Psi; stage 1 shards the optimizer
+    state (4 Psi + 12 Psi / p), 2 the gradients (2 Psi + 14 Psi / p), 3 all (16 Psi / p)."""
     if stage not in ZERO_STAGES:
         raise ValueError(f"ZeRO stage must be one of {ZERO_STAGES}, got {stage!r}")
-    return {0: 16 * psi, 1: 4 * psi + 12 * psi / p, 2: 2 * psi + 14 * psi / p,
+    return {0: 16 * psi, 1: 4 * psi + 12 * psi / check_processes(p), 2: 2 * psi + 14 * psi / p,
             3: 16 * psi / p}[stage]

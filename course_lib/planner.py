@@ -1,16 +1,11 @@
-"""Choosing a parallel strategy: predict each plan's memory and step time, rank the ones that fit.
+"""Choosing a parallel strategy: every plan's memory and step time, the ones that fit, ranked.
 
 Lecture: the seed article's workflow ("choose a strategy, configure, implement, monitor") and its
-first trend, the automatic choice of a strategy; Narayanan et al. 2021 (Megatron-LM: data x tensor
-x pipeline); Korthikanti et al. 2022 (activation memory); Rajbhandari et al. 2020 (ZeRO). Every
-term is a formula of the earlier lessons, on one vocabulary:
-
-* memory per GPU: training state ``cost_models.zero_bytes_per_rank`` of the GPU's share of the
-  parameters, plus activations (Korthikanti et al., without sequence parallelism; with full
-  recomputation only each layer's input) for the micro-batches a 1F1B stage keeps in flight;
-* step time: compute at an assumed model FLOPs utilisation, the pipeline bubble (p - 1)/m of it,
-  tensor parallelism's all-reduces (not overlapped), pipeline sends, and the data-parallel
-  gradient all-reduce less what backward hides (lesson 10).
+first trend, the automatic choice of a strategy; Narayanan et al. 2021 (Megatron-LM: data x
+tensor x pipeline, interleaving); Korthikanti et al. 2022 (activation memory, selective
+recomputation, sequence parallelism); Rajbhandari et al. 2020 (ZeRO). The model, the cluster and
+the plan are :mod:`course_lib.plans`; a plan's memory is :mod:`course_lib.gpu_memory`, its time
+:mod:`course_lib.step_time`; this module enumerates the plans and ranks them.
 
 Ranks are laid out tensor-parallel innermost, then pipeline, then data parallel (Megatron's
 order), so a group of size g and stride k crosses nodes when g k exceeds the GPUs of a node.
@@ -19,184 +14,19 @@ order), so a group of size g and stride k crosses nodes when g k exceeds the GPU
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from course_lib.cost_models import ring_all_reduce_time, zero_bytes_per_rank
-
-
-@dataclass(frozen=True)
-class Transformer:
-    """A GPT-style model: ``layers`` blocks of width ``hidden`` with ``heads`` heads, sequences of
-    ``seq`` tokens, a vocabulary of ``vocab``, ``global_batch`` sequences per step.
-    ``value_bytes``: 2 for bf16 mixed precision (Megatron's, ZeRO's), 4 for float32 throughout
-    (this course's runs). ``tied_head``: the output layer reuses the token embedding (GPT-2,
-    Megatron); :class:`course_lib.models.TinyGPT` has its own head and final norm."""
-
-    layers: int
-    hidden: int
-    heads: int
-    seq: int
-    vocab: int
-    global_batch: int
-    value_bytes: int = 2
-    tied_head: bool = True
-
-    @property
-    def parameters(self) -> int:
-        """12 h^2 + 13 h per block (attention 4 h^2 + 4 h, MLP 8 h^2 + 5 h, two LayerNorms 4 h),
-        plus token and position embeddings; an untied head adds its weight and bias and the
-        final norm."""
-        h = self.hidden
-        head = 0 if self.tied_head else self.vocab * h + self.vocab + 2 * h
-        return self.layers * (12 * h * h + 13 * h) + (self.vocab + self.seq) * h + head
-
-    def flops_per_step(self, recompute: bool = False) -> float:
-        """6 parameters x tokens for forward and backward (8 with recomputation: one more forward),
-        plus attention's scores: 12 layers h s^2 per sequence (16 with recomputation)."""
-        tokens = self.global_batch * self.seq
-        factor = 8 if recompute else 6
-        attention = 2 * factor * self.layers * self.hidden * self.seq ** 2 * self.global_batch
-        return factor * self.parameters * tokens + attention
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """GPUs: ``gpus_per_node`` on each of ``nodes``; ``memory`` bytes and ``peak_flops`` each;
-    links inside a node (``intra_*``) and between nodes (``inter_*``): bandwidth in bytes/s,
-    latency in seconds. ``mfu``: the share of peak a well-tuned step reaches."""
-
-    gpus_per_node: int
-    nodes: int
-    memory: float
-    peak_flops: float
-    intra_bandwidth: float
-    inter_bandwidth: float
-    intra_latency: float = 5e-6
-    inter_latency: float = 10e-6
-    mfu: float = 0.5
-
-    @property
-    def gpus(self) -> int:
-        return self.gpus_per_node * self.nodes
-
-    def link(self, size: int, stride: int) -> tuple[float, float]:
-        """(alpha, beta) of a group of ``size`` ranks ``stride`` apart."""
-        if size * stride > self.gpus_per_node:
-            return self.inter_latency, 1 / self.inter_bandwidth
-        return self.intra_latency, 1 / self.intra_bandwidth
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Data-parallel ``dp``, tensor-parallel ``tp`` and pipeline ``pp`` degrees, ZeRO ``zero``
-    stage over the data-parallel ranks, ``micro_batches`` per step, full ``recompute``."""
-
-    dp: int
-    tp: int
-    pp: int
-    zero: int = 0
-    micro_batches: int = 1
-    recompute: bool = False
-
-    def __str__(self):
-        return (f"dp {self.dp} x tp {self.tp} x pp {self.pp}, ZeRO-{self.zero}, "
-                f"m {self.micro_batches}{', recompute' if self.recompute else ''}")
-
-
-def micro_batch_size(model: Transformer, plan: Plan) -> float:
-    """Sequences per micro-batch on one data-parallel rank."""
-    return model.global_batch / (plan.dp * plan.micro_batches)
-
-
-def state_bytes(psi: float, dp: int, zero: int, value_bytes: int = 2) -> float:
-    """Parameters, gradients and Adam's state for ``psi`` parameters over ``dp`` ranks at ZeRO
-    stage ``zero``: mixed precision (2-byte values) is ZeRO's 16 bytes a parameter
-    (``cost_models.zero_bytes_per_rank``); float32 is 4 + 4 + 8 bytes, and ZeRO shards the 8 of
-    Adam's moments (stage 1), then the gradients' 4 (stage 2), then the parameters' 4 (stage 3)."""
-    if value_bytes == 2:
-        return zero_bytes_per_rank(psi, dp, zero)
-    if value_bytes != 4:
-        raise ValueError(f"value_bytes must be 2 (bf16 mixed precision) or 4 (float32), got "
-                         f"{value_bytes}")
-    return {0: 16 * psi, 1: 8 * psi + 8 * psi / dp, 2: 4 * psi + 12 * psi / dp,
-            3: 16 * psi / dp}[zero]
-
-
-def activation_bytes_per_layer(model: Transformer, plan: Plan) -> float:
-    """One layer's activations for one micro-batch on one GPU, Megatron's GPT in bf16 with
-    dropout (Korthikanti et al. 2022, Table 2, no sequence parallelism):
-    s b h (10 + 24/t + 5 a s / (h t)) bytes; with full recomputation only the layer's input,
-    2 s b h."""
-    s, h, a, t = model.seq, model.hidden, model.heads, plan.tp
-    b = micro_batch_size(model, plan)
-    if plan.recompute:
-        return model.value_bytes * s * b * h
-    return s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
-
-
-def tiny_gpt_bytes_per_layer(model: Transformer, plan: Plan) -> float:
-    """The same for :class:`course_lib.models.TinyGPT` (no dropout; CPU attention keeps no
-    s x s scores): per token the 16 h numbers and the statistics of
-    ``recomputation.block_activation_floats``, of which q, k, v, attention's output and the
-    MLP's hidden layer (12 h and a log-sum-exp per head) are split over the tensor-parallel
-    ranks; with recomputation the block's input, h."""
-    h, t = model.hidden, plan.tp
-    tokens = model.seq * micro_batch_size(model, plan)
-    floats = h if plan.recompute else 4 * h + 4 + (12 * h + model.heads) / t
-    return tokens * floats * model.value_bytes
-
-
-def memory(model: Transformer, plan: Plan, per_layer=activation_bytes_per_layer) -> dict:
-    """Predicted bytes per GPU: ``state`` (parameters, gradients, optimizer of this GPU's
-    share, :func:`state_bytes`) and ``activations`` (``per_layer`` bytes for each of the stage's
-    layers and each of the min(pp, m) micro-batches the first stage keeps in flight under 1F1B;
-    with recomputation, plus one layer's whole activations while backward recomputes it), and
-    their ``total``."""
-    share = model.parameters / (plan.tp * plan.pp)
-    state = state_bytes(share, plan.dp, plan.zero, model.value_bytes)
-    in_flight = min(plan.pp, plan.micro_batches)
-    acts = model.layers / plan.pp * in_flight * per_layer(model, plan)
-    if plan.recompute:
-        acts += per_layer(model, replace(plan, recompute=False))
-    return dict(state=state, activations=acts, total=state + acts)
-
-
-def step_time(model: Transformer, cluster: Cluster, plan: Plan, overlap: bool = True) -> dict:
-    """Predicted seconds of one step, term by term, and their ``total``. ``overlap``: the
-    data-parallel all-reduce runs under backward (DDP, lesson 10); False for a step that
-    all-reduces after backward (:mod:`course_lib.train_gpt`)."""
-    compute = model.flops_per_step(plan.recompute) / (cluster.gpus * cluster.peak_flops
-                                                       * cluster.mfu)
-    bubble = compute * (plan.pp - 1) / plan.micro_batches
-    b = micro_batch_size(model, plan)
-    activation = model.value_bytes * model.seq * b * model.hidden
-    tp = 0.0
-    if plan.tp > 1:  # 2 all-reduces forward, 2 backward, per layer and micro-batch
-        alpha, beta = cluster.link(plan.tp, 1)
-        per = float(ring_all_reduce_time(activation, plan.tp, alpha, beta))
-        tp = 4 * model.layers / plan.pp * plan.micro_batches * per
-    pp = 0.0
-    if plan.pp > 1:  # a send forward and one backward per micro-batch, on the critical path
-        alpha, beta = cluster.link(plan.pp, plan.tp)
-        pp = 2 * (plan.micro_batches + plan.pp - 1) * (alpha + beta * activation)
-    dp = 0.0
-    if plan.dp > 1:  # the gradients (and ZeRO-3's parameters) of this GPU's share
-        alpha, beta = cluster.link(plan.dp, plan.tp * plan.pp)
-        grads = model.value_bytes * model.parameters / (plan.tp * plan.pp)
-        # in all-reduces' worth (a reduce-scatter or an all-gather is half of one): ZeRO-0/1
-        # one a step; ZeRO-2 keeps no whole gradient, so it reduce-scatters every micro-batch
-        # and gathers the parameters once; ZeRO-3 gathers them for every micro-batch's forward
-        # and backward too (1.5 m)
-        rounds = {0: 1, 1: 1, 2: (plan.micro_batches + 1) / 2, 3: 1.5 * plan.micro_batches}
-        total = rounds[plan.zero] * float(ring_all_reduce_time(grads, plan.dp, alpha, beta))
-        # what can hide it: backward (2/3 of the compute); ZeRO-3's gathers also prefetch
-        # under forward
-        hidden = (compute if plan.zero == 3 else 2 / 3 * compute) if overlap else 0.0
-        dp = max(0.0, total - hidden)
-    out = dict(compute=compute, bubble=bubble, tensor_parallel=tp, pipeline=pp,
-               data_parallel=dp)
-    out["total"] = sum(out.values())
-    return out
+from course_lib.gpu_memory import (  # noqa: F401  (the planner's vocabulary, in one place)
+    activation_bytes_per_layer,
+    head_activation_bytes,
+    in_flight,
+    memory,
+    state_bytes,
+    tiny_gpt_bytes_per_layer,
+)
+from course_lib.plans import ATTENTION, Cluster, Plan, Transformer  # noqa: F401
+from course_lib.stages import balanced_stages, micro_batch_size, stage_layers  # noqa: F401
+from course_lib.step_time import TERMS, collectives, step_time  # noqa: F401
 
 
 def divisors(n: int) -> list[int]:
@@ -204,32 +34,51 @@ def divisors(n: int) -> list[int]:
 
 
 def candidate_plans(model: Transformer, cluster: Cluster, zero_stages=(0, 1, 2, 3),
-                    micro_batch_sizes=(1, 2, 4, 8, 16, 32)) -> list[Plan]:
-    """Every plan that uses all GPUs: tp divides the heads and a node's GPUs (each group inside
-    one node), pp divides
-    the layers, each data-parallel rank's share of the global batch splits into m micro-batches
-    of one of ``micro_batch_sizes`` sequences (without pipelining, m is gradient
-    accumulation; with it, at least pp, as 1F1B needs); ZeRO-3 only without pipelining (it
-    would gather every stage's parameters once per micro-batch)."""
+                    micro_batch_sizes=(1, 2, 4, 8, 16, 32), recompute=(False, True),
+                    attention=ATTENTION, sequence_parallel=(False, True),
+                    chunks=(1, 2, 3, 4, 6, 8), gather_units=("block",)) -> list[Plan]:
+    """Every plan that uses all GPUs. tp divides the heads, the key/value heads and a node's
+    GPUs (each group inside one node); pp is at most the layers, which split evenly or, if pp
+    does not divide them, with the lighter stages at the ends (:func:`balanced_stages`); each
+    data-parallel rank's share of the global batch splits into m micro-batches of one of
+    ``micro_batch_sizes`` sequences (without pipelining, m is gradient accumulation; with it, at
+    least pp, as 1F1B needs, and a multiple of pp to interleave v > 1 ``chunks``, each of whole
+    layers). ZeRO-3 only without pipelining (it would gather every stage's parameters once per
+    micro-batch); a ZeRO stage only with dp > 1, sequence parallelism only with tp > 1, and
+    attention ``"recomputed"`` only without full recomputation (which recomputes it anyway),
+    ``gather_units`` only for ZeRO-3. The other arguments list the choices to search."""
     n = cluster.gpus
+    kv_heads = model.kv_heads or model.heads
     plans = []
     for tp in divisors(n):
-        if model.heads % tp or cluster.gpus_per_node % tp:  # a group inside one node
+        if model.heads % tp or kv_heads % tp or cluster.gpus_per_node % tp:
             continue
         for pp in divisors(n // tp):
-            if model.layers % pp:
+            if pp > model.layers:
                 continue
+            stages = None if model.layers % pp == 0 else balanced_stages(model.layers, pp)
             dp = n // (tp * pp)
             if model.global_batch % dp:
                 continue
             per_rank = model.global_batch // dp
-            for zero, b, recompute in itertools.product(zero_stages, micro_batch_sizes,
-                                                        (False, True)):
+            for zero, b, full, attn, sp, v in itertools.product(
+                    zero_stages, micro_batch_sizes, recompute, attention, sequence_parallel,
+                    chunks):
                 m = per_rank // b
-                if per_rank % b or (zero == 3 and pp > 1) or (pp > 1 and m < pp):
+                if (per_rank % b or (zero and dp == 1) or (zero == 3 and pp > 1)
+                        or (pp > 1 and m < pp) or (sp and tp == 1)
+                        or (full and attn == "recomputed")):
                     continue
-                plans.append(Plan(dp, tp, pp, zero, m, recompute))
+                if v > 1 and (pp == 1 or m % pp or not _chunks_fit(model, pp, stages, v)):
+                    continue
+                for unit in gather_units if zero == 3 else ("block",):
+                    plans.append(Plan(dp, tp, pp, zero, m, full, attn, sp, v, stages, unit))
     return plans
+
+
+def _chunks_fit(model, pp, stages, v) -> bool:
+    """v chunks of whole layers: v divides an even stage, or fits the largest uneven one."""
+    return (model.layers // pp) % v == 0 if stages is None else v <= max(stages)
 
 
 @dataclass
@@ -238,20 +87,44 @@ class Ranked:
     memory: dict
     time: dict
     fits: bool
+    collectives: int = 0
+    micro_batch: float = 0.0  # sequences per micro-batch
     notes: list = field(default_factory=list)
 
 
+def one_gpu_seconds(model: Transformer, cluster: Cluster, plan: Plan) -> float:
+    """One GPU doing the whole step (if the model fit): the plan's hardware FLOPs at the
+    cluster's kernel speed, nothing else."""
+    return model.hardware_flops(plan.recompute, plan.attention) / cluster.speed
+
+
 def rank_plans(model: Transformer, cluster: Cluster, per_layer=activation_bytes_per_layer,
-               overlap: bool = True, **options) -> list[Ranked]:
+               per_head=head_activation_bytes, overlap: bool = True, **options) -> list[Ranked]:
     """All candidate plans (``options`` go to :func:`candidate_plans`) with their predictions:
-    the ones that fit first, fastest first, and of equally fast ones the one that needs less
-    memory. ``per_layer`` and ``overlap`` as in :func:`memory` and :func:`step_time`."""
+    the ones that fit first, fastest first (to three significant figures); of equally fast ones
+    the one with fewer collectives, then larger micro-batches, then less memory. A plan slower
+    than one GPU, or than plain data parallelism where that fits, says so in ``notes``.
+    ``per_layer``, ``per_head`` and ``overlap`` as in :func:`memory` and :func:`step_time`."""
     out = []
     for plan in candidate_plans(model, cluster, **options):
-        mem = memory(model, plan, per_layer)
+        mem = memory(model, plan, per_layer, per_head)
         out.append(Ranked(plan, mem, step_time(model, cluster, plan, overlap),
-                          mem["total"] <= cluster.memory))
-    return sorted(out, key=lambda r: (not r.fits, round(r.time["total"], 6), r.memory["total"]))
+                          mem["total"] <= cluster.memory, collectives(model, plan),
+                          micro_batch_size(model, plan)))
+    out.sort(key=lambda r: (not r.fits, float(f"{r.time['total']:.3g}"), r.collectives,
+                            -r.micro_batch, r.memory["total"]))
+    plain = {r.plan.recomputation: r for r in reversed(out)
+             if r.fits and r.plan.tp == r.plan.pp == 1 and r.plan.zero == 0}
+    for r in out:
+        single = one_gpu_seconds(model, cluster, r.plan)
+        if r.time["total"] > single:
+            r.notes.append(f"slower than one GPU would be ({single:.3g} s), if the model fit")
+        data = plain.get(r.plan.recomputation)
+        if data is not None and r.plan.tp * r.plan.pp > 1 and \
+                r.time["total"] > data.time["total"]:
+            r.notes.append(f"slower than plain data parallelism, which fits ({data.plan}: "
+                           f"{data.time['total']:.3g} s)")
+    return out
 
 
 def size(n_bytes: float) -> str:
@@ -260,16 +133,23 @@ def size(n_bytes: float) -> str:
 
 
 def why(best: Ranked, other: Ranked) -> str:
-    """Why ``other`` loses to ``best``: it does not fit, or the term that costs it most."""
+    """Why ``other`` ranks below ``best``: it does not fit, the tie-break, or the term that
+    costs it most."""
     if not other.fits:
         return (f"{other.plan}: needs {size(other.memory['total'])} per GPU "
                 f"({size(other.memory['state'])} state, "
                 f"{size(other.memory['activations'])} activations)")
     if other.time["total"] <= 1.005 * best.time["total"]:
-        return (f"{other.plan}: as fast as the best, but it needs "
-                f"{size(other.memory['total'])} per GPU against {size(best.memory['total'])}")
-    terms = [k for k in best.time if k != "total"]
-    worst = max(terms, key=lambda k: other.time[k] - best.time[k])
+        if other.collectives != best.collectives:
+            tie = f"{other.collectives} collectives a step against {best.collectives}"
+        elif other.micro_batch != best.micro_batch:
+            tie = (f"micro-batches of {other.micro_batch:g} sequences against "
+                   f"{best.micro_batch:g}")
+        else:
+            tie = (f"{size(other.memory['total'])} per GPU against "
+                   f"{size(best.memory['total'])}")
+        return f"{other.plan}: as fast as the best (within 0.5 %), but {tie}"
+    worst = max(TERMS, key=lambda k: other.time[k] - best.time[k])
     extra = other.time[worst] - best.time[worst]
     return (f"{other.plan}: {other.time['total'] / best.time['total']:.2f} x the best step, most "
             f"of it {worst.replace('_', ' ')} (+{extra * 1e3:.0f} ms)")
@@ -279,7 +159,18 @@ def torchrun_command(model: Transformer, cluster: Cluster, plan: Plan, steps: in
     """The command that runs ``plan`` with :mod:`course_lib.train_gpt` on every node of
     ``cluster``. One node: ``--standalone`` (torchrun picks a free port). Several: the same
     command on each node, with the rendezvous host and a free port of your choosing in
-    $HEAD_NODE and $PORT (a fixed port collides with other jobs)."""
+    $HEAD_NODE and $PORT (a fixed port collides with other jobs). train_gpt runs data, tensor
+    and pipeline parallelism, ZeRO and full recomputation; its attention is PyTorch's
+    ``scaled_dot_product_attention`` whatever the plan's ``attention`` says. A plan with
+    sequence parallelism, interleaving, uneven stages or selective recomputation is refused."""
+    missing = [name for name, used in (
+        ("sequence parallelism", plan.sequence_parallel), ("interleaving", plan.chunks > 1),
+        ("uneven stages", plan.stages is not None and len(set(plan.stages)) > 1),
+        ("selective recomputation", plan.recomputation == "selective")) if used]
+    if missing:
+        raise ValueError(f"train_gpt does not run {', '.join(missing)}: choose among plans "
+                         f"without them (rank_plans(..., sequence_parallel=(False,), "
+                         f"chunks=(1,), attention=('stored', 'flash')))")
     where = ("--standalone" if cluster.nodes == 1 else
              f"--nnodes {cluster.nodes} --rdzv-backend c10d --rdzv-endpoint $HEAD_NODE:$PORT")
     flags = (f"--dp {plan.dp} --tp {plan.tp} --pp {plan.pp} --zero {plan.zero} "
@@ -288,3 +179,16 @@ def torchrun_command(model: Transformer, cluster: Cluster, plan: Plan, steps: in
              f"--context {model.seq} --vocab {model.vocab} --global-batch {model.global_batch}")
     return (f"torchrun {where} --nproc-per-node {cluster.gpus_per_node} -m course_lib.train_gpt "
             f"{flags} {shape} --steps {steps}")
+
+
+def same_choices(plan: Plan, **known) -> bool:
+    """Whether ``plan`` has every field ``known`` gives (the rest are free)."""
+    return all(getattr(plan, name) == value for name, value in known.items())
+
+
+def with_plan(ranked: list[Ranked], **known) -> list[Ranked]:
+    """The ranked plans that match ``known`` fields, in rank order."""
+    return [r for r in ranked if same_choices(r.plan, **known)]
+
+
+

@@ -3,6 +3,8 @@ only in a graded run, and leaves the verdict to the grader where the student edi
 reference (course_lib.exercises.lesson12)."""
 
 import json
+import math
+from dataclasses import replace
 
 import pytest
 
@@ -11,51 +13,67 @@ from course_lib.exercises import common
 from course_lib.exercises import lesson12 as ex
 
 
-def sequence_parallel(model, plan):
-    s, h, a, t = model.seq, model.hidden, model.heads, plan.tp
-    b = model.global_batch / (plan.dp * plan.micro_batches)
-    if plan.recompute:
-        return model.value_bytes * s * b * h / t
-    return s * b * h * (34 / t + 5 * a * s / (h * t))
+def fewest(model, plan, budget):
+    none = P.memory(model, replace(plan, recompute=False))["total"]
+    every = P.memory(model, replace(plan, recompute=True))["total"]
+    if none <= budget:
+        return 0
+    if every > budget:
+        return None
+    # k >= 1 recomputed layers: a straight line from 1 (as without) to L (as with all)
+    step = (none - every) / (model.layers - 1)
+    return 1 + math.ceil((none - budget) / step - 1e-9)
 
 
-def test_the_reference_is_korthikantis_count_and_divides_it_by_t():
-    model = P.Transformer(layers=2, hidden=8, heads=2, seq=4, vocab=10, global_batch=4)
-    plan = P.Plan(dp=1, tp=2, pp=1, micro_batches=2)
-    # s b h (34/t + 5 a s/(h t)) with s 4, b 2, h 8, a 2, t 2
-    assert ex.sequence_parallel_bytes_per_layer(model, plan) == pytest.approx(
-        4 * 2 * 8 * (17 + 5 * 2 * 4 / 16))
-    one = P.Plan(dp=1, tp=1, pp=1, micro_batches=2)  # t = 1: the same as without
-    assert ex.sequence_parallel_bytes_per_layer(model, one) == pytest.approx(
-        P.activation_bytes_per_layer(model, one))
+GIB = 2**30
 
 
-def test_sequence_parallel_accepts_the_count_and_explains_mistakes():
-    assert "correct" in ex.check_sequence_parallel(sequence_parallel)
-    with pytest.raises(common.ExerciseFailed, match="without sequence parallelism"):
-        ex.check_sequence_parallel(P.activation_bytes_per_layer)
-    with pytest.raises(common.ExerciseFailed, match="return a number of bytes"):
-        ex.check_sequence_parallel(lambda model, plan: None)
+def test_the_reference_counts_the_recomputed_layers_working_set():
+    model = P.Transformer(layers=4, hidden=64, heads=4, seq=128, vocab=100, global_batch=8)
+    plan = P.Plan(dp=1, tp=1, pp=1, micro_batches=1)
+    full = P.activation_bytes_per_layer(model, plan)
+    kept = P.activation_bytes_per_layer(model, replace(plan, recompute=True))
+    none = P.memory(model, plan)["total"]
+    # k recomputed layers keep their input only; one of them is whole again in backward
+    assert ex.block_recompute_bytes(model, plan, 0) == none
+    assert ex.block_recompute_bytes(model, plan, 1) == pytest.approx(none)
+    assert ex.block_recompute_bytes(model, plan, 3) == pytest.approx(none - 2 * (full - kept))
+    assert ex.block_recompute_bytes(model, plan, 4) == pytest.approx(
+        P.memory(model, replace(plan, recompute=True))["total"])
+    assert ex.fewest_layers_to_recompute(model, plan, none) == 0
+    assert ex.fewest_layers_to_recompute(model, plan, none - 1) == 2
+    assert ex.fewest_layers_to_recompute(model, plan, 1.0) is None
 
-    def no_recompute_split(model, plan):
-        value = sequence_parallel(model, plan)
-        return value * plan.tp if plan.recompute else value
 
-    with pytest.raises(common.ExerciseFailed, match="input, kept for recomputation, is split"):
-        ex.check_sequence_parallel(no_recompute_split)
+def test_block_recompute_accepts_the_count_and_explains_mistakes():
+    assert "correct" in ex.check_block_recompute(fewest)
+
+    def no_working_set(model, plan, budget):  # forgets the layer being recomputed
+        k = fewest(model, plan, budget)
+        return k - 1 if k and k > 1 else k
+
+    with pytest.raises(common.ExerciseFailed, match="whole activations are back"):
+        ex.check_block_recompute(no_working_set)
+    with pytest.raises(common.ExerciseFailed, match="recompute as few as fit"):
+        ex.check_block_recompute(lambda model, plan, budget: model.layers)
+    with pytest.raises(common.ExerciseFailed, match="return a number of layers"):
+        ex.check_block_recompute(lambda model, plan, budget: 2.5)
+    with pytest.raises(common.ExerciseFailed, match="None is for when none does"):
+        ex.check_block_recompute(lambda model, plan, budget: None)
 
 
-def test_sequence_parallel_hidden_case_only_in_a_graded_run(monkeypatch, tmp_path):
-    def visible_only(model, plan):  # wrong for the hidden case's vocabulary of 32,000
-        return sequence_parallel(model, plan) * (1.5 if model.vocab == 32_000 else 1)
+def test_block_recompute_hidden_case_only_in_a_graded_run(monkeypatch, tmp_path):
+    def visible_only(model, plan, budget):  # wrong for the hidden case's vocabulary of 32,000
+        k = fewest(model, plan, budget)
+        return model.layers if model.vocab == 32_000 and k != model.layers else k
 
-    assert "correct" in ex.check_sequence_parallel(visible_only)
+    assert "correct" in ex.check_block_recompute(visible_only)
     monkeypatch.setenv(common.GRADING_SEED, "5")
     monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))
-    assert "recorded" in ex.check_sequence_parallel(visible_only)
+    assert "recorded" in ex.check_block_recompute(visible_only)
     data = common.from_plain(json.loads(next(tmp_path.iterdir()).read_text()))
     with pytest.raises(common.HiddenTestFailed):
-        common.JUDGES["lesson12.sequence_parallel"](data)
+        common.JUDGES["lesson12.block_recompute"](data)
 
 
 def stages(model, plan):
@@ -107,8 +125,8 @@ def test_stages_want_the_drawn_run_and_hidden_cases_in_a_graded_run(monkeypatch,
 
 
 def test_without_the_reference_the_grader_judges(monkeypatch):
-    def stripped(model, plan):
+    def stripped(model, plan, budget):
         raise NotImplementedError("not in the student edition: the grader has it")
 
-    monkeypatch.setattr(ex, "sequence_parallel_bytes_per_layer", stripped)
-    assert "recorded: the grader judges" in ex.check_sequence_parallel(sequence_parallel)
+    monkeypatch.setattr(ex, "fewest_layers_to_recompute", stripped)
+    assert "recorded: the grader judges" in ex.check_block_recompute(fewest)

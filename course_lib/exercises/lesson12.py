@@ -1,17 +1,18 @@
-"""Checks for lesson 12's exercises: a term the planner lacks (activation memory with sequence
-parallelism), and a prediction of each pipeline stage's activations checked against a run.
+"""Checks for lesson 12's exercises: a choice the planner lacks (recomputing only as many layers
+as the memory needs), and a prediction of each pipeline stage's activations checked against a
+run.
 
-Korthikanti et al. 2022 (Table 2: activation bytes per layer, with and without sequence
-parallelism); Narayanan et al. 2021 (1F1B keeps at most p - s micro-batches in flight on stage
-s). The library's planner counts the first stage only and has no sequence parallelism; both
-answers are the exercise's, so their references sit between solution markers and the student
-edition of the library leaves them out. Each check is a probe (the student's kernel) and a judge
-(outside it): see :mod:`course_lib.exercises.common`.
+Korthikanti et al. 2022 (full, selective and partial recomputation); Narayanan et al. 2021
+(1F1B keeps at most p - s micro-batches in flight on stage s). The planner recomputes all layers
+or none and reports the busiest stage only; both answers are the exercise's, so their references
+sit between solution markers and the student edition of the library leaves them out. Each check
+is a probe (the student's kernel) and a judge (outside it): see :mod:`course_lib.exercises.common`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from course_lib import planner as P
 from course_lib.exercises.common import (
@@ -23,88 +24,114 @@ from course_lib.exercises.common import (
     launch_checked,
 )
 
-# -- exercise 1: activation memory with sequence parallelism -----------------------------------
+# -- exercise 1: recompute as few layers as fit ------------------------------------------------
 
 
-def sequence_parallel_bytes_per_layer(model: P.Transformer, plan: P.Plan) -> float:
-    """Reference: one layer's activation bytes for one micro-batch with tensor and sequence
-    parallelism (Korthikanti et al. 2022, Table 2): s b h (34/t + 5 a s / (h t)). With full
-    recomputation the paper's table gives 2 s b h; the layer's input lies in the
-    sequence-parallel region, so the exercise splits it too: 2 s b h / t."""
+def fewest_layers_to_recompute(model: P.Transformer, plan: P.Plan, budget: float) -> int | None:
+    """Reference: the fewest of the model's layers (a plan without pipelining) whose activations
+    must be recomputed -- each keeps only its input, as with full recomputation -- for a GPU to
+    fit in ``budget`` bytes (Megatron-LM's "block" recomputation); None if recomputing them all
+    does not fit either. Recomputing k >= 1 layers saves k (full - kept) bytes, but while
+    backward recomputes one of them its whole activations are back: k - 1 of them count."""
     ### BEGIN SOLUTION
-    sbh = model.seq * P.micro_batch_size(model, plan) * model.hidden
-    if plan.recompute:  # each layer keeps its input, split along the sequence
-        return model.value_bytes * sbh / plan.tp
-    scores = 5 * model.heads * model.seq / model.hidden  # attention's s x s, split by heads
-    return sbh * (34 + scores) / plan.tp  # everything else, split along the sequence
+    none = P.memory(model, replace(plan, recompute=False))["total"]
+    if none <= budget:
+        return 0
+    full = P.activation_bytes_per_layer(model, replace(plan, recompute=False))
+    kept = P.activation_bytes_per_layer(model, replace(plan, recompute=True))
+    for k in range(1, model.layers + 1):
+        if none - (k - 1) * (full - kept) <= budget:
+            return k
+    return None
     ### END SOLUTION
 
 
-def _sp_cases(seed):
-    cases = [(P.Transformer(layers=32, hidden=4096, heads=32, seq=2048, vocab=51_200,
-                            global_batch=512), P.Plan(dp=8, tp=8, pp=4, micro_batches=16)),
-             (P.Transformer(layers=40, hidden=5120, heads=40, seq=8192, vocab=51_200,
-                            global_batch=256), P.Plan(dp=4, tp=8, pp=1, micro_batches=64)),
-             (P.Transformer(layers=40, hidden=5120, heads=40, seq=8192, vocab=51_200,
-                            global_batch=256),
-              P.Plan(dp=4, tp=8, pp=1, micro_batches=64, recompute=True)),
-             (P.Transformer(layers=24, hidden=2304, heads=24, seq=2048, vocab=51_200,
-                            global_batch=512), P.Plan(dp=32, tp=1, pp=1, micro_batches=4))]
+def block_recompute_bytes(model: P.Transformer, plan: P.Plan, k: int) -> float:
+    """A GPU's predicted bytes with k of the layers recomputed (0 <= k <= layers, no pipeline):
+    the planner's memory without recomputation, less what k recomputed layers save. For the
+    judge's explanations; the exercise asks the inverse."""
+    none = P.memory(model, replace(plan, recompute=False))["total"]
+    full = P.activation_bytes_per_layer(model, replace(plan, recompute=False))
+    kept = P.activation_bytes_per_layer(model, replace(plan, recompute=True))
+    return none if k == 0 else none - (k - 1) * (full - kept)
+
+
+GPT_13B_LONG = P.Transformer(layers=40, hidden=5120, heads=40, seq=8192, vocab=51_200,
+                             global_batch=256)
+
+
+def _block_cases(seed):
+    gib = 2**30
+    gpt_7b = P.Transformer(layers=32, hidden=4096, heads=32, seq=2048, vocab=51_200,
+                           global_batch=512)
+    cases = [(GPT_13B_LONG, P.Plan(dp=4, tp=8, pp=1, zero=1, micro_batches=64), 80 * gib),
+             (gpt_7b, P.Plan(dp=8, tp=1, pp=1, zero=3, micro_batches=16), 40 * gib),
+             (gpt_7b, P.Plan(dp=8, tp=1, pp=1, zero=3, micro_batches=64, attention="flash"),
+              80 * gib),
+             (gpt_7b, P.Plan(dp=2, tp=4, pp=1, zero=0, micro_batches=1), 40 * gib)]
     if seed is not None:
         import random
 
-        g = random.Random(seed)
+        g = random.Random(seed + 1200)
         heads = g.choice([16, 24, 32])
-        tp = g.choice([2, 4, 8])
-        cases.append((P.Transformer(layers=g.choice([12, 24]), hidden=heads * 64, heads=heads,
-                                    seq=g.choice([1024, 4096]), vocab=32_000, global_batch=64),
-                      P.Plan(dp=2, tp=tp, pp=1, micro_batches=g.choice([4, 8]),
-                             recompute=g.random() < 0.5)))
+        model = P.Transformer(layers=g.choice([12, 24, 36]), hidden=heads * 128, heads=heads,
+                              seq=g.choice([2048, 4096]), vocab=32_000, global_batch=64)
+        plan = P.Plan(dp=2, tp=g.choice([2, 4, 8]), pp=1, zero=g.choice([1, 2, 3]),
+                      micro_batches=g.choice([1, 4]), attention=g.choice(["stored", "flash"]),
+                      sequence_parallel=g.random() < 0.5)
+        none = block_recompute_bytes(model, plan, 0)
+        every = block_recompute_bytes(model, plan, model.layers)
+        cases.append((model, plan, every + g.random() * (none - every)))
     return cases
 
 
-def _plain(model, plan, hidden=False):
-    return dict(model=dict(model.__dict__), plan=dict(plan.__dict__), hidden=hidden)
+def _plain(model, plan, hidden=False, **extra):
+    return dict(model=dict(model.__dict__), plan=plan.as_dict(), hidden=hidden, **extra)
 
 
-def _probe_sequence_parallel(fn) -> dict:
+def _probe_block(fn) -> dict:
     out = []
-    for i, (model, plan) in enumerate(_sp_cases(grading_seed())):
-        value = fn(model, plan)
-        out.append(dict(case=_plain(model, plan, hidden=i >= 4), answer=value if isinstance(
-            value, (int, float)) and not isinstance(value, bool) else repr(value)))
+    for i, (model, plan, budget) in enumerate(_block_cases(grading_seed())):
+        value = fn(model, plan, budget)
+        whole = value is None or (isinstance(value, int) and not isinstance(value, bool))
+        out.append(dict(case=_plain(model, plan, hidden=i >= 4, budget=budget),
+                        answer=value if whole else repr(value)))
     return dict(cases=out)
 
 
-def _judge_sp_case(item):
+def _judge_block_case(item):
     model, plan = P.Transformer(**item["case"]["model"]), P.Plan(**item["case"]["plan"])
-    answer = item["answer"]
-    if not isinstance(answer, (int, float)) or not math.isfinite(answer):
-        return f"for {plan} the function returned {answer!r}: return a number of bytes"
-    right = sequence_parallel_bytes_per_layer(model, plan)
-    if abs(answer - right) <= 1e-9 * right:
+    budget, answer = item["case"]["budget"], item["answer"]
+    right = fewest_layers_to_recompute(model, plan, budget)
+    if answer == right:
         return None
-    plain = P.activation_bytes_per_layer(model, plan)
-    if abs(answer - plain) <= 1e-9 * plain and plan.tp > 1:
-        split = ("the layer's input, kept for recomputation, is split along the sequence too"
-                 if plan.recompute else "the LayerNorms' and dropouts' 10 s b h are split over "
-                 "the t ranks too")
-        return f"for {plan} that is the count without sequence parallelism: {split}"
-    return (f"for a {model.layers}-layer model {model.hidden} wide, sequence {model.seq}, "
-            f"{plan}: {answer:.4g} bytes, but the layer keeps {right:.4g}")
+    where = f"{model.layers} layers {model.hidden} wide, {plan}, {P.size(budget)}"
+    if not (answer is None or isinstance(answer, int)) or (
+            answer is not None and not 0 <= answer <= model.layers):
+        return (f"for {where} the function returned {answer!r}: return a number of layers "
+                f"from 0 to {model.layers}, or None if recomputing all does not fit")
+    if answer is None:
+        return f"for {where} recomputing {right} layers fits: None is for when none does"
+    if right is None:
+        return f"for {where} even recomputing every layer does not fit: return None"
+    if answer > right:
+        return f"for {where} {right} recomputed layers already fit: recompute as few as fit"
+    need = block_recompute_bytes(model, plan, answer)
+    hint = (" (while backward recomputes a layer, that layer's whole activations are back)"
+            if answer == right - 1 else "")
+    return (f"for {where}, with {answer} layers recomputed a GPU needs {P.size(need)}, more "
+            f"than the budget{hint}")
 
 
-def _judge_sequence_parallel(data) -> str:
-    judge_cases(data["cases"], _judge_sp_case)
-    return ("correct: with sequence parallelism every activation of a layer is split over the "
-            "tensor-parallel ranks")
+def _judge_block(data) -> str:
+    judge_cases(data["cases"], _judge_block_case)
+    return ("correct: each recomputed layer saves its activations but its input, and one of "
+            "them is whole again while backward recomputes it")
 
 
-check_sequence_parallel = checked("lesson12.sequence_parallel", _probe_sequence_parallel,
-                                  _judge_sequence_parallel)
-check_sequence_parallel.__doc__ = """Check ``fn(model, plan)``: one layer's activation bytes for
-one micro-batch on one GPU with tensor and sequence parallelism (``planner.Transformer``,
-``planner.Plan``)."""
+check_block_recompute = checked("lesson12.block_recompute", _probe_block, _judge_block)
+check_block_recompute.__doc__ = """Check ``fn(model, plan, budget)``: the fewest layers to
+recompute for one GPU of ``plan`` (no pipeline) to fit in ``budget`` bytes, or None."""
 
 # -- exercise 2: each pipeline stage's activations, predicted, then measured --------------------
 

@@ -1,0 +1,65 @@
+"""Each GPU's share of a plan: its pipeline stage's layers, its parameters, its micro-batch.
+
+Lecture: model parallelism (a network split by layers over ranks, lesson 5) and the seed
+article's "choose a strategy" step (lesson 12). :mod:`course_lib.gpu_memory` and
+:mod:`course_lib.step_time` count memory and time from these shares.
+"""
+
+from __future__ import annotations
+
+from course_lib.plans import Plan, Transformer, check_positive
+
+
+def balanced_stages(layers: int, pp: int) -> tuple:
+    """``layers`` over ``pp`` stages as evenly as they go, the lighter stages at the two ends,
+    where the embedding and the head sit: 70 over 12 is 5+6x10+5 (BLOOM), 126 over 16 is
+    7+8x14+7 (Llama 3 405B: "we reduce one Transformer layer each from the first and the last
+    stages", Dubey et al. 2024, section 3.3.2)."""
+    check_positive("balanced_stages", layers=layers, pp=pp)
+    if pp > layers:
+        raise ValueError(f"{layers} layers cannot fill {pp} pipeline stages")
+    q, r = divmod(layers, pp)
+    light = pp - r
+    return (q,) * (light // 2) + (q + 1,) * r + (q,) * (light - light // 2)
+
+
+def gathered_units(model: Transformer, plan: Plan) -> int:
+    """ZeRO-3's gathers per layer: one block, or its weight matrices (q, k and v fused, the
+    output projection, and the MLP's two, or three gated)."""
+    if plan.gather_unit == "block":
+        return 1
+    return 5 if model.gated_mlp else 4
+
+
+def stage_layers(model: Transformer, plan: Plan) -> tuple:
+    """Layers on each pipeline stage: ``plan.stages``, or equal shares."""
+    if plan.stages is not None:
+        if sum(plan.stages) != model.layers:
+            raise ValueError(f"Plan.stages {plan.stages} hold {sum(plan.stages)} layers, the "
+                             f"model has {model.layers}")
+        return plan.stages
+    if model.layers % plan.pp:
+        raise ValueError(f"pp = {plan.pp} does not divide the {model.layers} layers: give "
+                         f"Plan.stages (planner.balanced_stages({model.layers}, {plan.pp}))")
+    return (model.layers // plan.pp,) * plan.pp
+
+
+def micro_batch_size(model: Transformer, plan: Plan) -> float:
+    """Sequences per micro-batch on one data-parallel rank."""
+    return model.global_batch / (plan.dp * plan.micro_batches)
+
+
+def stage_parameters(model: Transformer, plan: Plan) -> list[float]:
+    """Parameters one GPU of each stage holds: its layers, the embedding on the first stage and
+    the head on the last (a tied head is a second copy of the embedding there, whose gradients
+    Megatron-LM adds to the first stage's), all divided over the tensor-parallel group."""
+    layers = stage_layers(model, plan)
+    out = []
+    for s, n in enumerate(layers):
+        count = n * model.layer_parameters
+        count += model.embedding_parameters if s == 0 else 0
+        if s == plan.pp - 1:
+            count += model.head_parameters
+            count += model.vocab * model.hidden if model.tied_head and plan.pp > 1 else 0
+        out.append(count / plan.tp)
+    return out

@@ -1,0 +1,174 @@
+"""Step time of a parallel plan, term by term, with the earlier lessons' rules (lesson 12).
+
+Lecture: the seed article's "choose a strategy" step. Every term is an earlier lesson's:
+
+* **compute**: the busiest pipeline stage's hardware FLOPs (:mod:`course_lib.plans`) at the
+  cluster's kernel speed, for each of its m micro-batches;
+* **tensor parallel**: Megatron's all-reduces of a layer's activations, 4 per layer and
+  micro-batch (2 forward, 2 backward; 6 with full recomputation, whose forward runs again),
+  not overlapped (lesson 5);
+* **bubble**: the pipeline's fill and drain, (p - 1)/(v m) of the compute for equal stages
+  (lessons 5 and 11), and in general (sum of the stages' times - the slowest's) / v;
+* **pipeline**: the sends between stages, each 1/t of an activation per GPU (Megatron's
+  scatter/gather, Narayanan et al. 2021, section 4.1), v times as many when interleaved;
+* **data parallel**: the gradient collectives less what the compute beside them hides
+  (lesson 10). With accumulation the one all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1) can
+  hide only under the *last* micro-batch's backward, and the last bucket under nothing; ZeRO-1
+  and -2 gather the updated parameters under the next step's first forward; ZeRO-2
+  reduce-scatters every micro-batch and ZeRO-3 also gathers every layer's parameters for each
+  micro-batch's forward and backward, each under that micro-batch's compute. Every bucket (a
+  layer's gradients, at least DDP's 25 MiB; ZeRO-3's unit of gathering) pays the ring's
+  latency, and communication
+  that overlaps compute still slows it: by 18.9 % on average in Lee et al. 2025's measurements
+  on A100 and H100 GPUs (arXiv 2507.03114), the figure used here.
+"""
+
+from __future__ import annotations
+
+import math
+
+from course_lib.cost_models import ring_all_reduce_time
+from course_lib.plans import Cluster, Plan, Transformer
+from course_lib.stages import gathered_units, micro_batch_size, stage_layers, stage_parameters
+
+BUCKET_BYTES = 25 * 2**20
+OVERLAP_SLOWDOWN = 0.189
+TERMS = ("compute", "bubble", "tensor_parallel", "pipeline", "data_parallel")
+
+
+def stage_seconds(model: Transformer, cluster: Cluster, plan: Plan) -> list[dict]:
+    """Each pipeline stage's seconds for one micro-batch: ``forward`` and ``backward`` compute
+    (backward includes what it recomputes) and the ``tensor_parallel`` all-reduces."""
+    tokens = model.seq * micro_batch_size(model, plan)
+    per = model.forward_flops_per_token()
+    again = model.recomputed_flops_per_token(plan.recompute, plan.attention)
+    activation = model.value_bytes * tokens * model.hidden
+    alpha, beta = cluster.link(plan.tp, 1)
+    one = float(ring_all_reduce_time(activation, plan.tp, alpha, beta)) if plan.tp > 1 else 0.0
+    out = []
+    for s, n in enumerate(stage_layers(model, plan)):
+        head = per["head"] if s == plan.pp - 1 else 0.0
+        forward = (n * per["layer"] + head) * tokens / plan.tp
+        backward = (n * (2 * per["layer"] + again) + 2 * head) * tokens / plan.tp
+        out.append(dict(forward=forward / cluster.speed, backward=backward / cluster.speed,
+                        tensor_parallel=n * (6 if plan.recompute else 4) * one))
+    return out
+
+
+def exposed(comm: float, window: float, first: float,
+            slowdown: float = OVERLAP_SLOWDOWN) -> float:
+    """Seconds ``comm`` seconds of communication add beside ``window`` seconds of compute: what
+    sticks out of the window -- at least ``first``, the message nothing can hide (the last
+    gradient bucket, the first layer's gather) -- plus the compute slowed while they overlap."""
+    out = max(comm - window, min(first, comm))
+    return out + slowdown * (comm - out)
+
+
+def _collective(n_bytes: float, p: int, alpha: float, beta: float, buckets: int,
+                kind: str) -> float:
+    """A ring all-reduce (or a reduce-scatter / all-gather, half of one) of ``n_bytes`` sent in
+    ``buckets`` messages, each paying the ring's latency."""
+    ring = float(ring_all_reduce_time(n_bytes, p, 0.0, beta)) + 2 * (p - 1) * alpha * buckets
+    return ring if kind == "all-reduce" else ring / 2
+
+
+def stage_data_parallel_seconds(model, plan, psi, t, layers, alpha, beta, overlap) -> tuple:
+    """One stage's data-parallel seconds: (the part that cannot wait, the part at the end)."""
+    m = plan.micro_batches
+    layer_bytes = model.value_bytes * model.layer_parameters / plan.tp
+    units = gathered_units(model, plan)
+    grads = model.value_bytes * psi
+    if plan.zero == 3:  # one gather (or reduce-scatter) per unit, and for the embeddings
+        buckets = layers * units + 1
+    else:  # a layer's gradients, at least DDP's 25 MiB
+        buckets = max(1, math.ceil(grads / max(BUCKET_BYTES, layer_bytes)))
+    bucket = grads / buckets
+
+    def cost(kind, n_bytes=grads, count=buckets):
+        return _collective(n_bytes, plan.dp, alpha, beta, count, kind)
+
+    def hide(comm, window, first):
+        return exposed(comm, window if overlap else 0.0, first)
+
+    fwd, bwd = t["forward"], t["backward"]
+    reduce, gather = cost("reduce-scatter"), cost("all-gather")
+    last_rs, last_ag = cost("reduce-scatter", bucket, 1), cost("all-gather", bucket, 1)
+    end, per_step = 0.0, 0.0  # end: after the last backward; per_step: the rest
+    if plan.zero == 0:
+        end = hide(cost("all-reduce"), bwd, cost("all-reduce", bucket, 1))
+    elif plan.zero in (1, 2):
+        end = hide(reduce, bwd, last_rs)
+        per_step = hide(gather, fwd, last_ag)
+        if plan.zero == 2:  # every other micro-batch's gradients too, under its compute
+            per_step += (m - 1) * hide(reduce, fwd + bwd, last_rs)
+    else:  # gathers again for a recomputed forward when it gathers matrix by matrix
+        again = 2 if plan.recompute and plan.gather_unit == "matrix" else 1
+        per_step = m * (hide(gather, fwd, last_ag)
+                        + hide(again * gather + reduce, bwd, last_rs))
+    return per_step, end
+
+
+def data_parallel_seconds(model: Transformer, cluster: Cluster, plan: Plan, stages: list[dict],
+                          overlap: bool = True) -> float:
+    """The exposed data-parallel time of the step (the module's docstring says what hides
+    where); ``overlap=False``: nothing hides (a step that all-reduces after backward)."""
+    if plan.dp == 1:
+        return 0.0
+    alpha, beta = cluster.link(plan.dp, plan.tp * plan.pp)
+    worst, slack, cache = 0.0, 0.0, {}  # stages alike cost alike: each kind computed once
+    for psi, t, layers in zip(stage_parameters(model, plan), stages, stage_layers(model, plan),
+                              strict=True):
+        key = (psi, t["forward"], t["backward"], layers)
+        if key not in cache:
+            cache[key] = stage_data_parallel_seconds(model, plan, psi, t, layers, alpha, beta,
+                                                     overlap)
+        per_step, end = cache[key]
+        # stage s's end-of-step collective can also hide under the backward still to come on
+        # the stages before it (they finish later)
+        worst = max(worst, per_step + max(0.0, end - slack))
+        slack += t["backward"] / plan.chunks
+    return worst
+
+
+def pipeline_seconds(model: Transformer, cluster: Cluster, plan: Plan) -> float:
+    """The sends between stages on the critical path: one forward and one backward per
+    micro-batch and chunk, plus the fill, each 1/t of an activation."""
+    if plan.pp == 1:
+        return 0.0
+    alpha, beta = cluster.link(plan.pp, plan.tp)
+    activation = model.value_bytes * model.seq * micro_batch_size(model, plan) * model.hidden
+    sends = 2 * (plan.chunks * plan.micro_batches + plan.pp - 1)
+    return sends * (alpha + beta * activation / plan.tp)
+
+
+def step_time(model: Transformer, cluster: Cluster, plan: Plan, overlap: bool = True) -> dict:
+    """Predicted seconds of one step, term by term (:data:`TERMS`), and their ``total``.
+    ``overlap``: the data-parallel collectives run beside the compute (DDP, FSDP, lesson 10);
+    False for a step that all-reduces after backward (:mod:`course_lib.train_gpt`)."""
+    if plan.gpus > cluster.gpus:
+        raise ValueError(f"the plan needs dp x tp x pp = {plan.gpus} GPUs, the cluster has "
+                         f"{cluster.gpus}")
+    stages = stage_seconds(model, cluster, plan)
+    busy = [t["forward"] + t["backward"] + t["tensor_parallel"] for t in stages]
+    slowest = max(range(plan.pp), key=busy.__getitem__)
+    m = plan.micro_batches
+    out = dict(compute=m * (stages[slowest]["forward"] + stages[slowest]["backward"]),
+               bubble=(sum(busy) - busy[slowest]) / plan.chunks,
+               tensor_parallel=m * stages[slowest]["tensor_parallel"],
+               pipeline=pipeline_seconds(model, cluster, plan),
+               data_parallel=data_parallel_seconds(model, cluster, plan, stages, overlap))
+    out["total"] = sum(out.values())
+    return out
+
+
+def collectives(model: Transformer, plan: Plan) -> int:
+    """Collectives and sends one GPU of the busiest stage issues in a step: fewer is the
+    tie-break between plans predicted equally fast (each one is a chance to wait)."""
+    layers = max(stage_layers(model, plan))
+    m = plan.micro_batches
+    tp = layers * (6 if plan.recompute else 4) * m if plan.tp > 1 else 0
+    pp = 2 * plan.chunks * m if plan.pp > 1 else 0
+    dp = 0
+    if plan.dp > 1:
+        dp = {0: 1, 1: 2, 2: m + 1, 3: 3 * layers * gathered_units(model, plan) * m}[plan.zero]
+    return tp + pp + dp
