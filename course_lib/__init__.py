@@ -12,7 +12,9 @@ The lecture's concepts, one module each, named in the lecture's words:
     overlap, compression, recomputation, zero, memory, interleaving, planner, train_gpt
 
 and beside them ``data`` (the digits, row shards), ``models`` (the course's networks),
-``published`` (the papers' training configurations the planner is checked against),
+``plans``, ``stages``, ``gpu_memory`` and ``step_time`` (the planner's spine: a plan, each GPU's
+share of it, its memory and its step time), ``published`` (training runs the planner is checked
+against) and ``validation`` (the comparison),
 ``cost_models`` (every closed-form prediction, in one vocabulary) and ``plots``. The machinery
 sits beneath, by role: ``runtime`` (launch, the worker, torchrun, devices, machine report,
 timing, profiling), ``exercises`` (a module of checks per lesson and the grader), ``benchmarks``.

@@ -148,7 +148,7 @@ def why(best: Ranked, other: Ranked) -> str:
         else:
             tie = (f"{size(other.memory['total'])} per GPU against "
                    f"{size(best.memory['total'])}")
-        return f"{other.plan}: as fast as the best (within 0.5 %), but {tie}"
+        return f"{other.plan}: as fast as the best (within 0.5%), but {tie}"
     worst = max(TERMS, key=lambda k: other.time[k] - best.time[k])
     extra = other.time[worst] - best.time[worst]
     return (f"{other.plan}: {other.time['total'] / best.time['total']:.2f} x the best step, most "

@@ -214,6 +214,11 @@ TEAMS = {NARAYANAN_2021: "NVIDIA (Megatron-LM)", KORTHIKANTI_2022: "NVIDIA (Mega
          SMITH_2022: "Microsoft and NVIDIA", BLOOM_2022: "BigScience", ZHANG_2022: "Meta AI",
          DUBEY_2024: "Meta (Llama team)", NVIDIA_2024: "NVIDIA (Nemotron)"}
 
+
+def team_of(run: Run) -> str:
+    """The team that published ``run``."""
+    return next(team for source, team in TEAMS.items() if run.source.startswith(source))
+
 # Memory: GB (10^9 bytes) per GPU. ZeRO's Table 1: the model states (16 bytes a parameter in
 # mixed precision) of a 7.5B model over 64 data-parallel GPUs at each stage; section 3.2: GPT-2's
 # 1.5B model, its states, and its activations at sequence 1K and batch 32, with and without

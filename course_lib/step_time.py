@@ -55,11 +55,12 @@ def stage_seconds(model: Transformer, cluster: Cluster, plan: Plan) -> list[dict
     return out
 
 
-def exposed(comm: float, window: float, first: float,
-            slowdown: float = OVERLAP_SLOWDOWN) -> float:
+def exposed(comm: float, window: float, first: float, slowdown: float | None = None) -> float:
     """Seconds ``comm`` seconds of communication add beside ``window`` seconds of compute: what
     sticks out of the window -- at least ``first``, the message nothing can hide (the last
-    gradient bucket, the first layer's gather) -- plus the compute slowed while they overlap."""
+    gradient bucket, the first layer's gather) -- plus the compute slowed while they overlap,
+    by ``slowdown`` of the overlapped time (default :data:`OVERLAP_SLOWDOWN`)."""
+    slowdown = OVERLAP_SLOWDOWN if slowdown is None else slowdown
     out = max(comm - window, min(first, comm))
     return out + slowdown * (comm - out)
 

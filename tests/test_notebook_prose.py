@@ -54,6 +54,11 @@ ALLOWED = {
            "55%": "Zhao et al.'s largest drop, a paper's number",
            "10%": "the closeness threshold percent_off is called with",
            "25%": "a question's drop-out rate"},
+    "12": {"18.9%": "Lee et al. 2025's measured average slowdown of overlapped compute, a paper's "
+                    "number and the planner's parameter",
+           "40%": "Lee et al. 2025's worst measured slowdown, a paper's number",
+           "97%": "the threshold the cell's own check asserts",
+           "25%": "the bound the cell's own check asserts (the issue's acceptance)"},
     "09": {"30%": "the attacker shares, parameters (10-30%)",
            "20%": "the trimmed mean's trim, a parameter",
            "10\\times$": "the boost factor of the attack, a parameter"},
