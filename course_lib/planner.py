@@ -7,8 +7,10 @@ recomputation, sequence parallelism); Rajbhandari et al. 2020 (ZeRO). The model,
 the plan are :mod:`course_lib.plans`; a plan's memory is :mod:`course_lib.gpu_memory`, its time
 :mod:`course_lib.step_time`; this module enumerates the plans and ranks them.
 
-Ranks are laid out tensor-parallel innermost, then pipeline, then data parallel (Megatron's
-order), so a group of size g and stride k crosses nodes when g k exceeds the GPUs of a node.
+Ranks are laid out tensor-parallel innermost (as Megatron-LM does), then pipeline, then data
+parallel (Megatron-LM puts data parallel before pipeline; with tensor parallelism filling a node
+the two orders give the same links), so a group of size g and stride k crosses nodes when g k
+exceeds the GPUs of a node.
 """
 
 from __future__ import annotations
@@ -105,13 +107,20 @@ def rank_plans(model: Transformer, cluster: Cluster, per_layer=activation_bytes_
     the one with fewer collectives, then larger micro-batches, then less memory. A plan slower
     than one GPU, or than plain data parallelism where that fits, says so in ``notes``.
     ``per_layer``, ``per_head`` and ``overlap`` as in :func:`memory` and :func:`step_time`."""
+    plans = candidate_plans(model, cluster, **options)
+    if not plans:
+        raise ValueError(
+            f"no plan uses all {cluster.gpus} GPUs for this model: tp must divide the heads "
+            f"({model.heads}) and a node's {cluster.gpus_per_node} GPUs, pp be at most the "
+            f"layers ({model.layers}), dp divide the global batch ({model.global_batch}), and "
+            f"the choices given ({sorted(options) or 'none'}) leave some plan")
     out = []
-    for plan in candidate_plans(model, cluster, **options):
+    for plan in plans:
         mem = memory(model, plan, per_layer, per_head)
         out.append(Ranked(plan, mem, step_time(model, cluster, plan, overlap),
                           mem["total"] <= cluster.memory, collectives(model, plan),
                           micro_batch_size(model, plan)))
-    out.sort(key=lambda r: (not r.fits, float(f"{r.time['total']:.3g}"), r.collectives,
+    out.sort(key=lambda r: (not r.fits, to_three_figures(r.time["total"]), r.collectives,
                             -r.micro_batch, r.memory["total"]))
     plain = {r.plan.recomputation: r for r in reversed(out)
              if r.fits and r.plan.tp == r.plan.pp == 1 and r.plan.zero == 0}
@@ -127,6 +136,11 @@ def rank_plans(model: Transformer, cluster: Cluster, per_layer=activation_bytes_
     return out
 
 
+def to_three_figures(seconds: float) -> float:
+    """Step times the ranking calls equal: the same to three significant figures."""
+    return float(f"{seconds:.3g}")
+
+
 def size(n_bytes: float) -> str:
     """Bytes in GiB, or MiB below one GiB (a small model's plans differ below 0.1 GiB)."""
     return f"{n_bytes / 2**30:.1f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.2f} MiB"
@@ -139,7 +153,7 @@ def why(best: Ranked, other: Ranked) -> str:
         return (f"{other.plan}: needs {size(other.memory['total'])} per GPU "
                 f"({size(other.memory['state'])} state, "
                 f"{size(other.memory['activations'])} activations)")
-    if other.time["total"] <= 1.005 * best.time["total"]:
+    if to_three_figures(other.time["total"]) == to_three_figures(best.time["total"]):
         if other.collectives != best.collectives:
             tie = f"{other.collectives} collectives a step against {best.collectives}"
         elif other.micro_batch != best.micro_batch:
@@ -148,7 +162,7 @@ def why(best: Ranked, other: Ranked) -> str:
         else:
             tie = (f"{size(other.memory['total'])} per GPU against "
                    f"{size(best.memory['total'])}")
-        return f"{other.plan}: as fast as the best (within 0.5%), but {tie}"
+        return f"{other.plan}: as fast as the best (to three figures), but {tie}"
     worst = max(TERMS, key=lambda k: other.time[k] - best.time[k])
     extra = other.time[worst] - best.time[worst]
     return (f"{other.plan}: {other.time['total'] / best.time['total']:.2f} x the best step, most "

@@ -8,7 +8,7 @@ applied to attention (heads split) and the MLP; pipeline parallelism is
 gradients after backward (lesson 4), or ZeRO-1/2 shards Adam (:mod:`course_lib.zero`), or ZeRO-3
 is FSDP2 (:mod:`course_lib.sharding`).
 
-Ranks are laid out as the planner assumes (Megatron's order): tensor-parallel innermost, then
+Ranks are laid out as the planner assumes: tensor-parallel innermost (as in Megatron-LM), then
 pipeline, then data parallel, so rank = (d pp + s) tp + t. ::
 
     python -m course_lib.train_gpt --dp 1 --tp 2 --pp 1          # two workers through launch

@@ -231,6 +231,21 @@ def test_worker_that_dies_names_rank_and_exit_code_or_signal(tmp_path, how, expe
     assert pids_alive(read_pids(tmp_path)) == []
 
 
+def test_a_rank_that_died_comes_before_a_rank_that_only_lost_its_peer():
+    from course_lib.runtime.errors import WorkerError, cause_first, lost_a_peer
+
+    # rank 0's report of the crash is timed before the supervisor saw rank 1 dead
+    lost = WorkerError("rank 0 raised RuntimeError", rank=0, exc_type="RuntimeError",
+                       exc_message="Gloo connectFullMesh failed with [...] Connection closed by "
+                                   "peer [127.0.0.1]:431")
+    died = WorkerError("rank 1 died from signal SIGSEGV", rank=1, signal_name="SIGSEGV")
+    raised = WorkerError("rank 2 raised ValueError", rank=2, exc_type="ValueError",
+                         exc_message="bad shape")
+    assert lost_a_peer(lost) and not lost_a_peer(died) and not lost_a_peer(raised)
+    assert [e.rank for _, e in cause_first([(1.0, lost), (2.0, died)])] == [1, 0]
+    assert [e.rank for _, e in cause_first([(2.0, died), (1.0, raised)])] == [2, 1]
+
+
 def test_sys_exit_in_fn_is_reported_as_an_error(tmp_path):
     with pytest.raises(WorkerError, match="sys.exit"):
         launch(workers.exit_on_rank_1, 2, args=(str(tmp_path), "sys.exit"), timeout=60)

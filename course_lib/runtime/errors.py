@@ -95,6 +95,23 @@ def describe_failure(rank, proc, jobdir):
         rank=rank, exitcode=rc)
 
 
+# what a rank says when a peer died under it (gloo, NCCL, sockets): a consequence, not a cause
+LOST_PEER = ("Connection closed by peer", "remote worker crashing", "Connection reset by peer",
+             "Broken pipe", "remote process exited")
+
+
+def lost_a_peer(error: WorkerError) -> bool:
+    """Whether ``error`` is a rank reporting that a peer went away."""
+    return bool(error.exc_message) and any(s in error.exc_message for s in LOST_PEER)
+
+
+def cause_first(described):
+    """(time, WorkerError) pairs ordered so that the likely cause comes first: a rank that died
+    or raised on its own before ranks that only lost a peer (a death is timed when it is seen,
+    after the peer's report of it), then by time."""
+    return sorted(described, key=lambda pair: (lost_a_peer(pair[1]), pair[0]))
+
+
 def dump_stacks(procs, running, jobdir):
     """Ask each stuck worker where it is (faulthandler on SIGUSR1) and read the answers."""
     if not hasattr(signal, "SIGUSR1"):

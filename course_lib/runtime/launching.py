@@ -46,7 +46,7 @@ from course_lib.runtime.devices import (
     threads_per_worker,
     usable_cores,
 )
-from course_lib.runtime.errors import describe_failure, dump_stacks, timeout_error
+from course_lib.runtime.errors import cause_first, describe_failure, dump_stacks, timeout_error
 
 LOOPBACK = "127.0.0.1"
 _POLL_S = 0.02  # how often the supervisor looks at the workers
@@ -213,8 +213,7 @@ def _supervise(procs, jobdir, timeout, lines):
         if failed and (time.monotonic() - first_failure > _GRACE_S or all(
                 c is not None for c in codes)):
             # the earliest error is the cause; later ones are usually peers losing their link
-            described = sorted((describe_failure(r, procs[r], jobdir) for r in failed),
-                               key=lambda pair: pair[0])
+            described = cause_first([describe_failure(r, procs[r], jobdir) for r in failed])
             error = described[0][1]
             others = [e.rank for _, e in described[1:]]
             if others:
