@@ -18,9 +18,9 @@ Lecture: the seed article's "choose a strategy" step. Every term is an earlier l
   reduce-scatters every micro-batch and ZeRO-3 also gathers every layer's parameters for each
   micro-batch's forward and backward, each under that micro-batch's compute. Every bucket (a
   layer's gradients, at least DDP's 25 MiB; ZeRO-3's unit of gathering) pays the ring's
-  latency, and communication
-  that overlaps compute still slows it: by 18.9 % on average in Lee et al. 2025's measurements
-  on A100 and H100 GPUs (arXiv 2507.03114), the figure used here.
+  latency, and communication that overlaps compute still slows it: by 18.9% on average in Lee
+  et al. 2025's measurements on A100, H100 and AMD GPUs (arXiv 2507.03114), the figure used
+  here.
 """
 
 from __future__ import annotations
@@ -73,8 +73,12 @@ def _collective(n_bytes: float, p: int, alpha: float, beta: float, buckets: int,
     return ring if kind == "all-reduce" else ring / 2
 
 
-def stage_data_parallel_seconds(model, plan, psi, t, layers, alpha, beta, overlap) -> tuple:
-    """One stage's data-parallel seconds: (the part that cannot wait, the part at the end)."""
+def stage_data_parallel_seconds(model: Transformer, plan: Plan, psi: float, t: dict, layers: int,
+                                alpha: float, beta: float, overlap: bool) -> tuple:
+    """One stage's data-parallel seconds, ``(per_step, end)``: what its collectives expose during
+    the step, and what the one after its last backward exposes. ``psi``: the parameters one GPU
+    of the stage holds; ``t``: its :func:`stage_seconds`; ``alpha``, ``beta``: the
+    data-parallel group's link."""
     m = plan.micro_batches
     layer_bytes = model.value_bytes * model.layer_parameters / plan.tp
     units = gathered_units(model, plan)

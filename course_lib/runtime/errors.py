@@ -112,8 +112,9 @@ def cause_first(described):
     return sorted(described, key=lambda pair: (lost_a_peer(pair[1]), pair[0]))
 
 
-def dump_stacks(procs, running, jobdir):
-    """Ask each stuck worker where it is (faulthandler on SIGUSR1) and read the answers."""
+def dump_stacks(procs, running, jobdir, wait: float = 5.0):
+    """Ask each stuck worker where it is (faulthandler on SIGUSR1) and read the answers, waiting
+    up to ``wait`` seconds for them (on a loaded machine a worker may be scheduled late)."""
     if not hasattr(signal, "SIGUSR1"):
         return {}
     for rank in running:
@@ -121,14 +122,17 @@ def dump_stacks(procs, running, jobdir):
             os.kill(procs[rank].pid, signal.SIGUSR1)
         except OSError:
             pass
-    time.sleep(0.5)
-    stacks = {}
-    for rank in running:
+
+    def read(rank):
         path = Path(jobdir, f"stack-{rank}.txt")
-        text = path.read_text(errors="replace") if path.exists() else ""
-        if text.strip():
-            stacks[rank] = _main_thread_stack(text)
-    return stacks
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and not all(
+            read(r).strip() or procs[r].poll() is not None for r in running):
+        time.sleep(0.1)
+    time.sleep(0.2)  # a dump seen begun is given the time to end
+    return {rank: _main_thread_stack(text) for rank in running if (text := read(rank)).strip()}
 
 
 def _main_thread_stack(dump: str) -> str:
