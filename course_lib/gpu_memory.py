@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from course_lib.cost_models import zero_bytes_per_rank
+from course_lib.cost_models import check_processes, zero_bytes_per_rank
 from course_lib.plans import Plan, Transformer
 from course_lib.stages import micro_batch_size, stage_layers, stage_parameters
 
@@ -28,8 +28,7 @@ def state_bytes(psi: float, dp: int, zero: int, value_bytes: int = 2) -> float:
     if value_bytes != 4:
         raise ValueError(f"value_bytes must be 2 (bf16 mixed precision) or 4 (float32), got "
                          f"{value_bytes}")
-    if dp < 1:
-        raise ValueError(f"dp must be at least 1, got {dp}")
+    check_processes(dp, "dp")
     return {0: 16 * psi, 1: 8 * psi + 8 * psi / dp, 2: 4 * psi + 12 * psi / dp,
             3: 16 * psi / dp}[zero]
 
