@@ -51,6 +51,7 @@ from course_lib.runtime.errors import cause_first, describe_failure, dump_stacks
 LOOPBACK = "127.0.0.1"
 _POLL_S = 0.02  # how often the supervisor looks at the workers
 _GRACE_S = 0.3  # after a first failure, how long to wait for the root cause to surface
+_COLLECTIVE_MARGIN_S = 60.0  # how much longer a rank's collective waits than launch's timeout
 
 
 # -- checks and packing, before any process starts -----------------------------------------
@@ -267,7 +268,10 @@ def launch(fn, world_size: int = 2, args=(), kwargs=None, backend: str = "auto",
                           timeout=store_timeout)
     with tempfile.TemporaryDirectory(prefix="course_lib-launch-") as jobdir:
         settings = dict(sys_path=list(sys.path), cwd=os.getcwd(), backend=backend,
-                        threads=threads, timeout_s=store_timeout.total_seconds())
+                        threads=threads,
+                        # the ranks' own collectives wait longer than the launch does, so that
+                        # its timeout (which reports where each rank was) always comes first
+                        timeout_s=store_timeout.total_seconds() + _COLLECTIVE_MARGIN_S)
         Path(jobdir, "settings.pkl").write_bytes(pickle.dumps(settings))
         Path(jobdir, "job.pkl").write_bytes(job)
         procs, pumps = [], []
