@@ -84,6 +84,20 @@ def test_device_under_a_gpu_group_is_the_ranks_gpu(monkeypatch):
     assert device() == torch.device("cuda", 3)
 
 
+def test_worker_threads_is_the_same_at_every_world_size_and_refuses_nonsense(monkeypatch):
+    monkeypatch.delenv("COURSE_LIB_THREADS", raising=False)
+    assert D.worker_threads() == 1 and D.worker_threads(2) == 2
+    monkeypatch.setenv("COURSE_LIB_THREADS", "3")
+    assert D.worker_threads() == 3 and D.worker_threads(1) == 1  # an explicit number wins
+    for bad in (0, -2, True, 1.5, "2"):
+        with pytest.raises(ValueError, match="at least 1"):
+            D.worker_threads(bad)
+    for bad in ("0", "two", ""):
+        monkeypatch.setenv("COURSE_LIB_THREADS", bad)
+        with pytest.raises(ValueError, match="at least 1"):
+            D.worker_threads()
+
+
 def test_threads_per_worker_never_oversubscribe():
     assert D.threads_per_worker(1, cores=8) == 8
     assert D.threads_per_worker(2, cores=8) == 4

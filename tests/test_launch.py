@@ -29,6 +29,7 @@ WARM_ONLY = {
     "test_returns_each_ranks_result_indexed_by_rank", "test_args_and_kwargs_reach_every_rank",
     "test_unpicklable_result_is_a_worker_error", "test_sys_exit_in_fn_is_reported_as_an_error",
     "test_endless_loop_raises_launch_timeout",  # the stuck collective covers cold timeouts
+    "test_threads_below_one_or_not_a_whole_number_is_refused",
 }
 
 
@@ -170,10 +171,28 @@ def test_two_launches_at_the_same_time_both_succeed():
 
 # -- threads -------------------------------------------------------------------------------------
 
-def test_workers_times_threads_fit_the_cores():
-    envs = launch(workers.environment, 2)
-    assert sum(env["threads"] for env in envs) <= D.usable_cores()
+def test_one_rank_and_two_ranks_compute_with_the_same_threads(monkeypatch):
+    # sharing the cores out gave one rank every core's threads: a "speedup" that was threads
+    monkeypatch.delenv("COURSE_LIB_THREADS", raising=False)
+    envs = launch(workers.environment, 1) + launch(workers.environment, 2)
+    assert [env["threads"] for env in envs] == [D.worker_threads()] * 3 == [1] * 3
     assert all(env["OMP_NUM_THREADS"] == str(env["threads"]) for env in envs)
+    monkeypatch.setenv("COURSE_LIB_THREADS", "2")  # the kernel's rule, read by the launcher
+    assert [env["threads"] for env in launch(workers.environment, 1)] == [2]
+
+
+def test_threads_gives_every_rank_that_many_and_warns_past_the_cores():
+    assert [env["threads"] for env in launch(workers.environment, 1, threads=2)] == [2]
+    many = D.usable_cores() + 1
+    with pytest.warns(RuntimeWarning, match=f"1 workers x {many} threads on .*oversubscribed"):
+        envs = launch(workers.environment, 1, threads=many)
+    assert envs[0]["threads"] == many and envs[0]["OMP_NUM_THREADS"] == str(many)
+
+
+@pytest.mark.parametrize("threads", [0, -1, True, 1.5, "2"])
+def test_threads_below_one_or_not_a_whole_number_is_refused(threads):
+    with pytest.raises(ValueError, match="threads must be a whole number, at least 1"):
+        launch(workers.rank_and_size, 2, threads=threads)
 
 
 # -- output --------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+from course_lib.runtime import devices as D
 from course_lib.runtime import machine as M
 from course_lib.runtime.machine import describe_machine, format_machine
 
@@ -18,6 +19,13 @@ def test_describe_machine_reports_cores_gpus_and_backends():
     assert info["launch_backend_for_1"] in ("gloo", "cpu:gloo,cuda:nccl")
     text = format_machine(info)
     assert "gloo yes" in text and "CPU cores" in text and "GPUs:" in text
+    assert info["threads_per_worker"] == D.worker_threads()  # what launch gives every worker
+    assert f"{info['threads_per_worker']} CPU thread(s) per worker at every world size" in text
+
+
+def test_the_report_says_the_threads_launch_gives(monkeypatch):
+    monkeypatch.setenv("COURSE_LIB_THREADS", "3")
+    assert "3 CPU thread(s) per worker" in format_machine(describe_machine())
 
 
 def test_use_threads_sets_torchs_threads_and_refuses_nonsense(monkeypatch):

@@ -12,7 +12,9 @@ The rule:
 * **otherwise**: every rank computes on the CPU and the group is gloo.
 
 :func:`device` answers "where do I put my tensors?" on a rank; :func:`choose_backend` answers
-"which backend does ``launch`` or ``torchrun`` create?" before any process starts.
+"which backend does ``launch`` or ``torchrun`` create?" before any process starts;
+:func:`worker_threads` answers "how many CPU threads does each process compute with?" (the same
+number for one rank as for many).
 """
 
 from __future__ import annotations
@@ -35,8 +37,28 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+def worker_threads(threads: int | None = None) -> int:
+    """The CPU threads torch computes with in each process: the notebook's kernel, every rank of
+    a ``launch`` and every process under torchrun. ``threads``, or else ``COURSE_LIB_THREADS``
+    (default 1): the same number whatever the world size, so that one rank and p ranks are timed
+    with the same threads each (sharing the cores out gave one rank every core's threads and
+    turned threads into "speedup"). Refuses anything but a whole number >= 1."""
+    if threads is None:
+        raw = os.environ.get("COURSE_LIB_THREADS", "1")
+        try:
+            threads = int(raw)
+        except ValueError:
+            raise ValueError(f"COURSE_LIB_THREADS must be a whole number of threads, at least "
+                             f"1, got {raw!r}") from None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a whole number, at least 1 (CPU threads per "
+                         f"process), got {threads!r}")
+    return threads
+
+
 def threads_per_worker(world_size: int, cores: int | None = None) -> int:
-    """Threads each worker may use so that workers x threads <= cores (at least 1)."""
+    """The most threads each of ``world_size`` workers can use with workers x threads <= cores
+    (at least 1): a ceiling, not what ``launch`` gives (that is :func:`worker_threads`)."""
     cores = usable_cores() if cores is None else cores
     return max(1, cores // world_size)
 

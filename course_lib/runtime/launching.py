@@ -12,7 +12,7 @@ against the ways notebook launchers fail elsewhere:
   workers never re-import ``__main__``;
 * the rendezvous store is created here, on loopback, on a port the kernel picks: nothing to
   collide with when a cell is re-run or two launches overlap;
-* one thread budget is shared out, so workers x threads <= cores;
+* every rank computes with the same threads at any world size: 1 and p ranks time alike;
 * worker output is printed in the calling cell, each line prefixed with its rank;
 * this process watches every worker: the first failure, a timeout or Ctrl-C stops them all, and
   the error says which rank, what happened and what to do.
@@ -43,8 +43,8 @@ from course_lib.runtime import forkserver
 from course_lib.runtime.devices import (
     choose_backend,
     loopback_interface,
-    threads_per_worker,
     usable_cores,
+    worker_threads,
 )
 from course_lib.runtime.errors import cause_first, describe_failure, dump_stacks, timeout_error
 
@@ -233,7 +233,7 @@ def _supervise(procs, jobdir, timeout, lines):
 
 
 def launch(fn, world_size: int = 2, args=(), kwargs=None, backend: str = "auto",
-           timeout: float | None = 300, warm: bool = True):
+           timeout: float | None = 300, warm: bool = True, threads: int | None = None):
     """Run ``fn(*args, **kwargs)`` on ``world_size`` worker processes; return their results.
 
     Inside ``fn`` the default process group is initialised (``dist.get_rank()``,
@@ -251,14 +251,19 @@ def launch(fn, world_size: int = 2, args=(), kwargs=None, backend: str = "auto",
     torch, so a launch starts in a fraction of a second; each worker is still an interpreter
     that ran nothing before (see ``forkserver``). ``warm=False``, or ``COURSE_LIB_LAUNCH=cold``
     in the environment, starts every worker as a new Python, as on other systems.
+
+    ``threads``: the CPU threads of every rank; ``None``: ``COURSE_LIB_THREADS`` (default 1,
+    the kernel's own rule) at every world size, so that timings compare ranks, not threads. A
+    warning says when ``world_size x threads`` exceeds the cores.
     """
     kwargs = {} if kwargs is None else kwargs
     _check_arguments(fn, world_size, args, kwargs, timeout)
     backend = choose_backend(backend, world_size)
     job = _pickle_job(fn, args, kwargs)
-    threads = threads_per_worker(world_size)
-    if world_size > usable_cores():
-        warnings.warn(f"{world_size} workers on {usable_cores()} CPU core(s): oversubscribed. "
+    threads, cores = worker_threads(threads), usable_cores()
+    if world_size * threads > cores:
+        each = f" x {threads} threads" if threads > 1 else ""  # "3 workers on 2 CPU core(s)"
+        warnings.warn(f"{world_size} workers{each} on {cores} CPU core(s): oversubscribed. "
                       f"Results are correct, but times measure contention, not speedup.",
                       RuntimeWarning, stacklevel=2)
     store_timeout = datetime.timedelta(seconds=timeout if timeout is not None else 24 * 3600)
@@ -267,8 +272,7 @@ def launch(fn, world_size: int = 2, args=(), kwargs=None, backend: str = "auto",
     store = dist.TCPStore(LOOPBACK, 0, world_size, is_master=True, wait_for_workers=False,
                           timeout=store_timeout)
     with tempfile.TemporaryDirectory(prefix="course_lib-launch-") as jobdir:
-        settings = dict(sys_path=list(sys.path), cwd=os.getcwd(), backend=backend,
-                        threads=threads,
+        settings = dict(sys_path=list(sys.path), cwd=os.getcwd(), backend=backend, threads=threads,
                         # the ranks' own collectives wait longer than the launch does, so that
                         # its timeout (which reports where each rank was) always comes first
                         timeout_s=store_timeout.total_seconds() + _COLLECTIVE_MARGIN_S)

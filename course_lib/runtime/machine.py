@@ -13,7 +13,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from course_lib.runtime.devices import choose_backend, gpu_count, threads_per_worker, usable_cores
+from course_lib.runtime.devices import choose_backend, gpu_count, usable_cores, worker_threads
 
 
 def use_threads(threads: int | None = None) -> int:
@@ -21,15 +21,14 @@ def use_threads(threads: int | None = None) -> int:
     kernel; workers set theirs when they start) and return it.
 
     The kit's default is one (``COURSE_LIB_THREADS`` changes it), set when ``course_lib`` is
-    imported. The lessons' models are small: a second thread gains little on an idle machine,
-    and when another process keeps a core busy (a browser, a second kernel, a shared CI
-    runner) torch's threads wait for each other at every operation, and a lesson measured at
-    16 s took 350 s. Lesson 00 measures this on your machine.
+    imported; every worker of ``launch`` gets the same, whatever the world size
+    (:func:`course_lib.runtime.devices.worker_threads`). The lessons' models are small: a
+    second thread gains little on an idle machine, and when another process keeps a core busy
+    (a browser, a second kernel, a shared CI runner) torch's threads wait for each other at
+    every operation, and a lesson measured at 16 s took 350 s. Lesson 00 measures this on your
+    machine.
     """
-    if threads is None:
-        threads = int(os.environ.get("COURSE_LIB_THREADS", "1"))
-    if threads < 1:
-        raise ValueError(f"threads must be at least 1, got {threads}")
+    threads = worker_threads(threads)  # the one rule, which launch's workers follow too
     torch.set_num_threads(threads)
     return threads
 
@@ -54,7 +53,7 @@ def describe_machine() -> dict:
             ("mpi", dist.is_mpi_available))},
         launch_backend_for_1=choose_backend("auto", 1),
         launch_backend_for_2=choose_backend("auto", 2),
-        threads_per_worker_for_2=threads_per_worker(2),
+        threads_per_worker=worker_threads(),
     )
 
 
@@ -70,6 +69,6 @@ def format_machine(info: dict) -> str:
         f"GPUs: {gpus}",
         f"torch.distributed backends: {backends}",
         f"launch(fn, world_size=1) would use {info['launch_backend_for_1']}; world_size=2 "
-        f"{info['launch_backend_for_2']} with {info['threads_per_worker_for_2']} CPU thread(s) "
-        f"per worker",
+        f"{info['launch_backend_for_2']}; {info['threads_per_worker']} CPU thread(s) per worker "
+        f"at every world size (COURSE_LIB_THREADS, or launch(..., threads=k))",
     ])
