@@ -7,6 +7,12 @@ import pytest
 os.environ.setdefault("MPLBACKEND", "Agg")  # figures in tests never need a display
 
 
+def is_fork_server(command: str) -> bool:
+    """The fork server's command line: its process title (course_lib.runtime.forkserver.TITLE),
+    or ``python -m course_lib.runtime.forkserver FD`` where setproctitle is not installed."""
+    return "course_lib fork server" in command or "course_lib.runtime.forkserver" in command
+
+
 def _live_children():
     # multiprocessing's resource tracker (started once by mp.spawn in the benchmark) lives as
     # long as the test process by design: it is not a worker
@@ -18,8 +24,7 @@ def _live_children():
             # timeout) by design; the workers it forks are its children and are checked
             if (p.status() != psutil.STATUS_ZOMBIE
                     and "multiprocessing.resource_tracker" not in command
-                    and not ("course_lib.runtime.forkserver" in command
-                             and p.ppid() == os.getpid())):
+                    and not (is_fork_server(command) and p.ppid() == os.getpid())):
                 live.append(p)
         except psutil.NoSuchProcess:
             pass

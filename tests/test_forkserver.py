@@ -14,7 +14,7 @@ import time
 import psutil
 import pytest
 import workers
-from conftest import pids_alive
+from conftest import is_fork_server, pids_alive
 
 from course_lib import launch
 from course_lib.runtime import forkserver
@@ -37,11 +37,36 @@ def import_module(name):
     return name in sys.modules
 
 
+def own_command_line():
+    return open("/proc/self/cmdline").read()
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_ps_shows_each_worker_as_its_rank_and_function(warm):
+    pytest.importorskip("setproctitle")  # without it the command lines stay as they were
+    lines = launch(own_command_line, 2, warm=warm)
+    for rank, line in enumerate(lines):
+        assert line.startswith(f"course_lib worker: rank {rank} of 2, own_command_line"), line
+    if warm:  # and the server says whose it is
+        server = psutil.Process(forkserver._server.process.pid)
+        assert " ".join(server.cmdline()).startswith(
+            f"{forkserver.TITLE} (for pid {os.getpid()})")
+
+
+def test_without_setproctitle_the_command_line_is_left_alone(monkeypatch):
+    from course_lib.runtime import worker
+
+    monkeypatch.setitem(sys.modules, "setproctitle", None)  # as if it were not installed
+    before = own_command_line()
+    worker.set_title("course_lib worker: not shown")
+    assert own_command_line() == before
+
+
 def test_warm_workers_are_forked_by_the_server_and_cold_ones_are_not():
     warm = launch(worker_facts, 2, args=("json",))
     cold = launch(worker_facts, 2, args=("json",), warm=False)
-    assert all("course_lib.runtime.forkserver" in f["parent"] for f in warm)
-    assert not any("course_lib.runtime.forkserver" in f["parent"] for f in cold)
+    assert all(is_fork_server(f["parent"]) for f in warm)
+    assert not any(is_fork_server(f["parent"]) for f in cold)
     assert all(f["session_leader"] for f in warm + cold)  # stopping a worker stops its children
 
 
@@ -77,7 +102,7 @@ def test_launch_starts_cold_when_the_server_cannot_start(monkeypatch):
 
     monkeypatch.setattr(forkserver, "ForkServer", broken)
     facts = launch(worker_facts, 2, args=("json",))
-    assert not any("course_lib.runtime.forkserver" in f["parent"] for f in facts)
+    assert not any(is_fork_server(f["parent"]) for f in facts)
 
 
 def test_server_dies_with_a_killed_launcher_and_after_its_idle_time(tmp_path):

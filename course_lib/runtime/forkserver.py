@@ -5,7 +5,9 @@ imports torch before it can do anything: about a second and a half of a core, pa
 rank of every launch. The fork server pays it once: it is a Python that imports torch,
 ``torch.distributed``, numpy, cloudpickle and ``course_lib.runtime``, and then does nothing
 but wait. For each worker of a launch it forks a child, and the child runs the worker's code
-(``worker.main``) exactly as a cold worker would.
+(``worker.main``) exactly as a cold worker would. In ``ps`` and ``top`` (with ``setproctitle``)
+the server is ``course_lib fork server (for pid N)`` and a worker, warm or cold, is
+``course_lib worker: rank R of P, FUNCTION``.
 
 What stays as with cold workers (the launch contract):
 
@@ -38,6 +40,7 @@ import time
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parents[1]
+TITLE = "course_lib fork server"  # its process title (with setproctitle): ps, top, cmdline
 _READY_TIMEOUT_S = 120  # importing torch on a slow, busy machine
 
 
@@ -87,6 +90,9 @@ def _child(request, fds, sock):
 
 def serve(fd: int) -> None:
     sock = socket.socket(fileno=fd)
+    from course_lib.runtime.worker import set_title
+
+    set_title(f"{TITLE} (for pid {os.getppid()})")  # in ps and top, not "python -m ..."
     import cloudpickle  # noqa: F401 - what every worker imports first, imported once here
     import numpy.random  # noqa: F401 - seeded here: each child must reseed (see _child)
     import torch  # noqa: F401

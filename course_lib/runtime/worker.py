@@ -26,6 +26,21 @@ def _exit_when_parent_dies():
     os._exit(70)
 
 
+def set_title(title: str) -> None:
+    """Show ``title`` as this process's command line in ``ps``, ``top`` and /proc/PID/cmdline
+    (with the ``setproctitle`` package; without it, the command line stays as it was)."""
+    try:
+        from setproctitle import setproctitle
+    except ImportError:
+        return
+    setproctitle(title)
+
+
+def _name(fn) -> str:
+    fn = getattr(fn, "func", fn)  # a functools.partial shows the function it wraps
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
 def to_cpu(value):
     """Move tensors to the CPU so the launcher can unpickle results without touching a GPU."""
     import torch
@@ -59,6 +74,8 @@ def _error_record(exc: BaseException) -> dict:
 
 def main(jobdir: str, rank: int) -> None:
     jobdir = Path(jobdir)
+    title = f"course_lib worker: rank {rank} of {os.environ.get('WORLD_SIZE', '?')}"
+    set_title(title)  # forked or new, a worker shows what it is, not the fork server's title
     threading.Thread(target=_exit_when_parent_dies, daemon=True).start()
     if hasattr(signal, "SIGUSR1"):  # the launcher asks "where are you?" before a timeout kill
         stack_file = open(jobdir / f"stack-{rank}.txt", "w")
@@ -74,6 +91,7 @@ def main(jobdir: str, rank: int) -> None:
         torch.set_num_threads(settings["threads"])
         torch.set_num_interop_threads(1)
         fn, args, kwargs = cloudpickle.loads((jobdir / "job.pkl").read_bytes())
+        set_title(f"{title}, {_name(fn)}")
         timeout = datetime.timedelta(seconds=settings["timeout_s"])
         world_size = int(os.environ["WORLD_SIZE"])
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
