@@ -15,9 +15,15 @@ and beside them ``data`` (the digits, row shards), ``models`` (the course's netw
 ``plans``, ``stages``, ``gpu_memory`` and ``step_time`` (the planner's spine: a plan, each GPU's
 share of it, its memory and its step time), ``published`` (training runs the planner is checked
 against) and ``validation`` (the comparison),
-``cost_models`` (every closed-form prediction, in one vocabulary) and ``plots``. The machinery
+``cost_models`` (every closed-form prediction, in one vocabulary) and ``plots``; pieces split off
+a concept's module to keep it short: ``message_trees`` (parameter_server's star and tree),
+``pipeline_schedules`` and ``pipelining`` (pipeline's GPipe and 1F1B, and PyTorch's), and
+``fl_remedies`` (federated's server optimisers and SCAFFOLD). The machinery
 sits beneath, by role: ``runtime`` (launch, the worker, torchrun, devices, machine report,
-timing, profiling), ``exercises`` (a module of checks per lesson and the grader), ``benchmarks``.
+timing, profiling), ``exercises`` (a module of checks per lesson and the grader), ``benchmarks``,
+and ``commands`` (which modules have a command line: a lesson's experiment runs as
+``python -m course_lib.<module> --world-size 2`` or under torchrun; any other module started
+with ``-m`` says so and exits 2).
 
 Importing course_lib sets torch to one thread in this process (``runtime.machine.use_threads``:
 why, and how to change it); workers set their own threads when they start.
@@ -28,8 +34,12 @@ vocabulary: ``losses`` per step, ``accuracy`` per round or epoch (index 0 before
 ``params`` for a final model, ``timeline`` for what a rank did when (``runtime.timing.Span``).
 """
 
-from course_lib.runtime import LaunchTimeout, WorkerError, device, launch
-from course_lib.runtime.machine import use_threads
+from course_lib.commands import refuse_modules_without_a_command
+
+refuse_modules_without_a_command()  # python -m course_lib.<a module without a command>: exit 2
+
+from course_lib.runtime import LaunchTimeout, WorkerError, device, launch  # noqa: E402
+from course_lib.runtime.machine import use_threads  # noqa: E402
 
 use_threads()  # this process computes in one thread unless COURSE_LIB_THREADS says otherwise
 

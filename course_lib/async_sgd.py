@@ -11,19 +11,30 @@ rate (Zhang et al. 2016), the sequential mini-batch SGD that synchronous trainin
 reproduce, :func:`simulate_parameter_server` -- the same server rules
 (:class:`~course_lib.parameter_server.ServerState`) with simulated compute times, in one
 process, for sweeps -- and readers of a run's log.
+
+Lesson 6's experiment, one protocol synchronous and asynchronous on the breast cancer problem:
+the synchronous server against sequential mini-batch SGD, the asynchronous one's staleness
+against the theory m - 1 (``--slowdown k`` makes the last worker k times slower)::
+
+    python -m course_lib.async_sgd --world-size 3 [--gradients 80] [--slowdown 4]
+    torchrun --standalone --nproc-per-node 3 -m course_lib.async_sgd
 """
 
 from __future__ import annotations
 
 import heapq
+import statistics
 
 import torch
+import torch.distributed as dist
 
+from course_lib.cost_models import async_staleness
 from course_lib.data import batch_rows, shard_rows
-from course_lib.erm import ERMProblem
+from course_lib.erm import ERMProblem, breast_cancer_problem
 from course_lib.erm_simulators import local_gradient
-from course_lib.parameter_server import ServerState
+from course_lib.parameter_server import ServerState, parameter_server, sgd
 from course_lib.runtime.timing import Span
+from course_lib.runtime.torchrun import experiment_parser, run_experiment
 
 
 def staleness_aware_lr(lr: float, staleness: int) -> float:
@@ -112,3 +123,59 @@ def staleness_counts(log, largest: int | None = None) -> torch.Tensor:
     tau = torch.tensor(log["staleness"], dtype=torch.long)
     size = (int(tau.max()) if largest is None else largest) + 1
     return torch.bincount(tau.clamp(max=size - 1), minlength=size)
+
+
+# -- lesson 6's experiment, as a command -----------------------------------------------------------
+
+
+def sync_and_async(gradients: int = 80, batch: int = 16, lr: float = 0.5,
+                   compute_ms: float = 5.0, slowdown: float = 4.0, seed: int = 0,
+                   group=None) -> dict:
+    """Run on every rank of ``group``: the parameter server (rank 0) with m workers in mode
+    "sync", then "async", each until ``gradients`` are applied; every gradient padded to
+    ``compute_ms``, the last worker's to ``slowdown`` times that. The server's logs, by mode."""
+    m = dist.get_world_size(group) - 1
+    pad = {k: compute_ms / 1e3 * (slowdown if k == m else 1.0) for k in range(1, m + 1)}
+    problem, keep = breast_cancer_problem(), ("iterates", "staleness", "worker", "time")
+    return {mode: {k: v for k, v in parameter_server(
+        problem, sgd(lr), mode=mode, batch=batch, gradients=gradients, pad=pad, seed=seed,
+        group=group).items() if k in keep} for mode in ("sync", "async")}
+
+
+def main(argv=None):
+    parser = experiment_parser("Lesson 6: one parameter server, synchronous and asynchronous")
+    parser.set_defaults(world_size=3)
+    for flag, kind, default in (("--gradients", int, 80), ("--batch", int, 16),
+                                ("--lr", float, 0.5), ("--compute-ms", float, 5.0),
+                                ("--slowdown", float, 4.0), ("--seed", int, 0)):
+        parser.add_argument(flag, type=kind, default=default)
+    args = parser.parse_args(argv)
+    kwargs = dict(gradients=args.gradients, batch=args.batch, lr=args.lr,
+                  compute_ms=args.compute_ms, slowdown=args.slowdown, seed=args.seed)
+    results = run_experiment(sync_and_async, world_size=args.world_size, kwargs=kwargs,
+                             backend=args.backend, timeout=args.timeout)
+    if results is not None:  # the launcher, or rank 0 under torchrun
+        problem, m, log = breast_cancer_problem(), len(results) - 1, results[0]["async"]
+        steps = len(results[0]["sync"]["iterates"]) - 1
+        reference = sequential_sgd(problem, shard_rows(problem.n, m, seed=args.seed),
+                                   args.batch, args.lr, steps, seed=args.seed)
+        gap = (torch.stack(results[0]["sync"]["iterates"]) - reference).abs().max().item()
+        print(f"m = {m} workers, mini-batches of {args.batch} rows, lr {args.lr}; every "
+              f"gradient padded to {args.compute_ms:g} ms, worker {m}'s {args.slowdown:g}x")
+        print(f"sync: {steps} synchronous steps: max |parameter server - sequential SGD| = "
+              f"{gap:.1e}; objective {problem.loss(reference[-1]):.10f}")
+        print(f"async: {len(log['staleness'])} gradients applied, each one a step")
+        slow = [t for t, w in zip(log["staleness"], log["worker"], strict=True) if w == m]
+        print(f"async (measured): mean staleness {statistics.mean(log['staleness']):.2f}, the "
+              f"theory m - 1 = {async_staleness(m):g}; worker {m}'s median "
+              f"{statistics.median(slow) if slow else float('nan'):g}, the theory k(m - 1) = "
+              f"{async_staleness(m, args.slowdown):g}; objective "
+              f"{problem.loss(log['iterates'][-1]):.6f}")
+        seconds = results[0]["sync"]["time"][-1], log["time"][-1]
+        print(f"seconds for these gradients (measured): sync {seconds[0]:.3f}, async "
+              f"{seconds[1]:.3f}: async {seconds[0] / seconds[1]:.1f}x as fast")
+    return results
+
+
+if __name__ == "__main__":
+    main()

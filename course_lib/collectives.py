@@ -9,6 +9,11 @@ Every function here runs on every rank of ``group`` (default: all ranks), sums i
 the input on the rank's device and returns ``(result, bytes_sent)``. Ranks are the group's own
 (0 .. p-1), so an all-reduce can run inside any sub-group. Vectors of any length work: the
 chunks of the ring differ in size by at most one element.
+
+Lesson 3's check, the four all-reduces against ``dist.all_reduce`` with the bytes each rank sent::
+
+    python -m course_lib.collectives --world-size 4 [--numel 1001]
+    torchrun --standalone --nproc-per-node 4 -m course_lib.collectives
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch.distributed as dist
 from course_lib.cost_models import all_reduce_bytes
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
+from course_lib.runtime.torchrun import experiment_parser, run_experiment
 
 
 def _exchange(send_buf, dst, recv_buf, src, group):
@@ -178,3 +184,50 @@ def time_all_reduce(all_reduce, numels, *, repeats: int = 5, warmup: int = 1,
             runs.append(time.perf_counter() - start)
         times[numel] = runs
     return times
+
+
+# -- lesson 3's check, as a command ----------------------------------------------------------------
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def four_ways(numel: int = 1001, seed: int = 0, group=None) -> dict:
+    """Run on every rank of ``group``: each all-reduce of ``ALL_REDUCES`` on this rank's random
+    vector (seeded by seed and rank) in float32 and float64. Returns {(name, dtype name):
+    (largest |difference| from ``dist.all_reduce``, bytes this rank sent)}."""
+    g = torch.Generator().manual_seed(seed * 1009 + dist.get_rank(group))
+    out = {}
+    for dtype_name, dtype in DTYPES.items():
+        x = torch.randn(numel, generator=g, dtype=dtype).to(device(group))
+        reference = x.clone()
+        dist.all_reduce(reference, group=group)
+        for name, all_reduce in ALL_REDUCES.items():
+            result, sent = all_reduce(x, group=group)
+            out[name, dtype_name] = ((result - reference).abs().max().item(), sent)
+    return out
+
+
+def main(argv=None):
+    parser = experiment_parser("Lesson 3: all-reduce written four ways with send and receive, "
+                               "against dist.all_reduce")
+    parser.add_argument("--numel", type=int, default=1001, help="numbers in each rank's vector")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    results = run_experiment(four_ways, world_size=args.world_size,
+                             kwargs=dict(numel=args.numel, seed=args.seed),
+                             backend=args.backend, timeout=args.timeout)
+    if results is not None:  # the launcher, or rank 0 under torchrun
+        n, p = args.numel, len(results)
+        print(f"n = {n} numbers on p = {p} ranks; difference to dist.all_reduce (largest over "
+              f"ranks)")
+        for name in ALL_REDUCES:
+            diff32, diff64 = (max(r[name, d][0] for r in results) for d in DTYPES)
+            sent = [r[name, "float32"][1] for r in results]
+            print(f"  {name:<19} max diff float32 {diff32:.1e}, float64 {diff64:.1e}; bytes sent "
+                  f"per rank (float32) {sent}; formula (busiest) "
+                  f"{all_reduce_bytes(name, 4 * n, p):.0f}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -7,6 +7,12 @@ Slides "Parallel computing for machine learning", part 3: training a small CNN w
 Every training function runs on every rank of ``group`` (default: all ranks), keeps its replica
 and its batches on the rank's device, and returns the final parameters, so tests and notebooks
 can compare them with one process on the global batch.
+
+Lesson 4's check, the digits CNN trained by hand, with DDP and with DDP accumulating two local
+batches, each against one process on the global batch::
+
+    python -m course_lib.data_parallel --world-size 2 [--epochs 2] [--local-batch 16]
+    torchrun --standalone --nproc-per-node 2 -m course_lib.data_parallel
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
+from course_lib.runtime.torchrun import experiment_parser, run_experiment
 
 
 def sampler_global_batches(n: int, world_size: int, local_batch: int, seed: int = 0,
@@ -214,3 +221,77 @@ def warmup_lr(step: int, target_lr: float, warmup_steps: int, start_lr: float) -
     if step >= warmup_steps:
         return target_lr
     return start_lr + (target_lr - start_lr) * step / warmup_steps
+
+
+# -- lesson 4's check, as a command ----------------------------------------------------------------
+
+
+def lesson_setup(samples: int = 256, width: int = 4, seed: int = 3):
+    """Lesson 4's small problem: the first ``samples`` training digits in float64 and a
+    float64 digits CNN of ``width`` channels (the same weights for the same seed)."""
+    from course_lib.data import load_digits
+    from course_lib.models import digits_cnn
+
+    digits = load_digits(images=True)
+    return (lambda: digits_cnn(seed=seed, width=width, dtype=torch.float64),
+            digits.x_train[:samples].double(), digits.y_train[:samples])
+
+
+def three_ways(local_batch: int = 16, lr: float = 0.1, epochs: int = 2, samples: int = 256,
+               width: int = 4, seed: int = 3, group=None) -> dict:
+    """Run on every rank of ``group``: lesson 4's CNN trained from scratch, with DDP and with DDP
+    accumulating 2 local batches (one epoch). Returns each one's final parameters."""
+    model_fn, x, y = lesson_setup(samples, width, seed)
+    return {"from scratch": train_from_scratch(model_fn, x, y, local_batch, lr, epochs,
+                                               group=group)["params"],
+            "DDP": train_ddp(model_fn, x, y, local_batch, lr, epochs, group=group)["params"],
+            "DDP, accumulate 2": train_ddp(model_fn, x, y, local_batch, lr, accumulate=2,
+                                           group=group)["params"]}
+
+
+def one_process(model_fn, x, y, world_size: int, local_batch: int, lr: float, epochs: int):
+    """The same steps on one process, global batch world_size x local_batch: the parameters."""
+    model = model_fn()
+    for epoch in range(epochs):
+        batches = sampler_global_batches(len(y), world_size, local_batch, epoch=epoch)
+        train_single_process(model, x, y, batches, lr)
+    return parameters_vector(model)
+
+
+@torch.no_grad()
+def loss_of(model_fn, params, x, y) -> float:
+    """The mean loss on (x, y) of ``model_fn``'s network with the parameters ``params``."""
+    model = model_fn()
+    torch.nn.utils.vector_to_parameters(params.to(x.device), model.parameters())
+    return torch.nn.functional.cross_entropy(model(x), y).item()
+
+
+def main(argv=None):
+    parser = experiment_parser("Lesson 4: the digits CNN trained with data parallelism, against "
+                               "one process on the global batch")
+    for flag, kind, default in (("--local-batch", int, 16), ("--lr", float, 0.1),
+                                ("--epochs", int, 2), ("--samples", int, 256),
+                                ("--width", int, 4), ("--seed", int, 3)):
+        parser.add_argument(flag, type=kind, default=default)
+    args = parser.parse_args(argv)
+    kwargs = dict(local_batch=args.local_batch, lr=args.lr, epochs=args.epochs,
+                  samples=args.samples, width=args.width, seed=args.seed)
+    results = run_experiment(three_ways, world_size=args.world_size, kwargs=kwargs,
+                             backend=args.backend, timeout=args.timeout)
+    if results is not None:  # the launcher, or rank 0 under torchrun
+        p, b = len(results), args.local_batch
+        model_fn, x, y = lesson_setup(args.samples, args.width, args.seed)
+        print(f"p = {p} ranks, local batch {b}, {args.samples} digits, SGD with lr {args.lr}")
+        for name, (batch, epochs) in {"from scratch": (b, args.epochs), "DDP": (b, args.epochs),
+                                      "DDP, accumulate 2": (2 * b, 1)}.items():
+            want = one_process(model_fn, x, y, p, batch, args.lr, epochs)
+            gap = max((r[name] - want).abs().max().item() for r in results)
+            print(f"{name:>18}: final loss {loss_of(model_fn, results[0][name], x, y):.10f} "
+                  f"(one process {loss_of(model_fn, want, x, y):.10f}), equal to one process "
+                  f"on the global batch of {p * batch} to {gap:.1e} (max |parameters - one "
+                  f"process's|)")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -13,12 +13,19 @@ ending with the server's step from the old model towards the average). Remedies 
 heterogeneity from the reference numbers: FedProx (a squared proximal term, and stragglers'
 partial work kept), SCAFFOLD (:class:`ControlVariates`), and server optimisers passed as
 functions -- :func:`fedavg_server`, :func:`fedavgm_server`,
-:func:`fedadam_server` (Hsu et al. 2019; Reddi et al. 2021).
+:func:`fedadam_server` (Hsu et al. 2019; Reddi et al. 2021); the last two kinds live in
+:mod:`course_lib.fl_remedies`.
 
 The model is ``models.FlatMLP``: one flat float64 vector, so averaging, control variates and
 server optimisers are vector arithmetic. The same code runs in one process or, called on every
 rank of ``group``, with rank r hosting the clients k with k % p == r, its tensors on the rank's
 device, and the server's sums all-reduced: the same result for the same seed.
+
+Lesson 8's check, FedAvg on ranks against FedAvg in one process (K = 50 clients holding label
+shards of the digits, C = 0.2, E = 5, B = 10)::
+
+    python -m course_lib.federated --world-size 2 [--rounds 5] [--fraction 0.2]
+    torchrun --standalone --nproc-per-node 2 -m course_lib.federated
 """
 
 from __future__ import annotations
@@ -33,8 +40,16 @@ import torch.distributed as dist
 
 from course_lib.client_batch import train_clients
 from course_lib.cost_models import federated_bytes_per_round
+from course_lib.fl_remedies import (  # noqa: F401  (fl.fedadam_server ...: the lessons')
+    ControlVariates,
+    _sum_over_ranks,
+    fedadam_server,
+    fedavg_server,
+    fedavgm_server,
+)
 from course_lib.models import DIGITS_MLP
 from course_lib.runtime.devices import device
+from course_lib.runtime.torchrun import experiment_parser, run_experiment
 
 
 @dataclass(frozen=True)
@@ -88,66 +103,6 @@ def sample_clients(clients: int, fraction: float, seed: int, round_) -> list[int
     m = max(1, round(fraction * clients))
     key = [seed, *_as_tuple(round_)]
     return sorted(np.random.default_rng(key).choice(clients, m, replace=False).tolist())
-
-
-# -- the server's step: a function of the current model, the clients' average and its state ----
-# (the state, e.g. momentum, is a dict the training loop owns: a step function can be reused)
-
-
-def fedavg_server():
-    """FedAvg: the new global model is the clients' weighted average."""
-    return lambda w, average, state: average
-
-
-def fedavgm_server(lr: float = 1.0, momentum: float = 0.9):
-    """FedAvgM: heavy-ball momentum on the pseudo-gradient delta = w - average."""
-
-    def step(w, average, state):
-        state["m"] = momentum * state.get("m", torch.zeros_like(w)) + (w - average)
-        return w - lr * state["m"]
-
-    return step
-
-
-def fedadam_server(lr: float = 0.01, betas=(0.9, 0.99), tau: float = 1e-3):
-    """FedAdam: Adam on the pseudo-gradient delta = w - average (tau plays Adam's epsilon)."""
-
-    def step(w, average, state):
-        delta = w - average
-        state["m"] = betas[0] * state.get("m", torch.zeros_like(w)) + (1 - betas[0]) * delta
-        state["v"] = betas[1] * state.get("v", torch.zeros_like(w)) + (1 - betas[1]) * delta ** 2
-        return w - lr * state["m"] / (state["v"].sqrt() + tau)
-
-    return step
-
-
-class ControlVariates:
-    """SCAFFOLD's control variates (Karimireddy et al. 2020): the server's c and each client's
-    c_k, held where the client's data is. A client corrects every local gradient by c - c_k."""
-
-    def __init__(self, d: int, clients: int, device=None):
-        self.c = torch.zeros(d, dtype=torch.float64, device=device)
-        self.c_k, self.clients, self.delta = {}, clients, torch.zeros_like(self.c)
-
-    def correction(self, k):
-        return self.c - self.c_k.get(k, torch.zeros_like(self.c))
-
-    def update(self, k, w, v, steps: int, lr: float) -> None:
-        """Option II of the paper: c_k+ = c_k - c + (w - v) / (steps lr)."""
-        old = self.c_k.get(k, torch.zeros_like(self.c))
-        self.c_k[k] = old - self.c + (w - v) / (steps * lr)
-        self.delta += self.c_k[k] - old
-
-    def end_round(self, group=None) -> None:
-        """c += (sum of this round's changes of c_k) / K, the sum taken over all ranks."""
-        self.c = self.c + _sum_over_ranks(self.delta, group) / self.clients
-        self.delta = torch.zeros_like(self.c)
-
-
-def _sum_over_ranks(t, group=None):
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, group=group)
-    return t
 
 
 def fedavg_round(w, x, y, parts, chosen, local: LocalTraining, *, seed, round_, budgets=None,
@@ -292,3 +247,53 @@ def hierarchical(split, parts, edges, local: LocalTraining, *, cloud_rounds: int
         log["edge_to_cloud"] += federated_bytes_per_round(len(edges), d)
         log["accuracy"].append(model.accuracy(w, split.x_test, split.y_test))
     return log
+
+
+# -- lesson 8's check, as a command ----------------------------------------------------------------
+
+
+def lesson_setup(clients: int = 50):
+    """The digits and lesson 8's non-IID partition: two label shards per client."""
+    from course_lib.data import load_digits
+    from course_lib.partitions import label_shards
+
+    digits = load_digits()
+    return digits, label_shards(digits.y_train.numpy(), clients)
+
+
+def fedavg_on_ranks(rounds: int = 5, fraction: float = 0.2, epochs: int = 5, batch: int = 10,
+                    lr: float = 0.1, clients: int = 50, seed: int = 0, group=None) -> dict:
+    """Run on every rank of ``group``: :func:`federated` with the clients shared out over the
+    ranks. Returns the final model ``params`` and the test ``accuracy`` per round."""
+    digits, parts = lesson_setup(clients)
+    log = federated(digits, parts, LocalTraining(epochs, batch, lr), rounds=rounds,
+                    fraction=fraction, seed=seed, group=group)
+    return dict(params=log["params"], accuracy=log["accuracy"])
+
+
+def main(argv=None):
+    parser = experiment_parser("Lesson 8: FedAvg with the clients on ranks, against one process")
+    for flag, kind, default in (("--rounds", int, 5), ("--fraction", float, 0.2),
+                                ("--epochs", int, 5), ("--batch", int, 10), ("--lr", float, 0.1),
+                                ("--clients", int, 50), ("--seed", int, 0)):
+        parser.add_argument(flag, type=kind, default=default)
+    args = parser.parse_args(argv)
+    kwargs = dict(rounds=args.rounds, fraction=args.fraction, epochs=args.epochs,
+                  batch=args.batch, lr=args.lr, clients=args.clients, seed=args.seed)
+    results = run_experiment(fedavg_on_ranks, world_size=args.world_size, kwargs=kwargs,
+                             backend=args.backend, timeout=args.timeout)
+    if results is not None:  # the launcher, or rank 0 under torchrun
+        digits, parts = lesson_setup(args.clients)
+        one = federated(digits, parts, LocalTraining(args.epochs, args.batch, args.lr),
+                        rounds=args.rounds, fraction=args.fraction, seed=args.seed)
+        gap = max((r["params"] - one["params"]).abs().max().item() for r in results)
+        print(f"FedAvg, K = {args.clients} clients (label shards), C = {args.fraction:g}, E = "
+              f"{args.epochs}, B = {args.batch}, lr {args.lr:g}, clients on {len(results)} ranks")
+        print(f"after {args.rounds} rounds: max |{len(results)} processes - 1 process| = "
+              f"{gap:.1e}; test accuracy {results[0]['accuracy'][-1]:.1%} (one process "
+              f"{one['accuracy'][-1]:.1%})")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -14,14 +14,26 @@ import socket
 import torch
 import torch.distributed as dist
 
-from course_lib.runtime.devices import device
+from course_lib.runtime.devices import device, uses_gpus
 from course_lib.runtime.torchrun import experiment_parser, run_experiment
+
+
+def carrier(group=None) -> str:
+    """The backend that carries this group's tensors: ``"gloo"`` for a gloo group, whatever
+    the device, and ``"cpu:gloo,cuda:nccl"`` only when NCCL is in the group (gloo then carries
+    the CPU tensors, NCCL the GPU ones). ``dist.get_backend_config`` says ``"cpu:gloo,cuda:gloo"``
+    for plain gloo, which reads as if GPU tensors were involved when there are none."""
+    config = dist.get_backend_config(group)
+    if uses_gpus(config):
+        return config
+    backends = {part.split(":")[-1] for part in config.split(",")}
+    return backends.pop() if len(backends) == 1 else config
 
 
 def hello_all_reduce(group=None) -> dict:
     """Say hello from this rank, then all-reduce (sum) the tensor [rank + 1] over ``group``."""
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
-    backend, dev = dist.get_backend_config(group), device(group)
+    backend, dev = carrier(group), device(group)
     print(f"hello from rank {rank} of {world_size} on {socket.gethostname()} "
           f"(pid {os.getpid()}, backend {backend}, device {dev})")
     value = torch.tensor([float(rank + 1)], device=dev)

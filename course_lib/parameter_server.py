@@ -22,6 +22,12 @@ accelerated gradient descent).
 
 The server receives from whichever worker pushes first (receive from any source), which only
 gloo offers: messages stay in host memory; each worker computes on its device.
+
+Lesson 2's experiment, synchronous AGD with a server and m = p - 1 workers against AGD on one
+process, on both problems (``--world-size 3``: two workers)::
+
+    python -m course_lib.parameter_server --world-size 3 [--iterations 40] [--topology tree]
+    torchrun --standalone --nproc-per-node 3 -m course_lib.parameter_server
 """
 
 from __future__ import annotations
@@ -33,57 +39,20 @@ import torch
 import torch.distributed as dist
 
 from course_lib.data import batch_rows, shard_rows
-from course_lib.erm import ERMProblem
+from course_lib.erm import ERMProblem, agd, breast_cancer_problem, diabetes_problem
+from course_lib.message_trees import (  # noqa: F401  (ps.broadcast_schedule ...: the lessons')
+    TOPOLOGIES,
+    broadcast_schedule,
+    reduce_schedule,
+    tree_links,
+    words_per_iteration,
+)
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import Timeline, to_spans
+from course_lib.runtime.torchrun import experiment_parser, run_experiment
 
-TOPOLOGIES = ("star", "tree")
 MODES = ("sync", "async", "ssp")
 STOP = -1.0  # the version a stop message carries
-
-
-# -- who sends to whom -----------------------------------------------------------------------------
-
-
-def broadcast_schedule(p: int, topology: str) -> list[list[tuple[int, int]]]:
-    """Rounds of (sender, receiver) messages that bring w from rank 0 to all p ranks.
-
-    Star: the server sends to each worker in turn (its link carries them one after another:
-    p - 1 rounds). Tree (binomial): in round k every rank that has w sends it 2^k ranks further,
-    so ceil(log2 p) rounds suffice.
-    """
-    if topology not in TOPOLOGIES:
-        raise ValueError(f"unknown topology {topology!r}: use one of {TOPOLOGIES}")
-    if topology == "star":
-        return [[(0, r)] for r in range(1, p)]
-    rounds, reach = [], 1
-    while reach < p:
-        rounds.append([(r, r + reach) for r in range(reach) if r + reach < p])
-        reach *= 2
-    return rounds
-
-
-def reduce_schedule(p: int, topology: str) -> list[list[tuple[int, int]]]:
-    """Rounds that sum every rank's vector into rank 0: the broadcast run backwards."""
-    return [[(dst, src) for src, dst in round_]
-            for round_ in reversed(broadcast_schedule(p, topology))]
-
-
-def words_per_iteration(p: int, d: int, topology: str) -> dict:
-    """Words (numbers) one synchronous iteration moves, from the schedules: in total, through
-    the server's link, and along the critical path (rounds that happen one after another)."""
-    rounds = broadcast_schedule(p, topology) + reduce_schedule(p, topology)
-    messages = [msg for round_ in rounds for msg in round_]
-    return dict(total=len(messages) * d,
-                server=sum(d for src, dst in messages if 0 in (src, dst)),
-                critical_path=len(rounds) * d)
-
-
-def tree_links(rank: int, p: int, topology: str) -> tuple[int | None, list[int]]:
-    """This rank's parent (None for the server) and children, in broadcast order."""
-    messages = [msg for round_ in broadcast_schedule(p, topology) for msg in round_]
-    parent = next((src for src, dst in messages if dst == rank), None)
-    return parent, [dst for src, dst in messages if src == rank]
 
 
 # -- the server's step -----------------------------------------------------------------------------
@@ -274,3 +243,55 @@ def iteration_times(log) -> list[float]:
     """Seconds between successive updates of the server (a synchronous run: per iteration)."""
     times = log["iterate_times"]
     return [b - a for a, b in zip(times[:-1], times[1:], strict=True)]
+
+
+# -- lesson 2's experiment, as a command -----------------------------------------------------------
+
+
+def lesson_problems() -> dict:
+    """Lesson 2's two problems: least squares on the diabetes data, logistic on breast cancer."""
+    return {"least squares": diabetes_problem(), "logistic": breast_cancer_problem()}
+
+
+def agd_with_a_server(iterations: int = 40, beta: float = 0.9, topology: str = "star",
+                      group=None) -> dict:
+    """Run on every rank of ``group``: AGD (step 1/L, momentum ``beta``) with rank 0 as server
+    and whole shards of rows in order (``seed=None``), on both problems. Returns per problem
+    the server's ``iterates`` (on rank 0) and every rank's ``words_sent``."""
+    m = dist.get_world_size(group) - 1
+    out = {}
+    for name, problem in lesson_problems().items():
+        log = parameter_server(problem, heavy_ball(1 / problem.smoothness(), beta),
+                               topology=topology, gradients=m * iterations, seed=None,
+                               group=group)
+        out[name] = {k: log[k] for k in ("iterates", "words_sent") if k in log}
+    return out
+
+
+def main(argv=None):
+    parser = experiment_parser("Lesson 2: synchronous AGD with a parameter server, against AGD "
+                               "on one process")
+    parser.set_defaults(world_size=3)
+    parser.add_argument("--iterations", type=int, default=40)
+    parser.add_argument("--beta", type=float, default=0.9, help="AGD's momentum")
+    parser.add_argument("--topology", choices=TOPOLOGIES, default="star")
+    args = parser.parse_args(argv)
+    kwargs = dict(iterations=args.iterations, beta=args.beta, topology=args.topology)
+    results = run_experiment(agd_with_a_server, world_size=args.world_size, kwargs=kwargs,
+                             backend=args.backend, timeout=args.timeout)
+    if results is not None:  # the launcher, or rank 0 under torchrun
+        p, t = len(results), args.iterations
+        print(f"p = {p} processes: the server and m = {p - 1} workers, {args.topology}")
+        for name, problem in lesson_problems().items():
+            parallel = torch.stack(results[0][name]["iterates"])
+            gap = (parallel - agd(problem, 1 / problem.smoothness(), args.beta, t)).abs().max()
+            words = sum(r[name]["words_sent"] for r in results) // t
+            print(f"{name}: objective after {t} iterations {problem.loss(parallel[-1]):.10f}; "
+                  f"max |parallel - sequential| over {t} iterates = {gap.item():.1e}; words "
+                  f"sent in one iteration {words}, schedule says "
+                  f"{words_per_iteration(p, problem.d, args.topology)['total']}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -10,6 +10,12 @@ at most p micro-batches of activations alive instead of m.
 
 A schedule is a list of ("forward", i) and ("backward", i) actions per stage; a :class:`Stage`
 carries them out on its rank, each action one receive, one computation and one send.
+
+Lesson 5's pipelines, GPipe and 1F1B on one MLP cut into p stages, against one process, with
+their measured bubble and the formula (each forward padded to 10 ms, each backward to 20)::
+
+    python -m course_lib.pipeline --world-size 2 [--micro-batches 4] [--forward-ms 10]
+    torchrun --standalone --nproc-per-node 2 -m course_lib.pipeline
 """
 
 from __future__ import annotations
@@ -19,48 +25,18 @@ import time
 import torch
 import torch.distributed as dist
 
+from course_lib.cost_models import bubble_fraction
+from course_lib.models import mlp
+from course_lib.pipeline_schedules import (  # noqa: F401  (pp.gpipe_schedule ...: the lessons')
+    SCHEDULES,
+    gpipe_schedule,
+    one_f_one_b_schedule,
+    peak_live_activations,
+)
+from course_lib.pipelining import run_torch_pipeline  # noqa: F401  (pp.run_torch_pipeline)
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import Span, Timeline, synchronize, to_spans
-
-# -- the schedules: who does what, in which order ----------------------------------------------
-
-
-def gpipe_schedule(stage: int, stages: int, micro_batches: int) -> list[tuple[str, int]]:
-    """GPipe: all forward passes, then all backward passes."""
-    del stage, stages  # every stage does the same
-    forwards = [("forward", i) for i in range(micro_batches)]
-    backwards = [("backward", i) for i in range(micro_batches)]
-    return forwards + backwards
-
-
-def one_f_one_b_schedule(stage: int, stages: int, micro_batches: int) -> list[tuple[str, int]]:
-    """1F1B: a few forwards to fill the pipe, then alternate one forward and one backward, then
-    drain. Stage s starts p - s - 1 forwards ahead, so the last stage alternates at once."""
-    warmup = min(stages - stage - 1, micro_batches)
-    actions = [("forward", i) for i in range(warmup)]  # warm-up forward passes
-    forward, backward = warmup, 0
-    while forward < micro_batches:  # 1F1B steady state
-        actions.append(("forward", forward))
-        forward += 1
-        actions.append(("backward", backward))
-        backward += 1
-    while backward < micro_batches:  # cool-down backward passes
-        actions.append(("backward", backward))
-        backward += 1
-    return actions
-
-
-SCHEDULES = {"GPipe": gpipe_schedule, "1F1B": one_f_one_b_schedule}
-
-
-def peak_live_activations(schedule) -> int:
-    """Most micro-batches whose activations a stage holds at once under ``schedule``."""
-    live = peak = 0
-    for kind, _ in schedule:
-        live += 1 if kind == "forward" else -1
-        peak = max(peak, live)
-    return peak
-
+from course_lib.runtime.torchrun import experiment_parser, run_experiment
 
 # -- a model cut into stages ----------------------------------------------------------------------
 
@@ -263,30 +239,56 @@ def pipeline_spans(results) -> list[Span]:
     return to_spans([r["timeline"] for r in results], origin=_first_computation(results))
 
 
-def run_torch_pipeline(pieces, x, y, micro_batches: int, schedule: str = "1F1B",
-                       group=None) -> dict:
-    """The same pipeline with ``torch.distributed.pipelining``: a ``PipelineStage`` per rank and
-    ``ScheduleGPipe`` or ``Schedule1F1B``. Returns the per-micro-batch losses (last stage) and
-    this stage's gradients, to compare with :func:`run_pipeline`."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+# -- lesson 5's pipelines, as a command ------------------------------------------------------------
 
-    if len(x) % micro_batches:
-        raise ValueError(f"torch.distributed.pipelining cuts the batch into micro-batches and "
-                         f"averages their losses with equal weights: a batch of {len(x)} does "
-                         f"not divide into {micro_batches} equal parts; choose a divisor of "
-                         f"{len(x)} (run_pipeline weights unequal micro-batches itself)")
-    stage, stages, dev = dist.get_rank(group), dist.get_world_size(group), device(group)
-    module = pieces[stage].to(dev)
-    module.zero_grad()
-    pipe_stage = PipelineStage(module, stage, stages, dev, group=group)
-    kind = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}[schedule]
-    runner = kind(pipe_stage, micro_batches, loss_fn=torch.nn.functional.cross_entropy)
-    losses = []
-    if stage == 0:
-        runner.step(x.to(dev))
-    elif stage == stages - 1:
-        runner.step(target=y.to(dev), losses=losses)
-    else:
-        runner.step()
-    return dict(stage=stage, micro_losses=[loss.item() for loss in losses],
-                grads=[p.grad.detach().clone() for p in module.parameters()])
+
+def lesson_setup(stages: int):
+    """Lesson 5's MLP (64 -> 32 -> 32 -> 32 -> 10, tanh, float64) cut into ``stages`` pieces,
+    and its batch of 32 random inputs and labels."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 64, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 10, (32,), generator=g)
+    model = mlp((64, 32, 32, 32, 10), activation=torch.nn.Tanh, dtype=torch.float64)
+    return split_into_stages(model, stages), x, y
+
+
+def both_schedules(micro_batches: int = 4, forward_ms: float = 10, backward_ms: float = 20,
+                   group=None) -> dict:
+    """Run on every rank of ``group`` (stage = rank): both schedules on the lesson's MLP, each
+    after one untimed round. Returns {schedule: :meth:`Stage.result`}."""
+    pieces, x, y = lesson_setup(dist.get_world_size(group))
+    return {name: run_pipeline(pieces, x, y, micro_batches, name, warmup_rounds=1, group=group,
+                               forward_seconds=forward_ms / 1e3,
+                               backward_seconds=backward_ms / 1e3) for name in SCHEDULES}
+
+
+def main(argv=None):
+    parser = experiment_parser("Lesson 5: GPipe and 1F1B by hand, against one process, and "
+                               "their bubble")
+    parser.add_argument("--micro-batches", type=int, default=4)
+    parser.add_argument("--forward-ms", type=float, default=10, help="each forward padded to")
+    parser.add_argument("--backward-ms", type=float, default=20, help="each backward padded to")
+    args = parser.parse_args(argv)
+    kwargs = dict(micro_batches=args.micro_batches, forward_ms=args.forward_ms,
+                  backward_ms=args.backward_ms)
+    results = run_experiment(both_schedules, world_size=args.world_size, kwargs=kwargs,
+                             backend=args.backend, timeout=args.timeout)
+    if results is not None:  # the launcher, or rank 0 under torchrun
+        p, m = len(results), args.micro_batches
+        loss, grads = reference_gradients(*lesson_setup(p))
+        print(f"p = {p} stages, m = {m} micro-batches; every forward padded to "
+              f"{args.forward_ms:g} ms, every backward to {args.backward_ms:g} ms")
+        for name in SCHEDULES:
+            runs = [r[name] for r in results]
+            gap = max((a - b).abs().max().item()
+                      for a, b in zip([g for r in runs for g in r["grads"]], grads, strict=True))
+            print(f"{name}: loss {runs[-1]['loss']:.12f}, one process {loss:.12f}; largest "
+                  f"gradient gap {gap:.1e}; activations held at most, per stage "
+                  f"{[r['peak_activations'] for r in runs]}")
+            print(f"{name}: measured idle fraction {measured_bubble(runs):.3f}; formula "
+                  f"(p-1)/(m+p-1) = {bubble_fraction(p, m):.3f}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

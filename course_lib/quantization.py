@@ -8,6 +8,12 @@ Two pieces, both with a per-tensor scale so that the format's range is used well
   **stochastic rounding** the rounding error is unbiased: it averages out over steps instead of
   piling up in one direction;
 * **fp8** (e4m3 and e5m2) casts of a matrix product's inputs, as fp8 training does.
+
+Lesson 7's "fewer bits on the wire": one gradient of the digits MLP summed over the ranks by
+each of ``METHODS``, with the bytes each rank sends and the largest error::
+
+    python -m course_lib.quantization --world-size 2 [--rows 128]
+    torchrun --standalone --nproc-per-node 2 -m course_lib.quantization
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ import torch
 import torch.distributed as dist
 
 from course_lib.cost_models import all_reduce_bytes, quantized_sum_error_bound
+from course_lib.report import times_as
 from course_lib.runtime.devices import device
+from course_lib.runtime.torchrun import experiment_parser, run_experiment
 
 INT8_LEVELS = 127  # codes -127..127: symmetric, so 0 is exact
 METHODS = ("fp32", "bf16", "fp16", "int8 stochastic", "int8 nearest")
@@ -116,3 +124,59 @@ def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
     if not torch.isfinite(approx).all():
         return float("inf")
     return ((approx.double() - exact.double()).norm() / exact.double().norm()).item()
+
+
+# -- lesson 7's sums, as a command -----------------------------------------------------------------
+
+
+def sum_one_gradient(rows: int = 128, seed: int = 0, group=None) -> dict:
+    """Run on every rank r of ``group``: the digits MLP's weight gradient on training rows
+    r * rows .. (r + 1) * rows, summed over the ranks by each method. Returns per method the
+    largest |error| against the exact (float64) sum and the bytes this rank sent, the int8
+    ``bound`` and ``scale``, and the gradient's ``numel``."""
+    from course_lib.data import load_digits
+    from course_lib.mixed_precision import gradient_values
+    from course_lib.models import digits_mlp
+
+    digits, rank = load_digits(), dist.get_rank(group)
+    mine = torch.arange(rank * rows, (rank + 1) * rows)
+    gradient = gradient_values(digits_mlp(seed=seed), digits.x_train[mine],
+                               digits.y_train[mine])["weights"].to(device(group))
+    exact = gradient.double().clone()
+    dist.all_reduce(exact, group=group)
+    out = {}
+    for method in METHODS:
+        result = compressed_all_reduce(gradient, method, seed=seed, group=group)
+        out[method] = ((result["sum"].double() - exact).abs().max().item(), result["bytes_sent"])
+    int8 = quantized_all_reduce(gradient, seed=seed, group=group)
+    return dict(methods=out, bound=int8["bound"], scale=int8["scale"], numel=gradient.numel())
+
+
+def main(argv=None):
+    parser = experiment_parser("Lesson 7: one gradient summed over the ranks in fp32, bf16, "
+                               "fp16 and int8")
+    parser.add_argument("--rows", type=int, default=128, help="training digits per rank")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    results = run_experiment(sum_one_gradient, world_size=args.world_size,
+                             kwargs=dict(rows=args.rows, seed=args.seed),
+                             backend=args.backend, timeout=args.timeout)
+    if results is not None:  # the launcher, or rank 0 under torchrun
+        p, first = len(results), results[0]
+        errors = {m: max(r["methods"][m][0] for r in results) for m in METHODS}
+        print(f"one gradient of the digits MLP ({first['numel']:,} numbers) summed over {p} ranks")
+        for method in METHODS:
+            print(f"{method:16s} sends {first['methods'][method][1]:8,.0f} bytes per rank, "
+                  f"largest error {errors[method]:.2e}")
+        nearest = quantized_sum_error_bound(p, first["scale"], stochastic=False)
+        print(f"int8 errors within their bounds (stochastic p s = {first['bound']:.1e}, nearest "
+              f"p s / 2 = {nearest:.1e}):", errors["int8 stochastic"] <= first["bound"]
+              and errors["int8 nearest"] <= nearest)
+        print("in this one sum, stochastic rounding's largest error is",
+              times_as(errors["int8 stochastic"], errors["int8 nearest"], more="larger",
+                       less="smaller"), "round-to-nearest's")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -12,14 +12,22 @@ One all-reduce per MLP forward (g), one per backward (f) (``cost_models.megatron
 In PyTorch's convention Z = X W^T, so "columns of A" are rows of ``fc1.weight`` and "rows of B"
 are columns of ``fc2.weight``. The unsplit block is ``models.feed_forward``. Every function
 that runs on ranks takes ``group`` (default: all ranks) and computes on the rank's device.
+
+Lesson 5's Megatron MLP, by hand and with DTensor, against the unsplit block::
+
+    python -m course_lib.tensor_parallel --world-size 2 [--d-model 16 --d-hidden 64]
+    torchrun --standalone --nproc-per-node 2 -m course_lib.tensor_parallel
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
+from course_lib.models import feed_forward
 from course_lib.runtime.devices import device
+from course_lib.runtime.torchrun import experiment_parser, run_experiment
 
 
 class _F(torch.autograd.Function):
@@ -88,6 +96,44 @@ def megatron_mlp(x, shard: dict, counter: dict, group=None):
     hidden = torch.nn.functional.gelu(x @ shard["w1"].T + shard["b1"])  # this rank's units
     partial = hidden @ shard["w2"].T  # a partial sum of the output
     return g_operator(partial, counter, group) + shard["b2"]
+
+
+class ParallelBlock(torch.nn.Module):
+    """This rank's part of one :class:`course_lib.models.Block` over a tensor-parallel group of
+    ``tp`` ranks (Megatron-LM): the heads ``rank``-th share of q, k, v (qkv's rows) and the
+    projection's matching columns; the MLP's hidden units likewise (fc1's rows, fc2's columns).
+    LayerNorms and the output biases are whole on every rank (added once, after g)."""
+
+    def __init__(self, block, rank: int, tp: int, group=None):
+        super().__init__()
+        d = block.norm1.normalized_shape[0]
+        self.tp, self.group, self.heads = tp, group, block.heads // tp
+        self.counter = new_counter()
+        self.norm1, self.norm2 = block.norm1, block.norm2
+        cut = lambda n: slice(rank * n // tp, (rank + 1) * n // tp)  # noqa: E731
+        qkv = [cut(d).start + k * d for k in range(3)]
+        rows = torch.cat([torch.arange(s, s + d // tp) for s in qkv])
+        keep = lambda t: torch.nn.Parameter(t.detach().clone())  # noqa: E731
+        self.qkv_w, self.qkv_b = keep(block.qkv.weight[rows]), keep(block.qkv.bias[rows])
+        self.proj_w, self.proj_b = keep(block.proj.weight[:, cut(d)]), keep(block.proj.bias)
+        hidden = cut(4 * d)
+        self.fc1_w, self.fc1_b = keep(block.fc1.weight[hidden]), keep(block.fc1.bias[hidden])
+        self.fc2_w, self.fc2_b = keep(block.fc2.weight[:, hidden]), keep(block.fc2.bias)
+
+    def f(self, x):  # identity forward; backward sums the input's gradient over the group
+        return x if self.tp == 1 else f_operator(x, self.counter, self.group)
+
+    def g(self, x):  # forward sums the partial outputs over the group
+        return x if self.tp == 1 else g_operator(x, self.counter, self.group)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = F.linear(self.f(self.norm1(x)), self.qkv_w, self.qkv_b).chunk(3, dim=2)
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.g(a.transpose(1, 2).reshape(b, t, -1) @ self.proj_w.T) + self.proj_b
+        hidden = F.gelu(F.linear(self.f(self.norm2(x)), self.fc1_w, self.fc1_b))
+        return x + self.g(hidden @ self.fc2_w.T) + self.fc2_b
 
 
 def run_megatron_mlp(model, x, target, group=None) -> dict:
@@ -159,3 +205,50 @@ def run_hybrid_data_tensor(model, x, target, mesh=None) -> dict:
         p.grad /= data
     return dict(dp_rank=dp_rank, tp_rank=tp_rank, out=out.detach(), counter=counter,
                 grads={k: p.grad for k, p in shard.items()})
+
+
+# -- lesson 5's Megatron MLP, as a command ---------------------------------------------------------
+
+
+def lesson_setup(d_model: int = 16, d_hidden: int = 64, batch: int = 6, seed: int = 0):
+    """The unsplit MLP block (float64) and a batch of inputs and targets for it."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, d_model, generator=g, dtype=torch.float64)
+    target = torch.randn(batch, d_model, generator=g, dtype=torch.float64)
+    return feed_forward(d_model, d_hidden, seed), x, target
+
+
+def megatron_and_dtensor(d_model: int = 16, d_hidden: int = 64, batch: int = 6, seed: int = 0,
+                         group=None) -> tuple[dict, dict]:
+    """Run on every rank of ``group``: the lesson's MLP split by hand and by DTensor."""
+    model, x, target = lesson_setup(d_model, d_hidden, batch, seed)
+    return run_megatron_mlp(model, x, target, group), run_dtensor_mlp(model, x, group)
+
+
+def main(argv=None):
+    parser = experiment_parser("Lesson 5: the Megatron MLP split over ranks, by hand and with "
+                               "DTensor, against the unsplit block")
+    for flag, default in (("--d-model", 16), ("--d-hidden", 64), ("--batch", 6), ("--seed", 0)):
+        parser.add_argument(flag, type=int, default=default)
+    args = parser.parse_args(argv)
+    kwargs = dict(d_model=args.d_model, d_hidden=args.d_hidden, batch=args.batch, seed=args.seed)
+    results = run_experiment(megatron_and_dtensor, world_size=args.world_size, kwargs=kwargs,
+                             backend=args.backend, timeout=args.timeout)
+    if results is not None:  # the launcher, or rank 0 under torchrun
+        model, x, target = lesson_setup(**kwargs)
+        torch.nn.functional.mse_loss(model(x), target).backward()
+        reference = model(x).detach()
+        for rank, (ours, dtensor) in enumerate(results):
+            h = args.d_hidden // len(results)  # this rank's hidden units: rows of fc1
+            rows = model.fc1.weight.grad[rank * h:(rank + 1) * h]
+            count = ours["counter"]
+            print(f"rank {rank}: |ours - unsplit| = {(ours['out'] - reference).abs().max():.1e}, "
+                  f"|DTensor - unsplit| = {(dtensor['out'] - reference).abs().max():.1e}, "
+                  f"fc1 gradient gap {(ours['grads']['w1'] - rows).abs().max():.1e}, "
+                  f"all-reduces forward/backward = {count['forward']}/{count['backward']}, "
+                  f"DTensor shards fc1 {dtensor['fc1_shard']}, fc2 {dtensor['fc2_shard']}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -12,6 +12,12 @@ element, so each rank can keep and update the moments of only its 1/p of the par
 
 Both take exactly the steps of unsharded Adam on one process (Adam is elementwise), with the
 moments' memory divided by p. :func:`train` runs either, or plain data parallelism ("DDP").
+
+Lesson 11's check, stages 0, 1 and 2 against unsharded Adam on one process (a small float64
+GPT, ten steps), with the optimizer state each rank holds::
+
+    python -m course_lib.zero --world-size 2 [--steps 10]
+    torchrun --standalone --nproc-per-node 2 -m course_lib.zero
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import torch.distributed as dist
 from course_lib.data_parallel import parameters_vector
 from course_lib.overlap import global_batches, loss_fn
 from course_lib.runtime.devices import device
+from course_lib.runtime.torchrun import experiment_parser, run_experiment
 
 STAGES = (0, 1, 2)
 
@@ -146,3 +153,58 @@ def train_one_process(model_fn, x, y, global_batch: int, steps: int, lr: float =
         losses.append(loss.item())
     return dict(params=parameters_vector(model), losses=losses,
                 state_bytes=adam_state_bytes(opt))
+
+
+# -- lesson 11's check, as a command ---------------------------------------------------------------
+
+
+def lesson_setup(seed: int = 1):
+    """Lesson 11's small problem: a float64 GPT (2 blocks, d = 32) and 128 windows of 16
+    characters of the standard library's source."""
+    import functools
+
+    from course_lib.data import stdlib_text, text_batch
+    from course_lib.models import tiny_gpt
+
+    model_fn = functools.partial(tiny_gpt, d_model=32, layers=2, heads=4, context=16, seed=seed,
+                                 dtype=torch.float64)
+    return (model_fn, *text_batch(stdlib_text(50_000), 128, 16, torch.Generator().manual_seed(1)))
+
+
+def every_stage(global_batch: int = 16, steps: int = 10, lr: float = 1e-2, seed: int = 1,
+                group=None) -> dict:
+    """Run on every rank of ``group``: :func:`train` at each of ``STAGES``: final parameters and
+    the optimizer state this rank held, by stage."""
+    model_fn, x, y = lesson_setup(seed)
+    return {stage: {k: v for k, v in train(model_fn, x, y, global_batch, steps, lr, stage=stage,
+                                           group=group).items() if k != "losses"}
+            for stage in STAGES}
+
+
+def main(argv=None):
+    parser = experiment_parser("Lesson 11: ZeRO stages 1 and 2 by hand, against unsharded Adam "
+                               "on one process")
+    for flag, kind, default in (("--global-batch", int, 16), ("--steps", int, 10),
+                                ("--lr", float, 1e-2), ("--seed", int, 1)):
+        parser.add_argument(flag, type=kind, default=default)
+    args = parser.parse_args(argv)
+    kwargs = dict(global_batch=args.global_batch, steps=args.steps, lr=args.lr, seed=args.seed)
+    results = run_experiment(every_stage, world_size=args.world_size, kwargs=kwargs,
+                             backend=args.backend, timeout=args.timeout)
+    if results is not None:  # the launcher, or rank 0 under torchrun
+        model_fn, x, y = lesson_setup(args.seed)
+        one = train_one_process(model_fn, x, y, args.global_batch, args.steps, args.lr)
+        print(f"{len(results)} ranks, {args.steps} Adam steps on a global batch of "
+              f"{args.global_batch} windows")
+        for stage in STAGES:
+            worst = max((r[stage]["params"] - one["params"]).abs().max().item() for r in results)
+            held = [r[stage]["state_bytes"] for r in results]
+            print(f"stage {stage}: largest difference from one process {worst:.1e}; optimizer "
+                  f"state per rank {', '.join(f'{b:,}' for b in held)} bytes = "
+                  f"{held[0] / one['state_bytes']:.3f} of unsharded Adam's "
+                  f"({one['state_bytes']:,})")
+    return results
+
+
+if __name__ == "__main__":
+    main()

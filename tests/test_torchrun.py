@@ -9,6 +9,10 @@ import pytest
 
 from course_lib import hello
 from course_lib.runtime import torchrun as cluster
+from course_lib.runtime.devices import choose_backend
+
+# what hello reports as carrying the tensors: gloo alone without GPUs, gloo and NCCL with them
+CARRIER = "cpu:gloo,cuda:nccl" if "nccl" in choose_backend("auto", 2) else "gloo"
 
 
 def test_run_experiment_outside_torchrun_uses_launch():
@@ -29,7 +33,16 @@ def test_module_runs_with_python_dash_m(capfd):
     hello.main(["--world-size", "2"])
     out = capfd.readouterr().out
     assert "[rank 1] hello from rank 1 of 2" in out
+    assert f"backend {CARRIER}, device" in out
     assert "all-reduce over 2 ranks gave [3.0, 3.0]" in out
+
+
+@pytest.mark.parametrize(("config", "carrier"), [
+    ("cpu:gloo,cuda:gloo", "gloo"), ("cpu:gloo,cuda:nccl", "cpu:gloo,cuda:nccl"),
+    ("cuda:nccl", "cuda:nccl"), ("gloo", "gloo")])
+def test_hello_names_the_backend_that_carries_the_tensors(monkeypatch, config, carrier):
+    monkeypatch.setattr(hello.dist, "get_backend_config", lambda group=None: config)
+    assert hello.carrier() == carrier
 
 
 def test_same_experiment_runs_under_torchrun():
@@ -40,6 +53,7 @@ def test_same_experiment_runs_under_torchrun():
     assert done.returncode == 0, done.stderr[-3000:]
     assert "all-reduce over 2 ranks gave [3.0, 3.0]" in done.stdout
     assert "hello from rank 0 of 2" in done.stdout and "hello from rank 1 of 2" in done.stdout
+    assert f"backend {CARRIER}, device" in done.stdout
 
 
 def test_experiment_parser_has_the_shared_options():

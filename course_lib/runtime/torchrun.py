@@ -14,7 +14,9 @@ An experiment is a plain function meant to run on every rank. ``run_experiment``
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -53,6 +55,18 @@ def init_from_environment(backend: str = "auto") -> str:
     return backend
 
 
+def importable(fn):
+    """``fn``, or where it was defined in a module started as ``python -m course_lib.X`` (so its
+    module is ``__main__``), the same function imported from course_lib.X: launch then sends it
+    to the workers by reference, as any library function, instead of by value."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if (getattr(fn, "__module__", None) != "__main__" or spec is None or not spec.name
+            or spec.name.endswith("__main__")):  # a package's __main__: importing it reruns it
+        return fn
+    return getattr(importlib.import_module(spec.name), fn.__qualname__, fn)
+
+
 def run_experiment(fn, *, world_size: int = 2, kwargs=None, backend: str = "auto",
                    timeout: float | None = 300):
     """Run ``fn(**kwargs)`` on every rank; return the list of results (index = rank).
@@ -63,7 +77,8 @@ def run_experiment(fn, *, world_size: int = 2, kwargs=None, backend: str = "auto
     """
     kwargs = {} if kwargs is None else kwargs
     if not launched_by_torchrun():
-        return launch(fn, world_size=world_size, kwargs=kwargs, backend=backend, timeout=timeout)
+        return launch(importable(fn), world_size=world_size, kwargs=kwargs, backend=backend,
+                      timeout=timeout)
     init_from_environment(backend)
     try:
         result = to_cpu(fn(**kwargs))  # rank 0 may be on another node, or another GPU

@@ -1,0 +1,72 @@
+"""Federated learning's remedies outside the clients' SGD: server optimisers and SCAFFOLD.
+
+Lecture: slides part 4 and the reference numbers on heterogeneity. The server's step is a
+function of the current model, the clients' average and its own state: :func:`fedavg_server`
+(the average itself), :func:`fedavgm_server` and :func:`fedadam_server` (Hsu et al. 2019;
+Reddi et al. 2021). :class:`ControlVariates` are SCAFFOLD's (Karimireddy et al. 2020).
+:mod:`course_lib.federated` uses them (and re-exports these names).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+# -- the server's step: a function of the current model, the clients' average and its state ----
+# (the state, e.g. momentum, is a dict the training loop owns: a step function can be reused)
+
+
+def fedavg_server():
+    """FedAvg: the new global model is the clients' weighted average."""
+    return lambda w, average, state: average
+
+
+def fedavgm_server(lr: float = 1.0, momentum: float = 0.9):
+    """FedAvgM: heavy-ball momentum on the pseudo-gradient delta = w - average."""
+
+    def step(w, average, state):
+        state["m"] = momentum * state.get("m", torch.zeros_like(w)) + (w - average)
+        return w - lr * state["m"]
+
+    return step
+
+
+def fedadam_server(lr: float = 0.01, betas=(0.9, 0.99), tau: float = 1e-3):
+    """FedAdam: Adam on the pseudo-gradient delta = w - average (tau plays Adam's epsilon)."""
+
+    def step(w, average, state):
+        delta = w - average
+        state["m"] = betas[0] * state.get("m", torch.zeros_like(w)) + (1 - betas[0]) * delta
+        state["v"] = betas[1] * state.get("v", torch.zeros_like(w)) + (1 - betas[1]) * delta ** 2
+        return w - lr * state["m"] / (state["v"].sqrt() + tau)
+
+    return step
+
+
+class ControlVariates:
+    """SCAFFOLD's control variates (Karimireddy et al. 2020): the server's c and each client's
+    c_k, held where the client's data is. A client corrects every local gradient by c - c_k."""
+
+    def __init__(self, d: int, clients: int, device=None):
+        self.c = torch.zeros(d, dtype=torch.float64, device=device)
+        self.c_k, self.clients, self.delta = {}, clients, torch.zeros_like(self.c)
+
+    def correction(self, k):
+        return self.c - self.c_k.get(k, torch.zeros_like(self.c))
+
+    def update(self, k, w, v, steps: int, lr: float) -> None:
+        """Option II of the paper: c_k+ = c_k - c + (w - v) / (steps lr)."""
+        old = self.c_k.get(k, torch.zeros_like(self.c))
+        self.c_k[k] = old - self.c + (w - v) / (steps * lr)
+        self.delta += self.c_k[k] - old
+
+    def end_round(self, group=None) -> None:
+        """c += (sum of this round's changes of c_k) / K, the sum taken over all ranks."""
+        self.c = self.c + _sum_over_ranks(self.delta, group) / self.clients
+        self.delta = torch.zeros_like(self.c)
+
+
+def _sum_over_ranks(t, group=None):
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, group=group)
+    return t
