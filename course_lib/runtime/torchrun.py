@@ -21,7 +21,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from course_lib.runtime.devices import choose_backend, loopback_interface, threads_per_worker
+from course_lib.runtime.devices import choose_backend, loopback_interface, worker_threads
 from course_lib.runtime.launching import launch
 from course_lib.runtime.worker import to_cpu
 
@@ -36,8 +36,9 @@ def init_from_environment(backend: str = "auto") -> str:
     """Join the process group described by torchrun's variables; return the backend used.
 
     With GPUs for every process of this node, each takes the GPU of its LOCAL_RANK and the group
-    is ``"cpu:gloo,cuda:nccl"`` (:mod:`course_lib.runtime.devices`); otherwise gloo. CPU threads
-    are shared out among the processes of this node, as :func:`launch` does.
+    is ``"cpu:gloo,cuda:nccl"`` (:mod:`course_lib.runtime.devices`); otherwise gloo. Each process
+    computes with the CPU threads :func:`launch` gives a rank (``devices.worker_threads``:
+    ``COURSE_LIB_THREADS``, default 1), so both print the same numbers.
     """
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
     backend = choose_backend(backend, local_world_size)
@@ -46,7 +47,7 @@ def init_from_environment(backend: str = "auto") -> str:
         iface = loopback_interface()
         if iface:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)
-    torch.set_num_threads(threads_per_worker(local_world_size))
+    torch.set_num_threads(worker_threads())
     device_id = None
     if "nccl" in backend:  # this process's GPU; gloo still carries CPU tensors
         device_id = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
