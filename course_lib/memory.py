@@ -5,7 +5,8 @@ a model of Psi parameters keeps 16 Psi bytes of training state -- in fp32, 4 for
 4 for the gradients, 8 for the two moments; in mixed precision, 2 + 2 for fp16 weights and
 gradients and 12 for fp32 master weights and moments -- before a single activation.
 :func:`state_bytes` counts them from a model; :func:`measure_step` measures a real Adam step
-with PyTorch's memory tracker, on the CPU as on a GPU.
+with PyTorch's memory tracker, on the CPU as on a GPU; :class:`SavedBytes` counts the bytes
+autograd saves for backward (``train_gpt``'s activations), whichever schedule runs the passes.
 """
 
 from __future__ import annotations
@@ -88,3 +89,42 @@ def measure_step(model, x, y, lr: float = 1e-3, precision: str = "fp32") -> dict
             out[key] += n_bytes
     out["total"] = sum(out.values())
     return out
+
+
+class SavedBytes:
+    """Measured activation memory: bytes of the distinct storages autograd holds for backward,
+    now and at the peak (parameters, saved too but counted as state, left out). A saved
+    tensor stays counted until autograd lets it go, whichever schedule runs the passes."""
+
+    def __init__(self):
+        self.refs, self.now, self.peak = {}, 0, 0
+
+    def pack(self, t):
+        base = t if t._base is None else t._base
+        if isinstance(base, torch.nn.Parameter):
+            return t
+        return _Held(self, t)
+
+    @staticmethod
+    def unpack(held):
+        return held.tensor if isinstance(held, _Held) else held
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+
+class _Held:
+    def __init__(self, tracker, tensor):
+        self.tracker, self.tensor = tracker, tensor
+        self.key = tensor.untyped_storage().data_ptr()
+        count = tracker.refs.get(self.key, 0)
+        if count == 0:
+            tracker.now += tensor.untyped_storage().nbytes()
+            tracker.peak = max(tracker.peak, tracker.now)
+        tracker.refs[self.key] = count + 1
+
+    def __del__(self):
+        self.tracker.refs[self.key] -= 1
+        if self.tracker.refs[self.key] == 0:
+            del self.tracker.refs[self.key]
+            self.tracker.now -= self.tensor.untyped_storage().nbytes()

@@ -12,6 +12,8 @@ One all-reduce per MLP forward (g), one per backward (f) (``cost_models.megatron
 In PyTorch's convention Z = X W^T, so "columns of A" are rows of ``fc1.weight`` and "rows of B"
 are columns of ``fc2.weight``. The unsplit block is ``models.feed_forward``. Every function
 that runs on ranks takes ``group`` (default: all ranks) and computes on the rank's device.
+:class:`ParallelBlock` applies f and g to a whole GPT block (attention's heads split too), as
+:mod:`course_lib.train_gpt` runs it.
 
 Lesson 5's Megatron MLP, by hand and with DTensor, against the unsplit block::
 

@@ -3,10 +3,11 @@
 Lecture: the seed article's workflow ("choose a strategy, configure the environment, implement,
 monitor"); lesson 12 runs here the plan :mod:`course_lib.planner` picks. Every part is an earlier
 lesson's: tensor parallelism is Megatron's f and g (lesson 5, :mod:`course_lib.tensor_parallel`)
-applied to attention (heads split) and the MLP; pipeline parallelism is
-``torch.distributed.pipelining``'s 1F1B (lessons 5 and 11); data parallelism all-reduces the
-gradients after backward (lesson 4), or ZeRO-1/2 shards Adam (:mod:`course_lib.zero`), or ZeRO-3
-is FSDP2 (:mod:`course_lib.sharding`).
+applied to attention (heads split) and the MLP (``tensor_parallel.ParallelBlock``); pipeline
+parallelism is ``torch.distributed.pipelining``'s 1F1B (lessons 5 and 11); data parallelism
+all-reduces the gradients after backward (lesson 4), or ZeRO-1/2 shards Adam
+(:mod:`course_lib.zero`), or ZeRO-3 is FSDP2 (:mod:`course_lib.sharding`). ``--world-size`` may
+be left out: the plan's dp x tp x pp is the number of ranks.
 
 Ranks are laid out as the planner assumes: tensor-parallel innermost (as in Megatron-LM), then
 pipeline, then data parallel, so rank = (d pp + s) tp + t. ::
@@ -26,11 +27,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from course_lib.data import stdlib_text, text_batch
+from course_lib.memory import SavedBytes
 from course_lib.models import tiny_gpt
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
 from course_lib.sharding import fully_shard_blocks, local_bytes
-from course_lib.tensor_parallel import f_operator, g_operator, new_counter
+from course_lib.tensor_parallel import ParallelBlock
 from course_lib.zero import ShardedAdam, adam_state_bytes
 
 MODEL = dict(vocab=96, d_model=64, layers=4, heads=4, context=32)
@@ -64,44 +66,6 @@ def check_plan(world_size: int, dp: int, tp: int, pp: int, zero: int, micro_batc
                          "leaves that combination out: use zero <= 2 with pp > 1")
 
 
-class ParallelBlock(torch.nn.Module):
-    """This rank's part of one :class:`course_lib.models.Block` over a tensor-parallel group of
-    ``tp`` ranks (Megatron-LM): the heads ``rank``-th share of q, k, v (qkv's rows) and the
-    projection's matching columns; the MLP's hidden units likewise (fc1's rows, fc2's columns).
-    LayerNorms and the output biases are whole on every rank (added once, after g)."""
-
-    def __init__(self, block, rank: int, tp: int, group=None):
-        super().__init__()
-        d = block.norm1.normalized_shape[0]
-        self.tp, self.group, self.heads = tp, group, block.heads // tp
-        self.counter = new_counter()
-        self.norm1, self.norm2 = block.norm1, block.norm2
-        cut = lambda n: slice(rank * n // tp, (rank + 1) * n // tp)  # noqa: E731
-        qkv = [cut(d).start + k * d for k in range(3)]
-        rows = torch.cat([torch.arange(s, s + d // tp) for s in qkv])
-        keep = lambda t: torch.nn.Parameter(t.detach().clone())  # noqa: E731
-        self.qkv_w, self.qkv_b = keep(block.qkv.weight[rows]), keep(block.qkv.bias[rows])
-        self.proj_w, self.proj_b = keep(block.proj.weight[:, cut(d)]), keep(block.proj.bias)
-        hidden = cut(4 * d)
-        self.fc1_w, self.fc1_b = keep(block.fc1.weight[hidden]), keep(block.fc1.bias[hidden])
-        self.fc2_w, self.fc2_b = keep(block.fc2.weight[:, hidden]), keep(block.fc2.bias)
-
-    def f(self, x):  # identity forward; backward sums the input's gradient over the group
-        return x if self.tp == 1 else f_operator(x, self.counter, self.group)
-
-    def g(self, x):  # forward sums the partial outputs over the group
-        return x if self.tp == 1 else g_operator(x, self.counter, self.group)
-
-    def forward(self, x):
-        b, t, _ = x.shape
-        q, k, v = F.linear(self.f(self.norm1(x)), self.qkv_w, self.qkv_b).chunk(3, dim=2)
-        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.g(a.transpose(1, 2).reshape(b, t, -1) @ self.proj_w.T) + self.proj_b
-        hidden = F.gelu(F.linear(self.f(self.norm2(x)), self.fc1_w, self.fc1_b))
-        return x + self.g(hidden @ self.fc2_w.T) + self.fc2_b
-
-
 class StageModule(torch.nn.Module):
     """Pipeline stage ``stage`` of ``pp``: the embeddings on the first, its share of the blocks
     (each split over the tensor-parallel group), the final norm and head on the last."""
@@ -133,45 +97,6 @@ def loss_fn(logits, targets):
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-class SavedBytes:
-    """Measured activation memory: bytes of the distinct storages autograd holds for backward,
-    now and at the peak (parameters, saved too but counted as state, left out). A saved
-    tensor stays counted until autograd lets it go, whichever schedule runs the passes."""
-
-    def __init__(self):
-        self.refs, self.now, self.peak = {}, 0, 0
-
-    def pack(self, t):
-        base = t if t._base is None else t._base
-        if isinstance(base, torch.nn.Parameter):
-            return t
-        return _Held(self, t)
-
-    @staticmethod
-    def unpack(held):
-        return held.tensor if isinstance(held, _Held) else held
-
-    def hooks(self):
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
-
-
-class _Held:
-    def __init__(self, tracker, tensor):
-        self.tracker, self.tensor = tracker, tensor
-        self.key = tensor.untyped_storage().data_ptr()
-        count = tracker.refs.get(self.key, 0)
-        if count == 0:
-            tracker.now += tensor.untyped_storage().nbytes()
-            tracker.peak = max(tracker.peak, tracker.now)
-        tracker.refs[self.key] = count + 1
-
-    def __del__(self):
-        self.tracker.refs[self.key] -= 1
-        if self.tracker.refs[self.key] == 0:
-            del self.tracker.refs[self.key]
-            self.tracker.now -= self.tensor.untyped_storage().nbytes()
-
-
 def global_batch_of(tokens, step: int, global_batch: int, context: int, seed: int):
     """Step ``step``'s global batch: the same on every rank and in the one-process run."""
     generator = torch.Generator().manual_seed(seed * 100_003 + step)
@@ -186,8 +111,9 @@ def train(dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, micro_batches: i
 
     ``group`` must hold every rank of the job (a mesh makes new groups, which all ranks create
     together). Returns this rank's coordinates, the global mean ``losses`` (every rank has
-    them), ``seconds`` per step, and the bytes this rank held: ``state`` (parameters, gradients,
-    optimizer state) and ``activations`` (the peak saved for backward)."""
+    them), ``seconds`` per step and ``threads`` (its CPU threads), and the bytes it held:
+    ``state`` (parameters, gradients, optimizer state) and ``activations`` (the peak saved for
+    backward)."""
     from torch.distributed.device_mesh import DeviceMesh
 
     shape = {**MODEL, **model}
@@ -270,7 +196,7 @@ def train(dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, micro_batches: i
                  optimizer=opt.state_bytes() if zero in (1, 2) else local_bytes(
                      v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)))
     return dict(rank=dist.get_rank(group), dp=d, pp=s, tp=t, losses=losses, seconds=seconds,
-                state=state, activations=peaks[-1], peaks=peaks)
+                threads=torch.get_num_threads(), state=state, activations=peaks[-1], peaks=peaks)
 
 
 def train_one_process(steps: int = 10, global_batch: int = 16, lr: float = 3e-3, seed: int = 0,
@@ -296,15 +222,17 @@ def train_one_process(steps: int = 10, global_batch: int = 16, lr: float = 3e-3,
     params = list(gpt.parameters())
     state = dict(params=local_bytes(params), grads=local_bytes(p.grad for p in params),
                  optimizer=adam_state_bytes(opt))
-    return dict(losses=losses, seconds=seconds, state=state, activations=saved.peak)
+    return dict(losses=losses, seconds=seconds, threads=torch.get_num_threads(), state=state,
+                activations=saved.peak)
 
 
 def main(argv=None) -> list | None:
+    """The command line; returns every rank's results (``None`` on ranks other than torchrun's
+    rank 0). ``--world-size``, if given, must be dp x tp x pp (the plan decides the ranks)."""
     from course_lib.runtime.torchrun import experiment_parser, run_experiment
 
-    """The command line; returns every rank's results (``None`` on ranks other than torchrun's
-    rank 0)."""
     parser = experiment_parser("Train a small GPT under a data x tensor x pipeline plan.")
+    parser.set_defaults(world_size=None)  # not given: dp x tp x pp
     for name in ("dp", "tp", "pp"):
         parser.add_argument(f"--{name}", type=int, default=1)
     parser.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
@@ -316,11 +244,18 @@ def main(argv=None) -> list | None:
     for name, value in MODEL.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=value)
     a = parser.parse_args(argv)
+    ranks = a.dp * a.tp * a.pp
+    if a.world_size not in (None, ranks):
+        fix = (f"--world-size alone does not say how to split the ranks: give --dp, --tp and "
+               f"--pp whose product is {a.world_size} (e.g. --dp {a.world_size})"
+               if ranks == 1 and a.world_size > 1 else "make them agree, or leave it out")
+        parser.error(f"--world-size {a.world_size}, but dp x tp x pp = {a.dp} x {a.tp} x {a.pp} "
+                     f"= {ranks}; {fix}")
     kwargs = dict(dp=a.dp, tp=a.tp, pp=a.pp, zero=a.zero, micro_batches=a.micro_batches,
                   recompute=a.recompute, steps=a.steps, global_batch=a.global_batch, lr=a.lr,
                   **{name: getattr(a, name) for name in MODEL})
-    results = run_experiment(train, world_size=a.dp * a.tp * a.pp, kwargs=kwargs,
-                             backend=a.backend, timeout=a.timeout)
+    results = run_experiment(train, world_size=ranks, kwargs=kwargs, backend=a.backend,
+                             timeout=a.timeout)
     if results is None:  # torchrun: rank 0 prints
         return None
     slowest = [max(r["seconds"][i] for r in results) for i in range(a.steps)]
@@ -329,8 +264,9 @@ def main(argv=None) -> list | None:
           f"{', recompute' if a.recompute else ''}; {len(results)} ranks")
     print("loss per step: " + " ".join(f"{v:.4f}" for v in results[0]["losses"]))
     later = slowest[2:] or slowest
+    threads = "/".join(map(str, sorted({r["threads"] for r in results})))  # the same on each
     print(f"median step of the slowest rank (after 2 warm-up steps): "
-          f"{statistics.median(later) * 1e3:.1f} ms")
+          f"{statistics.median(later) * 1e3:.1f} ms, {threads} CPU thread(s) per rank")
     print(f"most memory on one rank (rank {busiest['rank']}): state "
           f"{sum(busiest['state'].values()) / 2**20:.2f} MiB, activations "
           f"{busiest['activations'] / 2**20:.2f} MiB")

@@ -114,11 +114,29 @@ def test_the_plan_runs_under_torchrun():
     expected = T.train_one_process(steps=3, global_batch=8)["losses"]
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), atol=2e-4, rtol=0)
     assert "plan: dp 1 x tp 2 x pp 1, ZeRO-0, m 1; 2 ranks" in done.stdout
+    assert "CPU thread(s) per rank" in done.stdout
 
 
-def test_the_module_runs_through_launch_from_the_command_line(capsys):
-    results = T.main(["--dp", "2", "--steps", "2", "--global-batch", "4"])
+def test_the_module_runs_through_launch_from_the_command_line(capsys, monkeypatch):
+    monkeypatch.delenv("COURSE_LIB_THREADS", raising=False)
+    results = T.main(["--world-size", "2", "--dp", "2", "--steps", "2", "--global-batch", "4"])
     assert [r["rank"] for r in results] == [0, 1] and len(results[0]["losses"]) == 2
     out = capsys.readouterr().out
     assert "plan: dp 2 x tp 1 x pp 1, ZeRO-0, m 1; 2 ranks" in out
     assert "median step of the slowest rank" in out and "most memory on one rank" in out
+    # the one-rank baseline is timed with the threads each of the two ranks had, and says so
+    one = T.main(["--steps", "2", "--global-batch", "4"])
+    assert "; 1 ranks" in capsys.readouterr().out
+    assert [r["threads"] for r in one + results] == [1, 1, 1]
+    assert "ms, 1 CPU thread(s) per rank" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--world-size", "2"], "alone does not say how to split the ranks: give --dp, --tp and "
+                            "--pp whose product is 2 (e.g. --dp 2)"),
+    (["--world-size", "4", "--tp", "2"], "dp x tp x pp = 1 x 2 x 1 = 2; make them agree"),
+])
+def test_a_world_size_that_is_not_the_plans_is_refused_before_any_work(argv, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        T.main(argv)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
