@@ -173,10 +173,12 @@ def torchrun_command(model: Transformer, cluster: Cluster, plan: Plan, steps: in
     """The command that runs ``plan`` with :mod:`course_lib.train_gpt` on every node of
     ``cluster``. One node: ``--standalone`` (torchrun picks a free port). Several: the same
     command on each node, with the rendezvous host and a free port of your choosing in
-    $HEAD_NODE and $PORT (a fixed port collides with other jobs). train_gpt runs data, tensor
-    and pipeline parallelism, ZeRO and full recomputation; its attention is PyTorch's
-    ``scaled_dot_product_attention`` whatever the plan's ``attention`` says. A plan with
-    sequence parallelism, interleaving, uneven stages or selective recomputation is refused."""
+    $HEAD_NODE and $PORT (a fixed port collides with other jobs) and a name for this job, the
+    same on every node, in $JOB_ID (the rendezvous joins only the nodes that give it).
+    train_gpt runs data, tensor and pipeline parallelism, ZeRO and full recomputation; its
+    attention is PyTorch's ``scaled_dot_product_attention`` whatever the plan's ``attention``
+    says. A plan with sequence parallelism, interleaving, uneven stages or selective
+    recomputation is refused."""
     missing = [name for name, used in (
         ("sequence parallelism", plan.sequence_parallel), ("interleaving", plan.chunks > 1),
         ("uneven stages", plan.stages is not None and len(set(plan.stages)) > 1),
@@ -186,7 +188,8 @@ def torchrun_command(model: Transformer, cluster: Cluster, plan: Plan, steps: in
                          f"without them (rank_plans(..., sequence_parallel=(False,), "
                          f"chunks=(1,), attention=('stored', 'flash')))")
     where = ("--standalone" if cluster.nodes == 1 else
-             f"--nnodes {cluster.nodes} --rdzv-backend c10d --rdzv-endpoint $HEAD_NODE:$PORT")
+             f"--nnodes {cluster.nodes} --rdzv-backend c10d --rdzv-endpoint $HEAD_NODE:$PORT "
+             f"--rdzv-id $JOB_ID")
     flags = (f"--dp {plan.dp} --tp {plan.tp} --pp {plan.pp} --zero {plan.zero} "
              f"--micro-batches {plan.micro_batches}{' --recompute' if plan.recompute else ''}")
     shape = (f"--layers {model.layers} --d-model {model.hidden} --heads {model.heads} "

@@ -308,6 +308,10 @@ def test_the_torchrun_command_runs_the_plan_on_every_node():
     four = P.Cluster(**{**NODE.__dict__, "nodes": 4})
     cmd = P.torchrun_command(GPT_7B, four, plan)
     assert "--nnodes 4" in cmd and "$HEAD_NODE:$PORT" in cmd and "--recompute" in cmd
+    assert cmd.startswith("torchrun --nnodes 4 --rdzv-backend c10d --rdzv-endpoint "
+                          "$HEAD_NODE:$PORT --rdzv-id $JOB_ID --nproc-per-node 8 -m "
+                          "course_lib.train_gpt ")
+    assert "rdzv" not in one  # --standalone makes its own rendezvous
     assert "--dp 4 --tp 8 --pp 1 --zero 1 --micro-batches 4" in cmd
     for extra, word in ((dict(sequence_parallel=True), "sequence parallelism"),
                         (dict(pp=2, dp=2, chunks=2), "interleaving"),
