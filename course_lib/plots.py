@@ -16,12 +16,7 @@ import matplotlib.patches
 import matplotlib.pyplot as plt
 import numpy as np
 
-from course_lib.cost_models import (
-    amdahl_speedup,
-    fit_amdahl,
-    fit_gustafson,
-    gustafson_speedup,
-)
+from course_lib.cost_models import amdahl_speedup, fit_amdahl, fit_gustafson, gustafson_speedup
 from course_lib.runtime.timing import Span, Timing
 
 STYLE = {
