@@ -98,13 +98,6 @@ def test_worker_threads_is_the_same_at_every_world_size_and_refuses_nonsense(mon
             D.worker_threads()
 
 
-def test_threads_per_worker_never_oversubscribe():
-    assert D.threads_per_worker(1, cores=8) == 8
-    assert D.threads_per_worker(2, cores=8) == 4
-    assert D.threads_per_worker(3, cores=8) == 2
-    assert D.threads_per_worker(4, cores=2) == 1  # more workers than cores: one thread each
-
-
 def test_usable_cores_and_loopback_interface():
     assert 1 <= D.usable_cores() <= (os.cpu_count() or 1)
     if sys.platform.startswith("linux"):

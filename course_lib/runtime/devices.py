@@ -56,13 +56,6 @@ def worker_threads(threads: int | None = None) -> int:
     return threads
 
 
-def threads_per_worker(world_size: int, cores: int | None = None) -> int:
-    """The most threads each of ``world_size`` workers can use with workers x threads <= cores
-    (at least 1): a ceiling, not what ``launch`` gives (that is :func:`worker_threads`)."""
-    cores = usable_cores() if cores is None else cores
-    return max(1, cores // world_size)
-
-
 def gpu_count() -> int:
     """CUDA devices this process can see (0 on a CPU-only build or machine)."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
