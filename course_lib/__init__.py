@@ -38,6 +38,10 @@ from course_lib.commands import refuse_modules_without_a_command
 
 refuse_modules_without_a_command()  # python -m course_lib.<a module without a command>: exit 2
 
+from course_lib.edition import check_edition  # noqa: E402
+
+check_edition()  # in a student edition's notebooks/, refuse any library but the edition's
+
 from course_lib.runtime import LaunchTimeout, WorkerError, device, launch  # noqa: E402
 from course_lib.runtime.machine import use_threads  # noqa: E402
 

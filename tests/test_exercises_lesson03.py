@@ -72,10 +72,15 @@ def test_doubling_explains_wrong_sums_and_collectives(right_data):
 
 
 def test_doubling_reports_a_rank_that_raises():
-    def broken(tensor):
+    def not_written(tensor):
         raise NotImplementedError("write your solution here")
 
-    with pytest.raises(common.ExerciseFailed, match="on 4 ranks.*NotImplementedError"):
+    def broken(tensor):
+        raise ValueError("oops")
+
+    with pytest.raises(common.NotSolved, match="still raises NotImplementedError"):
+        ex.check_doubling_all_reduce(not_written)
+    with pytest.raises(common.ExerciseFailed, match="on 4 ranks.*ValueError"):
         ex.check_doubling_all_reduce(broken)
 
 

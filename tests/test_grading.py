@@ -87,32 +87,93 @@ def test_the_student_edition_holds_no_solution_text_anywhere(tmp_path):
         lesson = nbformat.read(lesson_path, as_version=4)
         student = nbformat.read(student_path, as_version=4)
         assert len(student.cells) == len(lesson.cells)  # in step with the lesson, cell by cell
-        exercising = False
         for theirs, ours in zip(lesson.cells, student.cells, strict=True):
-            exercising = exercising or "BEGIN SOLUTION" in theirs.source
-            if "BEGIN SOLUTION" in theirs.source:
-                assert hw.STUB.strip() in ours.source
+            meta = theirs.metadata.get("nbgrader", {})
+            if "BEGIN SOLUTION" in theirs.source:  # a stub that raises when called, or answers
+                assert editions.STUB.strip() in ours.source or editions.PASS_STUB.strip() in \
+                    ours.source or re.search(r"^\w+ = \.\.\.$", ours.source, re.MULTILINE)
             else:
                 assert ours.source == theirs.source
-            if ours.cell_type == "code" and exercising:  # no output of an exercise, or after
-                assert ours.outputs == [] and ours.execution_count is None
-            elif ours.cell_type == "code":  # the lesson's figures before them stay
+            if ours.cell_type == "code" and (meta.get("solution") or meta.get("grade")):
+                assert ours.outputs == [] and ours.execution_count is None  # the exercise's own
+            elif ours.cell_type == "code":  # every other cell keeps the instructor's outputs
                 assert ours.outputs == theirs.outputs
 
 
 def test_the_student_command_writes_the_edition_once_and_opens_it_with_its_library(tmp_path):
     from course_lib.exercises.__main__ import open_student_edition
 
-    command = open_student_edition(tmp_path / "student", ROOT / "notebooks", start=False)
-    assert command[-3:] == ["jupyter", "lab", str(tmp_path / "student" / "notebooks")]
+    here = os.getcwd()
+    os.chdir(tmp_path)  # a relative folder: every path printed or set is made absolute
+    try:
+        command = open_student_edition(Path("student"), ROOT / "notebooks", start=False)
+    finally:
+        os.chdir(here)
+    assert command[-3:] == ["jupyter", "lab", str(tmp_path / "student" / "notebooks")] or \
+        "--allow-root" in command
     mine = tmp_path / "student" / "notebooks" / LESSONS[0].name
     mine.write_text(mine.read_text().replace("write your solution here", "my work"))
     open_student_edition(tmp_path / "student", ROOT / "notebooks", start=False)
     assert "my work" in mine.read_text()  # a second run never overwrites a student's work
-    done = subprocess.run([sys.executable, "-c", "import course_lib; print(course_lib.__file__)"],
-                          env={**os.environ, "PYTHONPATH": str(tmp_path / "student")},
-                          capture_output=True, text=True, cwd=tmp_path, check=True)
-    assert done.stdout.strip() == str(tmp_path / "student" / "course_lib" / "__init__.py")
+
+
+def test_as_root_the_student_command_adds_allow_root_and_says_so(tmp_path, monkeypatch,
+                                                                   capsys):
+    from course_lib.exercises import __main__ as cli
+
+    for uid, added in ((0, True), (1000, False)):
+        monkeypatch.setattr(os, "geteuid", lambda uid=uid: uid)
+        command, env = cli.lab_command(Path("student"), ["--port", "8890"])
+        assert ("--allow-root" in command) is added
+        assert command[command.index("lab") + 1] == str(Path("student").resolve() / "notebooks")
+        assert command[-3 if added else -2:][:2] == ["--port", "8890"]  # passed on unchanged
+        assert env["PYTHONPATH"] == str(Path("student").resolve())
+        assert ("running as root" in capsys.readouterr().out) is added
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    command, _ = cli.lab_command(Path("student"), ["--allow-root"])
+    assert command.count("--allow-root") == 1
+    assert cli.split_student_args(["student", "mine", "--no-browser", "--port", "9", "--no-start"]
+                                  ) == (["student", "mine", "--no-start"],
+                                        ["--no-browser", "--port", "9"])
+
+
+def test_the_student_command_exits_non_zero_when_jupyterlab_does_not_start(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "course_lib.exercises", "student",
+                           str(tmp_path / "student"), "--no-browser", "--port=not-a-port"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "JupyterLab did not start" in done.stderr, done.stderr[-2000:]
+    assert "not-a-port" in done.stderr  # JupyterLab's own message is shown too
+
+
+def test_a_kernel_in_the_student_edition_imports_the_editions_library(tmp_path):
+    """A cell run in a real kernel, started as the student command starts JupyterLab's."""
+    from jupyter_client.manager import start_new_kernel
+
+    from course_lib.exercises.__main__ import lab_command
+
+    editions.release(ROOT / "notebooks", tmp_path / "student")
+    _, env = lab_command(tmp_path / "student")
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path / "student" / "notebooks"),
+                              env=env)
+    try:
+        shown = []
+        kc.execute_interactive("import course_lib; print(course_lib.__file__)", timeout=120,
+                               output_hook=lambda m: shown.append(m["content"].get("text", "")))
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert "".join(shown).strip() == str(tmp_path / "student" / "course_lib" / "__init__.py")
+
+
+def test_the_instructors_library_refuses_to_run_a_student_editions_notebook(tmp_path):
+    editions.release(ROOT / "notebooks", tmp_path / "student")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # JupyterLab started by hand
+    done = subprocess.run([sys.executable, "-c", "import course_lib"], env=env,
+                          cwd=tmp_path / "student" / "notebooks", capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0 and "WrongEdition" in done.stderr, done.stderr[-2000:]
+    assert "python -m course_lib.exercises student" in done.stderr
 
 
 def test_the_student_library_imports_and_keeps_only_what_is_outside_solution_regions(tmp_path):
@@ -155,9 +216,9 @@ def _tiny_lesson(path):
         new_code_cell("import torch\n\ngrads = torch.tensor([1e-3, 2.0, -300.0])"),
         new_code_cell("### BEGIN SOLUTION\nk = 7\n### END SOLUTION"),
         new_code_cell("from course_lib.exercises.lesson07 import check_fp16_stochastic_round, "
-                      "check_safe_scale\n\nprint(check_safe_scale(k, grads))"),
+                      "check_safe_scale\n\ncheck_safe_scale(k, grads)"),
         new_code_cell(solution + "    ### END SOLUTION"),
-        new_code_cell("print(check_fp16_stochastic_round(fp16_round))"),
+        new_code_cell("check_fp16_stochastic_round(fp16_round)"),
     ]
     nb = hw.mark(new_notebook(cells=cells))
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
@@ -216,16 +277,20 @@ def test_grading_the_lesson_itself_gives_full_marks(lesson):
     assert report["ungraded_errors"] == []
 
 
-def test_an_untouched_student_notebook_scores_zero_failing_only_in_its_exercises(tmp_path,
-                                                                                  lesson):
+def test_an_untouched_student_notebook_runs_through_and_scores_zero_as_not_solved(tmp_path,
+                                                                                 lesson):
     hw.release(lesson.parent, tmp_path / "student")
-    report = hw.grade(tmp_path / "student" / "notebooks" / "tiny.ipynb", lesson, cell_timeout=60)
+    stubbed = nbformat.read(tmp_path / "student" / "notebooks" / "tiny.ipynb", as_version=4)
+    assert "k = ...\n" in stubbed.cells[2].source  # an answer at the top level: a placeholder
+    assert hw.STUB.strip() in stubbed.cells[4].source  # in a function: raises when called
+    report = hw.grade(tmp_path / "student" / "notebooks" / "tiny.ipynb", lesson, cell_timeout=60,
+                      keep=tmp_path / "kept.ipynb")
     assert report["score"] == 0 and report["points"] == 2
-    assert all("NameError" in e["feedback"] or "NotImplementedError" in e["feedback"]
-               for e in report["exercises"]), hw.summary(report)
-    # only a solution cell fails outside the checks: cell 2 (its stub raises at once; cell 4
-    # only defines a function whose body raises)
-    assert [f["cell"] for f in report["ungraded_errors"]] == [2]
+    assert [e["feedback"].split(":")[0] for e in report["exercises"]] == ["not solved yet"] * 2
+    assert report["ungraded_errors"] == []  # no cell failed: Run All would reach the end
+    kept = nbformat.read(tmp_path / "kept.ipynb", as_version=4)
+    shown = [o["data"]["text/plain"] for i in (3, 5) for o in kept.cells[i].outputs]
+    assert len(shown) == 2 and all(s.startswith("not solved yet: ") for s in shown), shown
 
 
 def test_one_wrong_answer_loses_exactly_that_exercise_and_says_why(tmp_path, lesson):
@@ -535,7 +600,8 @@ def test_fingerprints_see_added_changed_and_removed_files_and_keep_the_executed_
     _tiny_lesson(lesson)
     hw.grade(lesson, lesson, cell_timeout=60, keep=tmp_path / "kept.ipynb")
     kept = nbformat.read(tmp_path / "kept.ipynb", as_version=4)
-    assert any("correct" in "".join(o.get("text", "") for o in c.get("outputs", []))
+    assert any("correct" in "".join(o.get("data", {}).get("text/plain", "")
+                                    for o in c.get("outputs", []))
                for c in kept.cells if c.cell_type == "code")
 
 

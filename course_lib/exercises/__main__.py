@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -14,26 +15,87 @@ import nbformat
 from course_lib.exercises import editions, grading, sandbox, submissions
 
 
-def open_student_edition(target: Path, notebooks: Path, *, start: bool = True) -> list[str]:
+def lab_command(target: Path, lab_args=()) -> tuple[list[str], dict]:
+    """The command that opens the student edition in ``target`` in JupyterLab, and the
+    environment it needs (the edition's library first on the path); every path absolute. As
+    root (a container, a hosted service) JupyterLab refuses to start without ``--allow-root``:
+    it is added, with a line saying so."""
+    target = Path(target).resolve()
+    lab_args = list(lab_args)
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in lab_args:
+        print("running as root (a container or a hosted notebook service?): adding --allow-root, "
+              "which JupyterLab needs to start as root")
+        lab_args.append("--allow-root")
+    command = [sys.executable, "-m", "jupyter", "lab", str(target / "notebooks"), *lab_args]
+    return command, {**os.environ, "PYTHONPATH": str(target)}
+
+
+def edition_imported(target: Path, env: dict) -> Path:
+    """The course_lib a kernel started like JupyterLab's (``env``, in the edition's notebooks)
+    imports; raises :class:`SystemExit` with what to do unless it is the edition's."""
+    target = Path(target).resolve()
+    done = subprocess.run([sys.executable, "-c", "import course_lib; print(course_lib.__file__)"],
+                          cwd=target / "notebooks", env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    found = Path(done.stdout.strip() or ".").resolve().parent
+    if done.returncode != 0 or found != target / "course_lib":
+        raise SystemExit(f"the student edition's kernel would not import its own course_lib "
+                         f"({done.stderr.strip().splitlines()[-1:] or found}): delete "
+                         f"{target} and run this command again to write it afresh")
+    return found
+
+
+def open_student_edition(target: Path, notebooks: Path, *, start: bool = True,
+                         lab_args=()) -> list[str]:
     """Write the student edition into ``target`` (unless it is there: a student's work is never
-    overwritten) and the command that opens it in JupyterLab, with ``target``'s library first on
-    the path; run it when ``start``."""
+    overwritten), check that its kernel imports the edition's library, print the command that
+    opens it in JupyterLab, and run it when ``start``. Returns the command; raises
+    :class:`SystemExit` (non-zero) when JupyterLab exits with an error, or does not start."""
+    target = Path(target).resolve()
     if not (target / "notebooks").is_dir():
         for path in editions.release(notebooks, target):
             print(f"wrote {path}")
-    command = [sys.executable, "-m", "jupyter", "lab", str(target / "notebooks")]
-    print(f"PYTHONPATH={target} {' '.join(command)}")
+    command, env = lab_command(target, lab_args)
+    edition_imported(target, env)
+    print("to open it again: PYTHONPATH=" + shlex.quote(str(target)) + " " + shlex.join(command))
     if start:
-        env = {**os.environ, "PYTHONPATH": str(target.resolve())}
-        subprocess.run(command, env=env, check=False)
+        try:
+            done = subprocess.run(command, env=env, check=False)
+        except KeyboardInterrupt:  # the student stopped JupyterLab: that is a normal end
+            return command
+        if done.returncode != 0:
+            raise SystemExit(f"JupyterLab did not start or stopped with an error (exit code "
+                             f"{done.returncode}); its message is above. Options after "
+                             f"`student` go to JupyterLab (e.g. --port 8890, --no-browser)")
     return command
+
+
+def split_student_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``student``'s own arguments (the folder, ``--notebooks``, ``--no-start``, ``--help``)
+    and the rest, which go to JupyterLab unchanged (``--port 8890``, ``--no-browser`` ...)."""
+    ours, lab, i, positional = [argv[0]], [], 1, False
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--no-start", "-h", "--help") or arg.startswith("--notebooks="):
+            ours.append(arg)
+        elif arg == "--notebooks" and i + 1 < len(argv):
+            ours += argv[i:i + 2]
+            i += 1
+        elif not arg.startswith("-") and not positional and not lab:
+            ours.append(arg)
+            positional = True
+        else:
+            lab.append(arg)
+        i += 1
+    return ours, lab
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib.exercises",
                                      description=grading.__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("student", help="write the student edition (once) and open it")
+    s = sub.add_parser("student", help="write the student edition (once) and open it; options "
+                                       "it does not know go to JupyterLab (--port, --no-browser)")
     s.add_argument("target", type=Path, nargs="?", default=Path("student"))
     s.add_argument("--notebooks", type=Path, default=Path("notebooks"))
     s.add_argument("--no-start", action="store_true", help="only write it and print the command")
@@ -50,9 +112,12 @@ def main(argv=None) -> int:
     g.add_argument("--timeout", type=float, default=900)
     g.add_argument("--no-sandbox", action="store_true",
                    help="run submissions without the sandbox: ONLY for trusted notebooks")
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ours, lab_args = split_student_args(argv) if argv[:1] == ["student"] else (argv, [])
+    args = parser.parse_args(ours)
     if args.command == "student":
-        open_student_edition(args.target, args.notebooks, start=not args.no_start)
+        open_student_edition(args.target, args.notebooks, start=not args.no_start,
+                             lab_args=lab_args)
     elif args.command == "mark":
         for path in sorted(args.notebooks.glob("*.ipynb")):
             nb = nbformat.read(path, as_version=4)

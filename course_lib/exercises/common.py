@@ -14,13 +14,19 @@ from __future__ import annotations
 
 import json
 import os
+import traceback
 from pathlib import Path
 
 import torch
 
+from course_lib.exercises import verdicts
+
 GRADING_OUT = "COURSE_LIB_GRADING_OUT"  # set by the grader: where probes write their data
 GRADING_SEED = "COURSE_LIB_GRADING_SEED"  # set by the grader: the hidden cases of this run
 JUDGES: dict = {}  # name -> judge, filled as the lesson modules define their checks
+STUB_MESSAGE = "write your solution here"  # what the student edition's stubs raise
+LIBRARY_HAS_IT = "not in the student edition"  # what its library's stripped references raise
+NOT_SOLVED, FAILED = "__not_solved__", "__failed__"  # a check's data when there is no answer
 
 
 class ExerciseFailed(AssertionError):
@@ -29,6 +35,10 @@ class ExerciseFailed(AssertionError):
 
 class HiddenTestFailed(ExerciseFailed):
     """A hidden case failed; the grader reports only that (the case stays hidden)."""
+
+
+class NotSolved(ExerciseFailed):
+    """The exercise still holds its stub: nothing to judge yet."""
 
 
 def to_plain(value):
@@ -71,6 +81,9 @@ def launch_checked(fn, world_size: int, args=(), *, timeout: float = 60,
     try:
         return launch(fn, world_size=world_size, args=args, timeout=timeout)
     except WorkerError as err:
+        if err.exc_type == "NotImplementedError" or STUB_MESSAGE in str(err.exc_message):
+            raise NotSolved("your code still raises NotImplementedError on the ranks: write it "
+                            "in the solution cell above, run that cell, then this one") from None
         raise ExerciseFailed(f"rank {err.rank} failed: {err.exc_type or 'exited'}: "
                              f"{err.exc_message or err}") from None
     except LaunchTimeout as err:
@@ -121,27 +134,77 @@ def check_drawn(name: str, draw, got) -> None:
                              "drawn in this run")
 
 
+def not_solved(error: BaseException) -> bool:
+    """True when ``error`` (or what caused it) says the exercise still holds its stub: a
+    :class:`NotSolved`, a ``NotImplementedError``, or the stub's message from a rank."""
+    seen, steps = error, 0
+    while seen is not None and steps < 20:
+        if isinstance(seen, NotSolved) or STUB_MESSAGE in str(seen) or (
+                isinstance(seen, NotImplementedError) and LIBRARY_HAS_IT not in str(seen)):
+            return True
+        seen, steps = seen.__cause__ or seen.__context__, steps + 1
+    return False
+
+
+def _record(folder: str | None, name: str, data) -> None:
+    if folder:  # a graded run: the grader judges this data itself
+        n = len(list(Path(folder).glob("*.json")))
+        (Path(folder) / f"{n:03d}-{name}.json").write_text(json.dumps(data))
+
+
+def _verdict(name, probe, judge, folder, args, kwargs) -> str:
+    if any(value is ... for value in (*args, *kwargs.values())):
+        raise NotSolved("the answer is still `...`: write the code that computes it in the "
+                        "solution cell above, run that cell, then this one")
+    try:
+        data = to_plain(probe(*args, **kwargs))
+    except Exception as error:
+        if not_solved(error):
+            raise NotSolved("your code still raises NotImplementedError: write it in the "
+                            "solution cell above, run that cell, then this one") from error
+        raise
+    _record(folder, name, data)
+    try:
+        return judge(from_plain(data))
+    except NotImplementedError:  # the student edition's library leaves the reference out
+        return ("recorded: the grader judges this exercise (its reference answer is not in "
+                "the student edition)")
+    except HiddenTestFailed:
+        if not folder:
+            raise
+        return "recorded: the grader judges it"  # hidden cases: judged outside, in private
+
+
 def checked(name: str, probe, judge):
     """A check: ``probe(*args)`` runs the student's code and returns plain data, ``judge(data)``
     returns a verdict or raises :class:`ExerciseFailed`. The judge is registered under ``name``
-    so that the grader can run it outside the kernel."""
+    so that the grader can run it outside the kernel.
+
+    In a notebook's kernel the check shows its verdict in a box and never raises
+    (:mod:`~course_lib.exercises.verdicts`): an answer not written yet is "not solved yet", a
+    wrong one "wrong" with what is wrong; elsewhere it returns the verdict or raises."""
     JUDGES[name] = judge
 
-    def check(*args, **kwargs) -> str:
-        data = to_plain(probe(*args, **kwargs))
+    def check(*args, **kwargs) -> str | None:
         folder = os.environ.get(GRADING_OUT)
-        if folder:  # a graded run: the grader judges this data itself
-            n = len(list(Path(folder).glob("*.json")))
-            (Path(folder) / f"{n:03d}-{name}.json").write_text(json.dumps(data))
+        written = len(list(Path(folder).glob("*.json"))) if folder else 0
         try:
-            return judge(from_plain(data))
-        except NotImplementedError:  # the student edition's library leaves the reference out
-            return ("recorded: the grader judges this exercise (its reference answer is not in "
-                    "the student edition)")
-        except HiddenTestFailed:
-            if not folder:
+            verdict = _verdict(name, probe, judge, folder, args, kwargs)
+        except Exception as error:
+            if not verdicts.showing():
                 raise
-            return "recorded: the grader judges it"  # hidden cases: judged outside, in private
+            unsolved = isinstance(error, NotSolved)
+            message = str(error) if isinstance(error, ExerciseFailed) else \
+                f"your code raised {type(error).__name__}: {error}"
+            if folder and len(list(Path(folder).glob("*.json"))) == written:
+                _record(folder, name, {NOT_SOLVED if unsolved else FAILED: message})
+            verdicts.show("not solved yet" if unsolved else "wrong", message,
+                          "" if unsolved else "".join(traceback.format_exception(error)))
+            return None
+        if not verdicts.showing():
+            return verdict
+        verdicts.show(verdicts.kind_of(verdict), verdict)
+        return None
 
     check.judge_name = name
     check.__doc__ = probe.__doc__

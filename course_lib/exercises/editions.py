@@ -15,6 +15,7 @@ everything else, the instructor's guide included.
 
 from __future__ import annotations
 
+import ast
 import copy
 import re
 import shutil
@@ -22,11 +23,14 @@ from pathlib import Path
 
 import nbformat
 
+from course_lib.edition import MARKER as EDITION_MARKER
+
 SOLUTION = re.compile(r"^([ \t]*)### BEGIN SOLUTION[^\n]*\n.*?^[ \t]*### END SOLUTION[^\n]*(\n|$)",
                       re.MULTILINE | re.DOTALL)
 HIDDEN = re.compile(r"^[ \t]*### BEGIN HIDDEN TESTS[^\n]*\n.*?^[ \t]*### END HIDDEN TESTS[^\n]*"
                     r"(\n|$)", re.MULTILINE | re.DOTALL)
 STUB = 'raise NotImplementedError("write your solution here")\n'
+PASS_STUB = "pass  # write your solution here\n"
 LIBRARY_STUB = 'raise NotImplementedError("not in the student edition: the grader has it")\n'
 
 
@@ -67,19 +71,115 @@ def exercises(nb) -> list[dict]:
             for i, c in enumerate(nb.cells) if _meta(c).get("grade")]
 
 
+def _parse(source: str):
+    lines = [line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))]
+    try:
+        return ast.parse("\n".join(lines))
+    except SyntaxError:
+        return None
+
+
+def _bound_at_top(tree) -> list[str]:
+    """Names a module's top level binds (not those bound inside functions or comprehensions)."""
+    names: list[str] = []
+
+    def visit(node):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+            return
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+                             ast.GeneratorExp)):
+            return
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.append(node.id)
+        elif isinstance(node, ast.alias):
+            names.append((node.asname or node.name).split(".")[0])
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return list(dict.fromkeys(names))
+
+
+def _reads(tree) -> set[str]:
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _binds(tree) -> set[str]:
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and
+             isinstance(n.ctx, (ast.Store, ast.Del))}
+    names |= {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg)}
+    return names | {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef,
+                                                                      ast.ClassDef))}
+
+
+def answer_names(region: str, later: list[str]) -> list[str]:
+    """The names a top-level solution region defines that later cells need: those the next
+    code cell (its check) reads, and those a later cell reads without binding them itself."""
+    tree = _parse(region)
+    if tree is None:
+        return []
+    needed: set[str] = set()
+    for number, source in enumerate(later):
+        cell = _parse(source)
+        if cell is not None:
+            needed |= _reads(cell) if number == 0 else _reads(cell) - _binds(cell)
+    return [name for name in _bound_at_top(tree) if name in needed]
+
+
+def _in_function(source: str, line: int) -> bool:
+    """Whether ``line`` of ``source`` lies in a function's body (rather than in a class body or
+    a loop that runs as soon as the cell does)."""
+    tree = _parse(source)
+    if tree is None:
+        return True
+    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                          ast.ClassDef))
+              and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    return bool(scopes) and not isinstance(max(scopes, key=lambda n: n.lineno), ast.ClassDef)
+
+
+def stub(source: str, later: list[str] = ()) -> str:
+    """A solution cell's student edition. A region inside a function becomes a line that
+    raises NotImplementedError when the function is called (a check then says "not solved
+    yet"); one in a class body becomes ``pass`` (its methods are the answer); one at the top
+    level becomes ``name = ...`` for each answer the later cells need, so that Run All goes on
+    past it and the check can say "not solved yet"."""
+    def replace(match):
+        indent = match.group(1)
+        if indent and not _in_function(source, source.count("\n", 0, match.start()) + 1):
+            return indent + PASS_STUB  # a class body runs when defined: raising would stop it
+        names = [] if indent else answer_names(match.group(0), list(later))
+        if not names:
+            return indent + STUB
+        return ("# your answer: replace each ... with the code that computes it\n" +
+                "".join(f"{name} = ...\n" for name in names))
+
+    return HIDDEN.sub("", SOLUTION.sub(replace, source))
+
+
+def is_solution(cell) -> bool:
+    return cell.cell_type == "code" and (bool(SOLUTION.search(cell.source)) or
+                                         bool(_meta(cell).get("solution")))
+
+
 def student_version(nb):
-    """A copy with every solution replaced by a stub that raises NotImplementedError and hidden
-    tests removed. The lesson's outputs before the first exercise stay (the figures a student
-    reads before running anything); from the first solution cell on, all are cleared."""
+    """A copy with every solution replaced by its :func:`stub` and hidden tests removed. Every
+    cell keeps its outputs (the lesson's figures and results, which a student reads before
+    running anything) except the exercises' own: their solution and check cells."""
     out = copy.deepcopy(nb)
-    exercising = False
-    for cell in out.cells:
+    for i, cell in enumerate(out.cells):
         if cell.cell_type != "code":
             continue
-        exercising = exercising or bool(SOLUTION.search(cell.source))
-        cell.source = SOLUTION.sub(lambda m: m.group(1) + STUB, cell.source)
+        exercise = is_solution(cell) or bool(_meta(cell).get("grade"))
+        if is_solution(cell):
+            later = [c.source for c in nb.cells[i + 1:] if c.cell_type == "code"]
+            cell.source = stub(cell.source, later)
+            following = next((c for c in out.cells[i + 1:] if c.cell_type == "code"), None)
+            if following is not None and "check_" in following.source:
+                following.outputs, following.execution_count = [], None  # its check
         cell.source = HIDDEN.sub("", cell.source)
-        if exercising:
+        if exercise:
             cell.outputs, cell.execution_count = [], None
     out.metadata.pop("widgets", None)  # no live widget state: the figures stay as pictures
     return out
@@ -123,6 +223,8 @@ def release(source: Path, target: Path) -> list[Path]:
         nbformat.write(student_version(nb), target / "notebooks" / path.name)
         written.append(target / "notebooks" / path.name)
     student_library(Path(course_lib.__file__).parent, target / "course_lib")
+    (target / "course_lib" / EDITION_MARKER).write_text(
+        "the student edition: its kernel must import this course_lib (course_lib/edition.py)\n")
     data = Path(course_lib.__file__).resolve().parent.parent / "data"
     if data.is_dir():
         shutil.copytree(data, target / "data", dirs_exist_ok=True,

@@ -42,6 +42,7 @@ from course_lib.exercises.editions import (  # noqa: F401 - the authoring API, h
     exercises,
     mark,
     release,
+    stub,
     student_library,
     student_version,
 )
@@ -74,19 +75,18 @@ def assemble(submitted, lesson):
             theirs[gid] = cell.source
     nb = copy.deepcopy(lesson)
     missing = []
-    for cell in nb.cells:
+    for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
         cell.outputs, cell.execution_count = [], None
-        cell.source = HIDDEN.sub("", cell.source)
         gid = _meta(cell).get("grade_id") if _meta(cell).get("solution") else None
-        if gid is not None:
-            if gid in theirs:
-                cell.source = theirs[gid]
-            else:
-                missing.append(gid)
-                stub = student_version(nbformat.v4.new_notebook(cells=[cell]))
-                cell.source = stub.cells[0].source
+        if gid is not None and gid not in theirs:
+            missing.append(gid)
+            cell.source = stub(cell.source, [c.source for c in lesson.cells[i + 1:]
+                                             if c.cell_type == "code"])
+        cell.source = HIDDEN.sub("", cell.source)
+        if gid is not None and gid in theirs:
+            cell.source = theirs[gid]
     nb.metadata.pop("widgets", None)
     return nb, missing
 
@@ -121,7 +121,7 @@ def _judges(lesson_path: Path, lesson, check_cell: str) -> list[str]:
 
 def _judge(out: Path, names: list[str]) -> str:
     """Judge the data a check cell wrote, here: 'correct', or why not (a hidden case: only that
-    one failed)."""
+    one failed; no answer: what the check said, "not solved yet" or what the code raised)."""
     files = sorted(out.glob("*.json"))
     if sum(f.stat().st_size for f in files) > MAX_DATA_BYTES:
         return f"the check's data is larger than {MAX_DATA_BYTES // 10**6} MB: not judged"
@@ -131,7 +131,11 @@ def _judge(out: Path, names: list[str]) -> str:
         if name not in names:
             continue
         try:
-            verdict = common.JUDGES[name](common.from_plain(json.loads(path.read_text())))
+            data = json.loads(path.read_text())
+            if isinstance(data, dict) and data.keys() & {common.NOT_SOLVED, common.FAILED}:
+                said = str(data.get(common.NOT_SOLVED) or data.get(common.FAILED))[:300]
+                return ("not solved yet: " if common.NOT_SOLVED in data else "") + said
+            verdict = common.JUDGES[name](common.from_plain(data))
         except common.HiddenTestFailed:
             return HIDDEN_FAILED
         except common.ExerciseFailed as wrong:
