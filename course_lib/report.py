@@ -52,7 +52,8 @@ def mean_spread(values, fmt: str = "{:.3g}", *, count: bool = True) -> str:
 
 def interactive_figure(draw, note: str = "", **controls):
     """Show ``draw(**values)`` -- a function returning a matplotlib Figure -- as one figure with
-    the ipywidgets ``controls`` (name -> widget) under it. The figure of the controls' default
+    the ipywidgets ``controls`` (name -> widget, labelled with its name unless it has a
+    description) under it. The figure of the controls' default
     values is a plain image, so it is saved with the notebook and seen without a kernel; moving
     a control redraws that same image in place, in a running notebook."""
     import ipywidgets as widgets
@@ -69,7 +70,10 @@ def interactive_figure(draw, note: str = "", **controls):
         update_display(new, display_id=handle)
         plt.close(new)
 
-    for control in controls.values():
+    for name, control in controls.items():
+        if not control.description:  # a slider without a label says nothing: name it
+            control.description = name.replace("_", " ")
+            control.style.description_width = "initial"  # the whole label, not cut short
         control.observe(redraw, names="value")
     box = widgets.VBox(list(controls.values()))
     bundle = box._repr_mimebundle_()

@@ -47,6 +47,15 @@ def test_interactive_figure_saves_one_picture_and_redraws_it_in_place(monkeypatc
     monkeypatch.setattr(IPython.display, "update_display",
                         lambda obj, **kw: updated.append((obj, kw)))
     slider = widgets.IntSlider(value=3, min=1, max=9)
+    named = widgets.IntSlider(value=1, description="kept")
+    report.interactive_figure(lambda n, micro_batches: draw(n), n=slider, micro_batches=named)
+    assert slider.description == "n" and named.description == "kept"  # every control labelled
+    shown.clear(), drawn.clear()
+    named.description = ""
+    report.interactive_figure(lambda micro_batches: draw(3), micro_batches=named)
+    assert named.description == "micro batches"
+    shown.clear(), drawn.clear()
+    slider = widgets.IntSlider(value=3, min=1, max=9)
     report.interactive_figure(draw, n=slider)
     (figure, figure_kw), (bundle, bundle_kw) = shown
     assert isinstance(figure, plt.Figure) and drawn == [3]
