@@ -22,7 +22,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 import course_lib
-from course_lib.exercises import editions, sandbox
+from course_lib.exercises import editions, judging, sandbox
 from course_lib.exercises import grading as hw
 from course_lib.exercises import submissions as subs
 
@@ -53,7 +53,7 @@ def test_every_lesson_has_two_graded_exercises_judged_outside_the_kernel(path):
     for e in graded:
         cell = nb.cells[e["index"]]
         assert e["points"] > 0 and cell.metadata["nbgrader"]["locked"]
-        assert hw._judges(path, nb, cell.source)  # every check in it has a judge outside
+        assert judging.judge_names(path, nb, cell.source)  # each check has a judge outside
         assert "HIDDEN TESTS" not in cell.source  # hidden cases are the judges' own
     assert hw.mark(nbformat.read(path, as_version=4)).cells == nb.cells  # marking is stable
 

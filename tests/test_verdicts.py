@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from course_lib.exercises import common, grading, verdicts
+from course_lib.exercises import common, judging, verdicts
 
 
 def _probe(fn):
@@ -75,10 +75,10 @@ def test_under_the_grader_an_unanswered_check_records_why_and_the_judge_scores_i
             old.unlink()
         check_square(answer)
         assert len(list(tmp_path.glob("*.json"))) == 1  # one record, whatever happened
-        assert grading._judge(tmp_path, ["test.square"]).startswith(said)
+        assert judging.judge_data(tmp_path, ["test.square"]).startswith(said)
     capsys.readouterr()
     (tmp_path / "000-test.square.json").write_text(json.dumps({"got": 9}))
-    assert grading._judge(tmp_path, ["test.square"]) == "correct"
+    assert judging.judge_data(tmp_path, ["test.square"]) == "correct"
 
 
 def test_what_counts_as_not_solved():

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib
 import json
 import os
-import re
 import secrets
 import subprocess
 import tempfile
@@ -34,7 +32,7 @@ from pathlib import Path
 import nbformat
 from jupyter_core.utils import run_sync
 
-from course_lib.exercises import common, sandbox
+from course_lib.exercises import common, judging, sandbox
 from course_lib.exercises.editions import (  # noqa: F401 - the authoring API, here too
     HIDDEN,
     STUB,
@@ -58,8 +56,6 @@ from course_lib.exercises.kernels import (  # noqa: F401 - the limits, here too
     _restart,
     sandboxed_manager,
 )
-
-MAX_DATA_BYTES = 20_000_000  # what one check cell's data may take; more is not read
 
 
 def assemble(submitted, lesson):
@@ -96,60 +92,6 @@ def _first_line(error) -> str:
     return f"{ename}: {evalue}".strip().splitlines()[0][:300] if (ename or evalue) else str(error)
 
 
-def _judges(lesson_path: Path, lesson, check_cell: str) -> list[str]:
-    """The names of the judges a check cell's checks register, looked up in the instructor's
-    library (imported here, outside the sandbox): the lesson modules its number and its cells
-    name, then the shared checks."""
-    text = lesson_path.name + "\n" + "\n".join(c.source for c in lesson.cells)
-    numbers = dict.fromkeys(re.findall(r"^(\d+)", lesson_path.name) +
-                            re.findall(r"course_lib\.exercises\.lesson(\d+)", text))
-    modules = []
-    for number in numbers:
-        with contextlib.suppress(ImportError):
-            modules.append(importlib.import_module(f"course_lib.exercises.lesson{number}"))
-    modules.append(common)
-    names = []
-    for call in re.findall(r"\b(check_\w+)\s*\(", check_cell):
-        check = next((getattr(m, call) for m in modules if hasattr(m, call)), None)
-        if getattr(check, "judge_name", None) and check.judge_name not in names:
-            names.append(check.judge_name)
-    if not names:
-        raise ValueError(f"{lesson_path.name}: a check cell calls no check the grader can judge "
-                         f"outside the kernel (one made by common.checked)")
-    return names
-
-
-def _judge(out: Path, names: list[str]) -> str:
-    """Judge the data a check cell wrote, here: 'correct', or why not (a hidden case: only that
-    one failed; no answer: what the check said, "not solved yet" or what the code raised)."""
-    files = sorted(out.glob("*.json"))
-    if sum(f.stat().st_size for f in files) > MAX_DATA_BYTES:
-        return f"the check's data is larger than {MAX_DATA_BYTES // 10**6} MB: not judged"
-    seen = set()
-    for path in files:
-        name = path.stem.split("-", 1)[-1]
-        if name not in names:
-            continue
-        try:
-            data = json.loads(path.read_text())
-            if isinstance(data, dict) and data.keys() & {common.NOT_SOLVED, common.FAILED}:
-                said = str(data.get(common.NOT_SOLVED) or data.get(common.FAILED))[:300]
-                return ("not solved yet: " if common.NOT_SOLVED in data else "") + said
-            verdict = common.JUDGES[name](common.from_plain(data))
-        except common.HiddenTestFailed:
-            return HIDDEN_FAILED
-        except common.ExerciseFailed as wrong:
-            return f"ExerciseFailed: {str(wrong)[:300]}"
-        except Exception as error:  # noqa: BLE001 - data shaped wrong: the answer is wrong
-            return f"the check's data could not be judged ({type(error).__name__})"
-        if not isinstance(verdict, str):
-            return "the check's data could not be judged"
-        seen.add(name)
-    if missing := [n for n in names if n not in seen]:
-        return f"the check cell recorded no answer for {', '.join(missing)}"
-    return "correct"
-
-
 def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900,
           keep: Path | None = None, sandboxed: bool = True,
           limits: sandbox.Limits | None = None) -> dict:
@@ -164,7 +106,7 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
                                          f"notebooks")
     lesson = nbformat.read(source, as_version=4)
     graded = {e["index"]: e for e in exercises(lesson)}
-    judges = {i: _judges(source, lesson, lesson.cells[i].source) for i in graded}
+    judges = {i: judging.judge_names(source, lesson, lesson.cells[i].source) for i in graded}
     nb, missing = assemble(nbformat.read(submission, as_version=4), lesson)
     results = {e["grade_id"]: dict(grade_id=e["grade_id"], points=e["points"], score=0.0,
                                    feedback="not run") for e in graded.values()}
@@ -302,7 +244,7 @@ def _run(client, nb, graded, judges, results, out, start, timeout, start_args,
             ran.append(i)
             if gid:  # the judges draw again what the run drew: with this run's seed
                 with _environ(common.GRADING_SEED, seed):
-                    verdict = _judge(out, judges[i])
+                    verdict = judging.judge_data(out, judges[i])
                 results[gid]["feedback"] = verdict
                 if verdict == "correct":
                     results[gid]["score"] = float(results[gid]["points"])
