@@ -5,9 +5,9 @@ sandbox and judges their checks' data outside it (``grading``, ``judging``, ``sa
 ``kernels``, ``submissions``; its commands run as ``python -m course_lib.exercises``).
 
 A check says what is wrong -- which rank, which entry, what it should be -- instead of a bare
-assert. In a notebook it shows one box ("correct", "not solved yet", "wrong": why, then the
-traceback folded, or :func:`last_traceback`); elsewhere it raises
-:class:`~course_lib.exercises.common.ExerciseFailed`.
+assert. In a notebook it shows one box -- "correct", "recorded" (only the grader can judge it),
+"not solved yet" or "wrong": why, then the traceback folded, or :func:`last_traceback` -- and
+elsewhere it raises :class:`~course_lib.exercises.common.ExerciseFailed`.
 """
 
 from course_lib.exercises.common import ExerciseFailed, check_gradient, check_rank_results

@@ -7,10 +7,12 @@ Lecture: none (the homework machinery). An exercise is a **solution cell** -- th
 course. The same markers in ``course_lib``'s Python files fence what the library must not give
 away (a reference a hidden test needs, say): ``student_library`` cuts them out.
 
-The student edition is a folder a student can work in: ``notebooks/`` (every solution replaced by
-a stub that raises; the outputs before the first exercise kept, the rest cleared),
-``course_lib/`` (the library without its solution regions) and ``data/``. It leaves out
-everything else, the instructor's guide included.
+The student edition is a folder a student can work in: ``notebooks/`` (every solution replaced
+by a stub -- see :func:`stub` -- that lets Run All go past it; only the exercises' own cells, the
+solution and its check, cleared of outputs, every other cell's figures and results kept),
+``course_lib/`` (the library without its solution regions, marked as the edition's:
+``course_lib.edition``) and ``data/``. It leaves out everything else, the instructor's guide
+included.
 """
 
 from __future__ import annotations
