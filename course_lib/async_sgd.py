@@ -34,7 +34,7 @@ from course_lib.erm import ERMProblem, breast_cancer_problem
 from course_lib.erm_simulators import local_gradient
 from course_lib.parameter_server import ServerState, parameter_server, sgd
 from course_lib.runtime.timing import Span
-from course_lib.runtime.torchrun import experiment_parser, run_experiment
+from course_lib.runtime.torchrun import run_command
 
 
 def staleness_aware_lr(lr: float, staleness: int) -> float:
@@ -143,17 +143,11 @@ def sync_and_async(gradients: int = 80, batch: int = 16, lr: float = 0.5,
 
 
 def main(argv=None):
-    parser = experiment_parser("Lesson 6: one parameter server, synchronous and asynchronous")
-    parser.set_defaults(world_size=3)
-    for flag, kind, default in (("--gradients", int, 80), ("--batch", int, 16),
-                                ("--lr", float, 0.5), ("--compute-ms", float, 5.0),
-                                ("--slowdown", float, 4.0), ("--seed", int, 0)):
-        parser.add_argument(flag, type=kind, default=default)
-    args = parser.parse_args(argv)
-    kwargs = dict(gradients=args.gradients, batch=args.batch, lr=args.lr,
-                  compute_ms=args.compute_ms, slowdown=args.slowdown, seed=args.seed)
-    results = run_experiment(sync_and_async, world_size=args.world_size, kwargs=kwargs,
-                             backend=args.backend, timeout=args.timeout)
+    args, results = run_command(
+        sync_and_async, "Lesson 6: one parameter server, synchronous and asynchronous",
+        (("--gradients", int, 80), ("--batch", int, 16), ("--lr", float, 0.5),
+         ("--compute-ms", float, 5.0), ("--slowdown", float, 4.0), ("--seed", int, 0)),
+        argv, world_size=3)
     if results is not None:  # the launcher, or rank 0 under torchrun
         problem, m, log = breast_cancer_problem(), len(results) - 1, results[0]["async"]
         steps = len(results[0]["sync"]["iterates"]) - 1

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
-from course_lib.runtime.torchrun import experiment_parser, run_experiment
+from course_lib.runtime.torchrun import run_command
 
 
 def sampler_global_batches(n: int, world_size: int, local_batch: int, seed: int = 0,
@@ -267,17 +267,11 @@ def loss_of(model_fn, params, x, y) -> float:
 
 
 def main(argv=None):
-    parser = experiment_parser("Lesson 4: the digits CNN trained with data parallelism, against "
-                               "one process on the global batch")
-    for flag, kind, default in (("--local-batch", int, 16), ("--lr", float, 0.1),
-                                ("--epochs", int, 2), ("--samples", int, 256),
-                                ("--width", int, 4), ("--seed", int, 3)):
-        parser.add_argument(flag, type=kind, default=default)
-    args = parser.parse_args(argv)
-    kwargs = dict(local_batch=args.local_batch, lr=args.lr, epochs=args.epochs,
-                  samples=args.samples, width=args.width, seed=args.seed)
-    results = run_experiment(three_ways, world_size=args.world_size, kwargs=kwargs,
-                             backend=args.backend, timeout=args.timeout)
+    args, results = run_command(
+        three_ways, "Lesson 4: the digits CNN trained with data parallelism, against one "
+        "process on the global batch",
+        (("--local-batch", int, 16), ("--lr", float, 0.1), ("--epochs", int, 2),
+         ("--samples", int, 256), ("--width", int, 4), ("--seed", int, 3)), argv)
     if results is not None:  # the launcher, or rank 0 under torchrun
         p, b = len(results), args.local_batch
         model_fn, x, y = lesson_setup(args.samples, args.width, args.seed)

@@ -49,7 +49,7 @@ from course_lib.fl_remedies import (  # noqa: F401  (fl.fedadam_server ...: the 
 )
 from course_lib.models import DIGITS_MLP
 from course_lib.runtime.devices import device
-from course_lib.runtime.torchrun import experiment_parser, run_experiment
+from course_lib.runtime.torchrun import run_command
 
 
 @dataclass(frozen=True)
@@ -272,16 +272,11 @@ def fedavg_on_ranks(rounds: int = 5, fraction: float = 0.2, epochs: int = 5, bat
 
 
 def main(argv=None):
-    parser = experiment_parser("Lesson 8: FedAvg with the clients on ranks, against one process")
-    for flag, kind, default in (("--rounds", int, 5), ("--fraction", float, 0.2),
-                                ("--epochs", int, 5), ("--batch", int, 10), ("--lr", float, 0.1),
-                                ("--clients", int, 50), ("--seed", int, 0)):
-        parser.add_argument(flag, type=kind, default=default)
-    args = parser.parse_args(argv)
-    kwargs = dict(rounds=args.rounds, fraction=args.fraction, epochs=args.epochs,
-                  batch=args.batch, lr=args.lr, clients=args.clients, seed=args.seed)
-    results = run_experiment(fedavg_on_ranks, world_size=args.world_size, kwargs=kwargs,
-                             backend=args.backend, timeout=args.timeout)
+    args, results = run_command(
+        fedavg_on_ranks, "Lesson 8: FedAvg with the clients on ranks, against one process",
+        (("--rounds", int, 5), ("--fraction", float, 0.2), ("--epochs", int, 5),
+         ("--batch", int, 10), ("--lr", float, 0.1), ("--clients", int, 50), ("--seed", int, 0)),
+        argv)
     if results is not None:  # the launcher, or rank 0 under torchrun
         digits, parts = lesson_setup(args.clients)
         one = federated(digits, parts, LocalTraining(args.epochs, args.batch, args.lr),

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from course_lib.data_parallel import parameters_vector
 from course_lib.overlap import global_batches, loss_fn
 from course_lib.runtime.devices import device
-from course_lib.runtime.torchrun import experiment_parser, run_experiment
+from course_lib.runtime.torchrun import run_command
 
 STAGES = (0, 1, 2)
 
@@ -182,15 +182,11 @@ def every_stage(global_batch: int = 16, steps: int = 10, lr: float = 1e-2, seed:
 
 
 def main(argv=None):
-    parser = experiment_parser("Lesson 11: ZeRO stages 1 and 2 by hand, against unsharded Adam "
-                               "on one process")
-    for flag, kind, default in (("--global-batch", int, 16), ("--steps", int, 10),
-                                ("--lr", float, 1e-2), ("--seed", int, 1)):
-        parser.add_argument(flag, type=kind, default=default)
-    args = parser.parse_args(argv)
-    kwargs = dict(global_batch=args.global_batch, steps=args.steps, lr=args.lr, seed=args.seed)
-    results = run_experiment(every_stage, world_size=args.world_size, kwargs=kwargs,
-                             backend=args.backend, timeout=args.timeout)
+    args, results = run_command(
+        every_stage, "Lesson 11: ZeRO stages 1 and 2 by hand, against unsharded Adam on one "
+        "process",
+        (("--global-batch", int, 16), ("--steps", int, 10), ("--lr", float, 1e-2),
+         ("--seed", int, 1)), argv)
     if results is not None:  # the launcher, or rank 0 under torchrun
         model_fn, x, y = lesson_setup(args.seed)
         one = train_one_process(model_fn, x, y, args.global_batch, args.steps, args.lr)

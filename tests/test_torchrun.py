@@ -65,3 +65,20 @@ def test_experiment_parser_has_the_shared_options():
 
 def test_expected_sum():
     assert hello.expected_sum(4) == 10
+
+
+def _echo(local_batch, lr, group=None):
+    import torch.distributed as dist
+
+    return dict(rank=dist.get_rank(group), local_batch=local_batch, lr=lr)
+
+
+def test_run_command_passes_each_option_to_the_experiment_under_its_flags_name():
+    from course_lib.runtime.torchrun import run_command
+
+    options = (("--local-batch", int, 16), ("--lr", float, 0.1))
+    args, results = run_command(_echo, "echo", options, ["--lr", "0.5"], world_size=1)
+    assert args.world_size == 1 and args.local_batch == 16
+    assert results == [dict(rank=0, local_batch=16, lr=0.5)]
+    _, results = run_command(_echo, "echo", options, ["--world-size", "2", "--local-batch", "3"])
+    assert [r["rank"] for r in results] == [0, 1] and {r["local_batch"] for r in results} == {3}

@@ -99,3 +99,20 @@ def experiment_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
     parser.add_argument("--timeout", type=float, default=300, help="seconds before giving up")
     return parser
+
+
+def run_command(fn, description: str, options, argv=None, *, world_size: int = 2):
+    """An experiment's command line: :func:`experiment_parser`'s options plus ``options`` --
+    ``(flag, type, default)`` each, passed to ``fn`` as keyword arguments named after the flag
+    (``--local-batch`` -> ``local_batch``) -- then :func:`run_experiment`. Returns the parsed
+    arguments and the results (``None`` on ranks other than 0 under torchrun)."""
+    parser = experiment_parser(description)
+    parser.set_defaults(world_size=world_size)
+    for flag, kind, default in options:
+        parser.add_argument(flag, type=kind, default=default)
+    args = parser.parse_args(argv)
+    names = [flag.lstrip("-").replace("-", "_") for flag, _, _ in options]
+    kwargs = {name: getattr(args, name) for name in names}
+    return args, run_experiment(fn, world_size=args.world_size, kwargs=kwargs,
+                                backend=args.backend, timeout=args.timeout)
+
