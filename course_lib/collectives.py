@@ -26,7 +26,7 @@ import torch.distributed as dist
 from course_lib.cost_models import all_reduce_bytes
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
-from course_lib.runtime.torchrun import experiment_parser, run_experiment
+from course_lib.runtime.torchrun import run_command
 
 
 def _exchange(send_buf, dst, recv_buf, src, group):
@@ -208,14 +208,11 @@ def four_ways(numel: int = 1001, seed: int = 0, group=None) -> dict:
 
 
 def main(argv=None):
-    parser = experiment_parser("Lesson 3: all-reduce written four ways with send and receive, "
-                               "against dist.all_reduce")
-    parser.add_argument("--numel", type=int, default=1001, help="numbers in each rank's vector")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    results = run_experiment(four_ways, world_size=args.world_size,
-                             kwargs=dict(numel=args.numel, seed=args.seed),
-                             backend=args.backend, timeout=args.timeout)
+    args, results = run_command(
+        four_ways, "Lesson 3: all-reduce written four ways with send and receive, against "
+        "dist.all_reduce",
+        (("--numel", int, 1001, {"help": "numbers in each rank's vector"}), ("--seed", int, 0)),
+        argv)
     if results is not None:  # the launcher, or rank 0 under torchrun
         n, p = args.numel, len(results)
         print(f"n = {n} numbers on p = {p} ranks; difference to dist.all_reduce (largest over "

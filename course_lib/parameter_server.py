@@ -49,7 +49,7 @@ from course_lib.message_trees import (  # noqa: F401  (ps.broadcast_schedule ...
 )
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import Timeline, to_spans
-from course_lib.runtime.torchrun import experiment_parser, run_experiment
+from course_lib.runtime.torchrun import run_command
 
 MODES = ("sync", "async", "ssp")
 STOP = -1.0  # the version a stop message carries
@@ -269,16 +269,11 @@ def agd_with_a_server(iterations: int = 40, beta: float = 0.9, topology: str = "
 
 
 def main(argv=None):
-    parser = experiment_parser("Lesson 2: synchronous AGD with a parameter server, against AGD "
-                               "on one process")
-    parser.set_defaults(world_size=3)
-    parser.add_argument("--iterations", type=int, default=40)
-    parser.add_argument("--beta", type=float, default=0.9, help="AGD's momentum")
-    parser.add_argument("--topology", choices=TOPOLOGIES, default="star")
-    args = parser.parse_args(argv)
-    kwargs = dict(iterations=args.iterations, beta=args.beta, topology=args.topology)
-    results = run_experiment(agd_with_a_server, world_size=args.world_size, kwargs=kwargs,
-                             backend=args.backend, timeout=args.timeout)
+    args, results = run_command(
+        agd_with_a_server, "Lesson 2: synchronous AGD with a parameter server, against AGD on "
+        "one process",
+        (("--iterations", int, 40), ("--beta", float, 0.9, {"help": "AGD's momentum"}),
+         ("--topology", str, "star", {"choices": TOPOLOGIES})), argv, world_size=3)
     if results is not None:  # the launcher, or rank 0 under torchrun
         p, t = len(results), args.iterations
         print(f"p = {p} processes: the server and m = {p - 1} workers, {args.topology}")

@@ -36,7 +36,7 @@ from course_lib.pipeline_schedules import (  # noqa: F401  (pp.gpipe_schedule ..
 from course_lib.pipelining import run_torch_pipeline  # noqa: F401  (pp.run_torch_pipeline)
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import Span, Timeline, synchronize, to_spans
-from course_lib.runtime.torchrun import experiment_parser, run_experiment
+from course_lib.runtime.torchrun import run_command
 
 # -- a model cut into stages ----------------------------------------------------------------------
 
@@ -263,16 +263,11 @@ def both_schedules(micro_batches: int = 4, forward_ms: float = 10, backward_ms: 
 
 
 def main(argv=None):
-    parser = experiment_parser("Lesson 5: GPipe and 1F1B by hand, against one process, and "
-                               "their bubble")
-    parser.add_argument("--micro-batches", type=int, default=4)
-    parser.add_argument("--forward-ms", type=float, default=10, help="each forward padded to")
-    parser.add_argument("--backward-ms", type=float, default=20, help="each backward padded to")
-    args = parser.parse_args(argv)
-    kwargs = dict(micro_batches=args.micro_batches, forward_ms=args.forward_ms,
-                  backward_ms=args.backward_ms)
-    results = run_experiment(both_schedules, world_size=args.world_size, kwargs=kwargs,
-                             backend=args.backend, timeout=args.timeout)
+    args, results = run_command(
+        both_schedules, "Lesson 5: GPipe and 1F1B by hand, against one process, and their bubble",
+        (("--micro-batches", int, 4),
+         ("--forward-ms", float, 10, {"help": "each forward padded to"}),
+         ("--backward-ms", float, 20, {"help": "each backward padded to"})), argv)
     if results is not None:  # the launcher, or rank 0 under torchrun
         p, m = len(results), args.micro_batches
         loss, grads = reference_gradients(*lesson_setup(p))

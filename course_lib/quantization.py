@@ -24,7 +24,7 @@ import torch.distributed as dist
 from course_lib.cost_models import all_reduce_bytes, quantized_sum_error_bound
 from course_lib.report import times_as
 from course_lib.runtime.devices import device
-from course_lib.runtime.torchrun import experiment_parser, run_experiment
+from course_lib.runtime.torchrun import run_command
 
 INT8_LEVELS = 127  # codes -127..127: symmetric, so 0 is exact
 METHODS = ("fp32", "bf16", "fp16", "int8 stochastic", "int8 nearest")
@@ -153,14 +153,10 @@ def sum_one_gradient(rows: int = 128, seed: int = 0, group=None) -> dict:
 
 
 def main(argv=None):
-    parser = experiment_parser("Lesson 7: one gradient summed over the ranks in fp32, bf16, "
-                               "fp16 and int8")
-    parser.add_argument("--rows", type=int, default=128, help="training digits per rank")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    results = run_experiment(sum_one_gradient, world_size=args.world_size,
-                             kwargs=dict(rows=args.rows, seed=args.seed),
-                             backend=args.backend, timeout=args.timeout)
+    args, results = run_command(
+        sum_one_gradient, "Lesson 7: one gradient summed over the ranks in fp32, bf16, fp16 and "
+        "int8",
+        (("--rows", int, 128, {"help": "training digits per rank"}), ("--seed", int, 0)), argv)
     if results is not None:  # the launcher, or rank 0 under torchrun
         p, first = len(results), results[0]
         errors = {m: max(r["methods"][m][0] for r in results) for m in METHODS}

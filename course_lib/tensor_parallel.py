@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from course_lib.models import feed_forward
 from course_lib.runtime.devices import device
-from course_lib.runtime.torchrun import experiment_parser, run_experiment
+from course_lib.runtime.torchrun import run_command
 
 
 class _F(torch.autograd.Function):
@@ -228,14 +228,12 @@ def megatron_and_dtensor(d_model: int = 16, d_hidden: int = 64, batch: int = 6, 
 
 
 def main(argv=None):
-    parser = experiment_parser("Lesson 5: the Megatron MLP split over ranks, by hand and with "
-                               "DTensor, against the unsplit block")
-    for flag, default in (("--d-model", 16), ("--d-hidden", 64), ("--batch", 6), ("--seed", 0)):
-        parser.add_argument(flag, type=int, default=default)
-    args = parser.parse_args(argv)
+    args, results = run_command(
+        megatron_and_dtensor, "Lesson 5: the Megatron MLP split over ranks, by hand and with "
+        "DTensor, against the unsplit block",
+        (("--d-model", int, 16), ("--d-hidden", int, 64), ("--batch", int, 6),
+         ("--seed", int, 0)), argv)
     kwargs = dict(d_model=args.d_model, d_hidden=args.d_hidden, batch=args.batch, seed=args.seed)
-    results = run_experiment(megatron_and_dtensor, world_size=args.world_size, kwargs=kwargs,
-                             backend=args.backend, timeout=args.timeout)
     if results is not None:  # the launcher, or rank 0 under torchrun
         model, x, target = lesson_setup(**kwargs)
         torch.nn.functional.mse_loss(model(x), target).backward()

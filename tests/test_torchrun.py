@@ -82,3 +82,7 @@ def test_run_command_passes_each_option_to_the_experiment_under_its_flags_name()
     assert results == [dict(rank=0, local_batch=16, lr=0.5)]
     _, results = run_command(_echo, "echo", options, ["--world-size", "2", "--local-batch", "3"])
     assert [r["rank"] for r in results] == [0, 1] and {r["local_batch"] for r in results} == {3}
+    with pytest.raises(SystemExit):  # an option's own argparse settings are honoured
+        run_command(_echo, "echo", (("--local-batch", int, 16, {"choices": [16, 32]}),
+                                    ("--lr", float, 0.1)), ["--local-batch", "3"])
+

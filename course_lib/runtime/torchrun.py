@@ -103,15 +103,16 @@ def experiment_parser(description: str) -> argparse.ArgumentParser:
 
 def run_command(fn, description: str, options, argv=None, *, world_size: int = 2):
     """An experiment's command line: :func:`experiment_parser`'s options plus ``options`` --
-    ``(flag, type, default)`` each, passed to ``fn`` as keyword arguments named after the flag
-    (``--local-batch`` -> ``local_batch``) -- then :func:`run_experiment`. Returns the parsed
-    arguments and the results (``None`` on ranks other than 0 under torchrun)."""
+    ``(flag, type, default)`` each, or ``(flag, type, default, more)`` with ``more`` a dict for
+    ``add_argument`` (``help``, ``choices``), passed to ``fn`` as keyword arguments named after
+    the flag (``--local-batch`` -> ``local_batch``) -- then :func:`run_experiment`. Returns the
+    parsed arguments and the results (``None`` on ranks other than 0 under torchrun)."""
     parser = experiment_parser(description)
     parser.set_defaults(world_size=world_size)
-    for flag, kind, default in options:
-        parser.add_argument(flag, type=kind, default=default)
+    for flag, kind, default, *more in options:
+        parser.add_argument(flag, type=kind, default=default, **(more[0] if more else {}))
     args = parser.parse_args(argv)
-    names = [flag.lstrip("-").replace("-", "_") for flag, _, _ in options]
+    names = [option[0].lstrip("-").replace("-", "_") for option in options]
     kwargs = {name: getattr(args, name) for name in names}
     return args, run_experiment(fn, world_size=args.world_size, kwargs=kwargs,
                                 backend=args.backend, timeout=args.timeout)
