@@ -55,9 +55,10 @@ def pids_alive(pids):
 
 
 # -- time per notebook -----------------------------------------------------------------------------
-# tests/test_lessons.py grades each lesson (the instructor's notebook, then the student edition)
-# and records the seconds the grader took to run it; CI's log gets them at the end. With -n 2,
-# the reports of both workers reach this hook in the main process.
+# tests/test_lessons.py grades each lesson (the instructor's notebook, only what its exercises
+# need; the student edition, every cell) and records the seconds the grader took to run it; CI's
+# log gets them at the end. With -n 2, the reports of both workers reach this hook in the main
+# process.
 _notebook_seconds = {}
 
 
@@ -72,5 +73,6 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("seconds per notebook, as graded in the sandbox")
         for nodeid, seconds in sorted(_notebook_seconds.items()):
             lesson = nodeid.split("::")[1].removeprefix("TestLesson")
-            edition = "instructor" if "instructors" in nodeid else "student edition"
+            edition = ("instructor, what the exercises need" if "instructors" in nodeid
+                       else "student edition, every cell")
             terminalreporter.line(f"{seconds:7.1f} s  lesson {lesson}, {edition}")

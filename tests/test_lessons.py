@@ -1,9 +1,12 @@
-"""Every lesson, as CI runs it: the instructor's notebook graded in the sandbox gets full marks
-with no cell failing, and the untouched student edition runs to its last cell and gets 0.
+"""Every lesson, as CI runs it: the untouched student edition runs to its last cell (Run All,
+every cell, in the grader's sandbox) and gets 0; the instructor's notebook, graded as
+submissions are (only what the exercises need: ``slicing``), gets full marks with no cell
+failing.
 
 This is where CI executes the notebooks, top to bottom, each in a fresh kernel (nbclient, the
-engine nbval uses) -- inside the grader's sandbox. One class per lesson: with the README's
-``--dist=loadscope`` the lessons spread over both workers.
+engine nbval uses): the student edition's Run All runs every cell of the lesson, the exercises'
+solution cells as their stubs; the instructor's solutions run in the graded run. One class per
+lesson: with the README's ``--dist=loadscope`` the lessons spread over both workers.
 """
 
 from pathlib import Path
@@ -25,6 +28,8 @@ class LessonGrades:
         record_property("notebook_seconds", report["seconds"])  # conftest prints it
         assert report["ungraded_errors"] == [], grading.summary(report)
         assert report["score"] == report["points"] >= 2, grading.summary(report)
+        # the analysis decided for this lesson: the graded run left cells out
+        assert report["ran"].startswith("what the exercises need"), report["ran"]
 
     def test_the_untouched_student_edition_runs_to_its_last_cell_and_scores_zero(
             self, tmp_path, record_property):
@@ -33,7 +38,7 @@ class LessonGrades:
         editions.release(self.lesson.parent, tmp_path)
         student = tmp_path / "notebooks" / self.lesson.name
         kept = tmp_path / "executed.ipynb"
-        report = grading.grade(student, self.lesson, cell_timeout=300, keep=kept)
+        report = grading.grade(student, self.lesson, cell_timeout=300, keep=kept, whole=True)
         record_property("notebook_seconds", report["seconds"])
         assert report["score"] == 0 and report["points"] >= 2, grading.summary(report)
         assert report["ungraded_errors"] == [], grading.summary(report)

@@ -110,6 +110,8 @@ def main(argv=None) -> int:
     g.add_argument("--out", type=Path, default=Path("reports"))
     g.add_argument("--cell-timeout", type=float, default=120)
     g.add_argument("--timeout", type=float, default=900)
+    g.add_argument("--whole", action="store_true",
+                   help="run every cell of the lesson, not only what the exercises need")
     g.add_argument("--no-sandbox", action="store_true",
                    help="run submissions without the sandbox: ONLY for trusted notebooks")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -130,7 +132,7 @@ def main(argv=None) -> int:
         try:
             submissions.grade_all(args.submissions, args.source, args.out,
                                   cell_timeout=args.cell_timeout, timeout=args.timeout,
-                                  sandboxed=not args.no_sandbox)
+                                  sandboxed=not args.no_sandbox, whole=args.whole)
         except sandbox.SandboxUnavailable as why:
             print(f"not graded: {why}", file=sys.stderr)
             return 2
