@@ -34,6 +34,7 @@ def test_a_name_bound_before_it_is_read_in_the_same_piece_is_its_own():
     cell = def_use.analyse("fig, ax = plt.subplots()\nax.plot(w)\nfor q in qs:\n    v = q\nv.x()")
     assert "ax" not in cell.reads | cell.changes
     assert "v" in cell.changes  # the loop may not have run: v may be an earlier cell's
+    assert def_use.analyse("del old").reads == {"old"}  # it must exist to be deleted
 
 
 def test_seeds_files_magics_are_effects_and_globals_is_opaque():

@@ -109,9 +109,9 @@ class _Reader(ast.NodeVisitor):
         if isinstance(node.ctx, ast.Load):
             self._read(node.id)
         else:
+            if isinstance(node.ctx, ast.Del):  # ``del x`` needs the x bound before it
+                self._read(node.id)
             self._bind(node.id)
-            if isinstance(node.ctx, ast.Del):
-                self._changed(node.id)
 
     def visit_Attribute(self, node):
         if isinstance(node.value, ast.Name) and (node.value.id, node.attr) in OPAQUE_ATTRIBUTES:
