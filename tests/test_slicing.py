@@ -67,6 +67,18 @@ def test_a_functions_names_are_read_where_it_may_be_called():
     assert slicing.needed(cells, []) == set()
 
 
+def test_a_function_handed_to_launch_runs_in_the_workers_and_changes_nothing_here():
+    sources = ["from course_lib import launch", "B = pad['b']", "def work():\n    f(B)",
+               "runs = launch(work, 2)", "print(B)"]
+    assert slicing.runs_elsewhere(sources) == {"launch"}
+    assert slicing.needed(slicing.lesson(sources), [4]) == {1, 4}
+    assert def_use.analyse("launch(work, 2)", elsewhere=frozenset({"launch"})).shipped == {"work"}
+    mine = sources + ["def launch(fn, n):\n    return fn()"]  # a launch of the student's own
+    assert slicing.runs_elsewhere(mine) == frozenset()
+    assert 3 in slicing.needed(slicing.lesson(mine), [4])  # work may change B here
+    assert 3 in slicing.needed(slicing.lesson(["launch = run_here"] + sources[1:]), [4])
+
+
 def test_cells_with_effects_before_the_last_exercise_always_run():
     cells = slicing.lesson(["import torch", "torch.manual_seed(0)", "y = 1", "print(2)"])
     assert slicing.needed(cells, [3]) == {0, 1, 3}  # the seed (and the torch it reads)

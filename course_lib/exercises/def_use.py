@@ -14,6 +14,7 @@ names (a seed, the environment, a file, a magic). A cell that reaches variables 
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from dataclasses import dataclass
 
 from course_lib.exercises.python_names import (
@@ -41,6 +42,7 @@ class Cell:
     late_changes: frozenset = frozenset()
     late_effects: bool = False
     values: frozenset = frozenset()  # names it binds only to values nothing can change
+    shipped: frozenset = frozenset()  # names it reads only to send to other processes (launch)
 
 
 def _unchangeable(value) -> bool:
@@ -65,8 +67,10 @@ def _base(node):
 
 
 class _Reader(ast.NodeVisitor):
-    def __init__(self, modules: frozenset):
+    def __init__(self, modules: frozenset, elsewhere: frozenset):
         self.modules = modules  # names the lesson binds by an import
+        self.elsewhere = elsewhere  # functions that run their function argument in other processes
+        self.loads, self.sent = Counter(), Counter()
         self.binds, self.changes, self.reads, self.late = set(), set(), set(), set()
         self.late_changes, self.values, self.others = set(), set(), set()
         self.effects = self.late_effects = self.opaque = False
@@ -84,6 +88,7 @@ class _Reader(ast.NodeVisitor):
             self.opaque = True
         if not self._mine(name):
             (self.late if self.depth else self.reads).add(name)
+            self.loads[name] += not self.depth
 
     def _bind(self, name):
         if not (self.depth or self.scoped):
@@ -215,7 +220,6 @@ class _Reader(ast.NodeVisitor):
 
     def visit_FunctionDef(self, node):
         self._function(node, getattr(node, "name", None))
-
     visit_AsyncFunctionDef = visit_Lambda = visit_FunctionDef
 
     def visit_ClassDef(self, node):
@@ -258,28 +262,36 @@ class _Reader(ast.NodeVisitor):
             name = func.attr
         if name in FILE_CALLS:
             self._effect()
-        if name not in PURE:  # an argument may be changed, unless it is (part of) a module
+        if isinstance(func, ast.Name) and name in self.elsewhere:  # launch(fn, ...): pickled, run
+            for argument in node.args:                             # in the workers
+                if isinstance(argument, ast.Name) and not self.depth:
+                    self.sent[argument.id] += 1
+        elif name not in PURE:  # an argument may be changed, unless it is (part of) a module
             for argument in [*node.args, *(k.value for k in node.keywords)]:
                 if _base(argument) not in self.modules:
                     self._changed(_base(argument))
         self.generic_visit(node)
 
 
-def analyse(source: str, modules: frozenset = frozenset()) -> Cell:
+def analyse(source: str, modules: frozenset = frozenset(),
+            elsewhere: frozenset = frozenset()) -> Cell:
     """Read one cell. ``modules``: the names the lesson imports (calling a module's function is
-    not changing a variable). Magics and shell lines (``%``, ``!``) count as effects."""
+    not changing a variable); ``elsewhere``: functions that send what they are given to worker
+    processes (``course_lib.launch``): its arguments are copies there, not changed here. Magics
+    and shell lines (``%``, ``!``) count as effects."""
     lines = source.splitlines()
     effects = any(line.lstrip().startswith(("%", "!")) for line in lines)
     try:
         tree = ast.parse(without_magics(source))
     except SyntaxError:
         return Cell(effects=True, opaque=True)
-    reader = _Reader(modules)
+    reader = _Reader(modules, elsewhere)
     reader.visit(tree)
+    shipped = {name for name, sent in reader.sent.items() if reader.loads[name] == sent}
     return Cell(frozenset(reader.binds), frozenset(reader.changes), frozenset(reader.reads),
                 frozenset(reader.late), effects or reader.effects, reader.opaque,
                 frozenset(reader.late_changes), reader.late_effects,
-                frozenset(reader.values - reader.others - reader.changes))
+                frozenset(reader.values - reader.others - reader.changes), frozenset(shipped))
 
 
 def without_magics(source: str) -> str:

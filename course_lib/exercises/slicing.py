@@ -13,6 +13,7 @@ opaque cell before the last exercise makes the answer ``None``: the whole lesson
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 
 from course_lib.exercises.def_use import Cell, analyse, without_magics
 
@@ -31,31 +32,53 @@ def imported(sources) -> frozenset:
     return frozenset(names)
 
 
+def runs_elsewhere(sources) -> frozenset:
+    """``{"launch"}`` when every binding of ``launch`` in the cells imports course_lib's (which
+    sends its function and arguments to worker processes by value), else nothing."""
+    binders = []
+    for source in sources:
+        try:
+            tree = ast.parse(without_magics(source))
+        except SyntaxError:
+            return frozenset()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                binders += [getattr(node, "module", None) or "" for a in node.names
+                            if (a.asname or a.name.split(".")[0]) == "launch"]
+            elif isinstance(node, ast.Name | ast.FunctionDef | ast.ClassDef | ast.arg) and \
+                    "launch" in (getattr(node, "id", None), getattr(node, "name", None),
+                                 getattr(node, "arg", None)) and \
+                    not isinstance(getattr(node, "ctx", None), ast.Load):
+                binders.append(None)
+    ok = binders and all(m is not None and m.split(".")[0] == "course_lib" for m in binders)
+    return frozenset({"launch"}) if ok else frozenset()
+
+
 def lesson(sources) -> list[Cell]:
     """Read a lesson's code cells, in order, and charge each call of a function with what the
     function changes or does: a cell that reads a name an earlier cell binds changes what that
-    cell's functions change (over-approximated: any name it binds might be the function)."""
+    cell's functions change (over-approximated: any name it binds might be the function; not
+    when it only hands the function to ``launch``, which runs it in other processes)."""
     sources = list(sources)
-    modules = imported(sources)
-    cells = [analyse(source, modules) for source in sources]
+    modules, elsewhere = imported(sources), runs_elsewhere(sources)
     linked = []
-    for cell in cells:
+    for cell in (analyse(source, modules, elsewhere) for source in sources):
         changes, effects = set(cell.changes), cell.effects
         late_changes, late_effects = set(cell.late_changes), cell.late_effects
         for earlier in linked:
-            if earlier.binds & cell.reads:
+            if earlier.binds & (cell.reads - cell.shipped):
                 changes |= earlier.late_changes
                 effects = effects or earlier.late_effects
             if earlier.binds & cell.late:
                 late_changes |= earlier.late_changes
                 late_effects = late_effects or earlier.late_effects
-        linked.append(Cell(cell.binds, frozenset(changes), cell.reads, cell.late, effects,
-                           cell.opaque, frozenset(late_changes), late_effects, cell.values))
+        linked.append(replace(cell, changes=frozenset(changes), effects=effects,
+                              late_changes=frozenset(late_changes), late_effects=late_effects))
     # a name every cell binds only to a number or string: passing it to a function changes nothing
     fixed = {n for cell in linked for n in cell.values} - \
         {n for cell in linked for n in cell.binds - cell.values}
-    return [Cell(c.binds, c.changes - fixed, c.reads, c.late, c.effects, c.opaque,
-                 c.late_changes - fixed, c.late_effects, c.values) for c in linked]
+    return [replace(c, changes=c.changes - fixed, late_changes=c.late_changes - fixed)
+            for c in linked]
 
 
 def _writers(cells, name, start, stop):
