@@ -77,22 +77,3 @@ def pytest_terminal_summary(terminalreporter):
                        else "student edition, every cell")
             terminalreporter.line(f"{seconds:7.1f} s  lesson {lesson}, {edition}")
 
-
-# -- the order two workers get the tests in --------------------------------------------------
-# With --dist=loadscope each module (or class) goes to one worker, in collection order; the
-# longest first, so that the short ones fill in at the end and neither worker waits for the
-# other (longest-processing-time-first). The order changes no test's outcome.
-LONGEST_FIRST = ("tests/test_grading.py", "TestLesson11", "TestLesson00", "TestLesson02",
-                 "TestLesson12", "TestLesson04", "TestLesson06", "TestLesson05", "TestLesson10",
-                 "tests/test_browser.py", "tests/test_commands.py", "TestLesson03", "TestLesson08",
-                 "TestLesson09", "TestLesson07", "TestLesson01")
-
-
-def pytest_collection_modifyitems(items):
-    def rank(item):
-        for i, name in enumerate(LONGEST_FIRST):
-            if name in item.nodeid.split("::") or item.nodeid.startswith(name + "::"):
-                return i
-        return len(LONGEST_FIRST)
-
-    items.sort(key=rank)  # stable: each module's and class's tests keep their order
