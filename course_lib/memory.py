@@ -20,15 +20,17 @@ PRECISIONS = ("fp32", "mixed")
 
 def state_bytes(model, precision: str = "fp32") -> dict:
     """Bytes of the training state of ``model`` with Adam, counted from its parameters:
-    ``params`` and ``grads`` (4 bytes each per parameter in fp32, 2 in mixed precision),
-    ``optimizer`` (the two moments, 8 per parameter; plus the fp32 master weights, 4 more, in
-    mixed precision) and their ``total`` (16 per parameter either way)."""
+    ``params`` (every parameter, frozen ones too: they are held all the same; 4 bytes each in
+    fp32, 2 in mixed precision), ``grads`` (the same per trainable parameter), ``optimizer``
+    (the two moments of each trainable parameter, 8 bytes; plus its fp32 master weights, 4 more,
+    in mixed precision) and their ``total`` (16 per parameter of a model that trains them all)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    held = sum(p.numel() for p in model.parameters())
     psi = sum(p.numel() for p in model.parameters() if p.requires_grad)
     low = 4 if precision == "fp32" else 2
-    out = dict(params=low * psi, grads=low * psi, optimizer=(8 if precision == "fp32" else 12)
-               * psi)
+    out = dict(params=low * held, grads=low * psi,
+               optimizer=(8 if precision == "fp32" else 12) * psi)
     out["total"] = sum(out.values())
     return out
 

@@ -66,6 +66,14 @@ def check_plan(world_size: int, dp: int, tp: int, pp: int, zero: int, micro_batc
                          "leaves that combination out: use zero <= 2 with pp > 1")
 
 
+def check_run(steps: int, global_batch: int) -> None:
+    """Refuse a run with nothing to do: at least one step, of at least one sequence."""
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    if global_batch < 1:
+        raise ValueError(f"the global batch must hold at least one sequence, got {global_batch}")
+
+
 class StageModule(torch.nn.Module):
     """Pipeline stage ``stage`` of ``pp``: the embeddings on the first, its share of the blocks
     (each split over the tensor-parallel group), the final norm and head on the last."""
@@ -117,6 +125,7 @@ def train(dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, micro_batches: i
     from torch.distributed.device_mesh import DeviceMesh
 
     shape = {**MODEL, **model}
+    check_run(steps, global_batch)
     world = dist.get_world_size(group)
     if world != dist.get_world_size():
         raise ValueError("train_gpt builds its own groups from the whole job: pass group=None "
@@ -203,6 +212,7 @@ def train_one_process(steps: int = 10, global_batch: int = 16, lr: float = 3e-3,
                       dtype=torch.float32, recompute: bool = False, **model) -> dict:
     """The baseline: the whole model, the whole global batch, Adam, in this process."""
     shape = {**MODEL, **model}
+    check_run(steps, global_batch)
     gpt = tiny_gpt(**shape, seed=seed, dtype=dtype)
     gpt.checkpointing = recompute
     opt = torch.optim.Adam(gpt.parameters(), lr=lr, foreach=False)
@@ -251,6 +261,12 @@ def main(argv=None) -> list | None:
                if ranks == 1 and a.world_size > 1 else "make them agree, or leave it out")
         parser.error(f"--world-size {a.world_size}, but dp x tp x pp = {a.dp} x {a.tp} x {a.pp} "
                      f"= {ranks}; {fix}")
+    try:  # refused here, before any worker starts
+        check_run(a.steps, a.global_batch)
+        check_plan(ranks, a.dp, a.tp, a.pp, a.zero, a.micro_batches, a.global_batch, a.layers,
+                   a.heads)
+    except ValueError as why:
+        parser.error(str(why))
     kwargs = dict(dp=a.dp, tp=a.tp, pp=a.pp, zero=a.zero, micro_batches=a.micro_batches,
                   recompute=a.recompute, steps=a.steps, global_batch=a.global_batch, lr=a.lr,
                   **{name: getattr(a, name) for name in MODEL})

@@ -16,6 +16,15 @@ def test_state_bytes_of_a_hand_sized_model():
         M.state_bytes(model, "fp8")
 
 
+def test_a_frozen_parameter_is_held_but_has_no_gradient_or_moments():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))  # 8 + 3
+    model[0].weight.requires_grad_(False)  # 6 frozen
+    assert M.state_bytes(model) == dict(params=4 * 11, grads=4 * 5, optimizer=8 * 5,
+                                        total=4 * 11 + 12 * 5)
+    assert M.state_bytes(model, "mixed") == dict(params=2 * 11, grads=2 * 5, optimizer=12 * 5,
+                                                 total=2 * 11 + 14 * 5)
+
+
 def test_a_measured_adam_step_holds_what_was_counted():
     x, y = text_batch(stdlib_text(20_000), 3, 16, torch.Generator().manual_seed(0))
     model = tiny_gpt(d_model=32, layers=2, heads=4, context=16)

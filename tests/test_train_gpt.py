@@ -90,6 +90,17 @@ def test_a_plan_that_cannot_run_exactly_is_refused_with_what_to_change(change, m
         T.check_plan(world, global_batch=12, layers=4, heads=4, **plan)
 
 
+@pytest.mark.parametrize("sizes, message", [
+    (dict(steps=0), "steps must be at least 1"), (dict(steps=-2), "steps must be at least 1"),
+    (dict(global_batch=0), "at least one sequence"),
+])
+def test_nothing_to_do_is_refused_before_any_work(sizes, message):
+    with pytest.raises(ValueError, match=message):
+        T.train_one_process(**sizes)
+    with pytest.raises(ValueError, match=message):  # before it asks for a process group
+        T.train(**sizes)
+
+
 def test_saved_bytes_counts_each_storage_once_and_lets_it_go():
     saved = T.SavedBytes()
     w = torch.nn.Parameter(torch.randn(4, 4))
@@ -135,6 +146,10 @@ def test_the_module_runs_through_launch_from_the_command_line(capsys, monkeypatc
     (["--world-size", "2"], "alone does not say how to split the ranks: give --dp, --tp and "
                             "--pp whose product is 2 (e.g. --dp 2)"),
     (["--world-size", "4", "--tp", "2"], "dp x tp x pp = 1 x 2 x 1 = 2; make them agree"),
+    (["--steps", "0"], "steps must be at least 1, got 0"),
+    (["--global-batch", "0"], "the global batch must hold at least one sequence, got 0"),
+    (["--tp", "3"], "tp = 3 must divide it"),
+    (["--dp", "2", "--global-batch", "5"], "must split into dp x micro_batches"),
 ])
 def test_a_world_size_that_is_not_the_plans_is_refused_before_any_work(argv, message, capsys):
     with pytest.raises(SystemExit) as stopped:
