@@ -162,6 +162,15 @@ def global_batches(n: int, global_batch: int, steps: int, seed: int = 0) -> list
     return [torch.randperm(n, generator=g)[:global_batch] for _ in range(steps)]
 
 
+def sgd_step(model, lr: float) -> None:
+    """p <- p - lr * grad, for each parameter that has a gradient (a frozen one, or one no loss
+    used, is left as it is: torch.optim.SGD's rule)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p -= lr * p.grad
+
+
 def train(model_fn, x, y, global_batch: int, steps: int, lr: float, sync: str = "buckets",
           bucket_mb: float = 25.0, seed: int = 0, group=None) -> dict:
     """SGD with data parallelism synchronised by ``sync``: each step every rank takes every
@@ -180,9 +189,7 @@ def train(model_fn, x, y, global_batch: int, steps: int, lr: float, sync: str = 
         loss = loss_fn(model, x[mine], y[mine])
         loss.backward()
         wait()  # (a) all-reduces here; (b), (c) wait for the ones backward started
-        with torch.no_grad():
-            for p in model.parameters():
-                p -= lr * p.grad
+        sgd_step(model, lr)
         losses.append(loss.item())
     inner = model.module if sync == "DDP" else model
     return dict(params=parameters_vector(inner), losses=losses)
@@ -197,8 +204,6 @@ def train_one_process(model_fn, x, y, global_batch: int, steps: int, lr: float,
         model.zero_grad()
         loss = loss_fn(model, x[idx], y[idx])
         loss.backward()
-        with torch.no_grad():
-            for p in model.parameters():
-                p -= lr * p.grad
+        sgd_step(model, lr)
         losses.append(loss.item())
     return dict(params=parameters_vector(model), losses=losses)

@@ -40,6 +40,36 @@ def test_every_synchronisation_equals_one_process_and_ddp(text, bucket_mb):
     assert not torch.allclose(expected, ov.parameters_vector(model_fn()))  # it did train
 
 
+def frozen_model_fn():
+    model = model_fn()
+    model.embed.weight.requires_grad_(False)  # frozen: every synchronisation leaves it alone
+    return model
+
+
+def _all_syncs_frozen(x, y):
+    return {sync: ov.train(frozen_model_fn, x, y, GLOBAL_BATCH, STEPS, LR, sync=sync,
+                           bucket_mb=0.004)["params"] for sync in ov.SYNCS}
+
+
+def test_a_frozen_parameter_trains_as_torch_sgd_would_under_every_synchronisation(text):
+    x, y = text
+    model = frozen_model_fn()  # torch's own: SGD skips a parameter without a gradient
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for idx in ov.global_batches(len(y), GLOBAL_BATCH, STEPS):
+        opt.zero_grad()
+        ov.loss_fn(model, x[idx], y[idx]).backward()
+        opt.step()
+    expected = ov.parameters_vector(model)
+    torch.testing.assert_close(ov.train_one_process(frozen_model_fn, x, y, GLOBAL_BATCH, STEPS,
+                                                    LR)["params"], expected, rtol=0, atol=1e-12)
+    for rank, result in enumerate(launch(_all_syncs_frozen, 2, args=(x, y))):
+        for sync in ov.SYNCS:
+            torch.testing.assert_close(result[sync], expected, rtol=0, atol=1e-10,
+                                       msg=lambda m, s=sync, r=rank: f"{s}, rank {r}: {m}")
+    frozen = model_fn().embed.weight.flatten()
+    assert torch.equal(expected[:frozen.numel()], frozen)  # the embedding never moved
+
+
 def test_buckets_fill_in_reverse_order_and_hold_at_least_the_size():
     params = [torch.zeros(n) for n in (10, 300, 20, 262_144, 5)]  # float32: 4 bytes each
     assert ov.assign_buckets(params, 1.0) == [[4, 3], [2, 1, 0]]
