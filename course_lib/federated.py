@@ -42,10 +42,10 @@ from course_lib.client_batch import train_clients
 from course_lib.cost_models import federated_bytes_per_round
 from course_lib.fl_remedies import (  # noqa: F401  (fl.fedadam_server ...: the lessons')
     ControlVariates,
-    _sum_over_ranks,
     fedadam_server,
     fedavg_server,
     fedavgm_server,
+    sum_over_ranks,
 )
 from course_lib.models import DIGITS_MLP
 from course_lib.runtime.devices import device
@@ -140,7 +140,7 @@ def fedavg_round(w, x, y, parts, chosen, local: LocalTraining, *, seed, round_, 
             control.update(k, w, v, steps, local.lr)
         total[:-1] += len(rows) * v
         total[-1] += len(rows)
-    total = _sum_over_ranks(total, group)
+    total = sum_over_ranks(total, group)
     if control is not None:
         control.end_round(group)
     return total[:-1] / total[-1] if total[-1] > 0 else None

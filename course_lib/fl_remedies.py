@@ -62,11 +62,11 @@ class ControlVariates:
 
     def end_round(self, group=None) -> None:
         """c += (sum of this round's changes of c_k) / K, the sum taken over all ranks."""
-        self.c = self.c + _sum_over_ranks(self.delta, group) / self.clients
+        self.c = self.c + sum_over_ranks(self.delta, group) / self.clients
         self.delta = torch.zeros_like(self.c)
 
 
-def _sum_over_ranks(t, group=None):
+def sum_over_ranks(t, group=None):
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(t, group=group)
     return t

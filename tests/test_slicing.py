@@ -149,3 +149,17 @@ def test_only_needed_cuts_the_notebook_and_says_what_it_left_out():
     cut, line = grading.only_needed(nb, graded)
     assert line.startswith("what the exercises need:") and f"of {code} code cells" in line
     assert any(v is None for v in cut.values()) and not set(cut) & graded
+
+
+def test_for_every_lesson_the_analysis_decides_and_keeps_each_exercise_whole():
+    lessons = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    assert len(lessons) >= 10
+    for path in lessons:
+        nb = nbformat.read(path, as_version=4)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        targets = [k for k, c in enumerate(code) if grading.nbgrader_meta(c).get("grade")
+                   or grading.nbgrader_meta(c).get("solution")]
+        run = slicing.to_run([c.source for c in code], targets)
+        assert run is not None, path.name
+        assert all(run[k] == code[k].source for k in targets), path.name
+        assert sum(r is None for r in run) >= 1, path.name  # something is left out

@@ -36,7 +36,7 @@ PASS_STUB = "pass  # write your solution here\n"
 LIBRARY_STUB = 'raise NotImplementedError("not in the student edition: the grader has it")\n'
 
 
-def _meta(cell) -> dict:
+def nbgrader_meta(cell) -> dict:
     meta = cell.get("metadata", {}).get("nbgrader", {})
     return meta if isinstance(meta, dict) else {}
 
@@ -56,7 +56,7 @@ def mark(nb, points: int = 1):
         for test in cells[i + 1:]:
             if test.cell_type == "code" and "check_" in test.source and \
                     "### BEGIN SOLUTION" not in test.source:
-                old = _meta(test).get("points", points)
+                old = nbgrader_meta(test).get("points", points)
                 test.metadata["nbgrader"] = dict(grade=True, grade_id=f"exercise-{number}",
                                                  locked=True, points=old, schema_version=3,
                                                  solution=False)
@@ -69,8 +69,8 @@ def mark(nb, points: int = 1):
 
 def exercises(nb) -> list[dict]:
     """The graded cells of a marked notebook: grade_id, points and cell index."""
-    return [dict(grade_id=_meta(c)["grade_id"], points=_meta(c).get("points", 0), index=i)
-            for i, c in enumerate(nb.cells) if _meta(c).get("grade")]
+    return [dict(grade_id=nbgrader_meta(c)["grade_id"], points=nbgrader_meta(c).get("points", 0),
+                 index=i) for i, c in enumerate(nb.cells) if nbgrader_meta(c).get("grade")]
 
 
 def _parse(source: str):
@@ -162,7 +162,7 @@ def stub(source: str, later: list[str] = ()) -> str:
 
 def is_solution(cell) -> bool:
     return cell.cell_type == "code" and (bool(SOLUTION.search(cell.source)) or
-                                         bool(_meta(cell).get("solution")))
+                                         bool(nbgrader_meta(cell).get("solution")))
 
 
 def student_version(nb):
@@ -173,7 +173,7 @@ def student_version(nb):
     for i, cell in enumerate(out.cells):
         if cell.cell_type != "code":
             continue
-        exercise = is_solution(cell) or bool(_meta(cell).get("grade"))
+        exercise = is_solution(cell) or bool(nbgrader_meta(cell).get("grade"))
         if is_solution(cell):
             later = [c.source for c in nb.cells[i + 1:] if c.cell_type == "code"]
             cell.source = stub(cell.source, later)

@@ -36,9 +36,9 @@ from course_lib.exercises import common, judging, sandbox, slicing
 from course_lib.exercises.editions import (  # noqa: F401 - the authoring API, here too
     HIDDEN,
     STUB,
-    _meta,
     exercises,
     mark,
+    nbgrader_meta,
     release,
     stub,
     student_library,
@@ -48,12 +48,12 @@ from course_lib.exercises.kernels import (  # noqa: F401 - the limits, here too
     HIDDEN_FAILED,
     MAX_OUTPUT_BYTES,
     MAX_OUTPUTS,
-    _client,
-    _kernel_pid,
-    _kill_children,
-    _replay,
-    _responsive,
-    _restart,
+    kill_children,
+    notebook_client,
+    pid_of_kernel,
+    replay,
+    responsive,
+    restart_kernel,
     sandboxed_manager,
 )
 
@@ -64,7 +64,7 @@ def assemble(submitted, lesson):
     of the lesson's. Returns it and the solution ids the submission has no cell for."""
     theirs = {}
     for cell in submitted.cells:
-        meta = _meta(cell)
+        meta = nbgrader_meta(cell)
         gid = meta.get("grade_id") if meta.get("solution") else None
         if cell.get("cell_type") == "code" and isinstance(gid, str) and gid not in theirs \
                 and isinstance(cell.get("source"), str):
@@ -75,7 +75,7 @@ def assemble(submitted, lesson):
         if cell.cell_type != "code":
             continue
         cell.outputs, cell.execution_count = [], None
-        gid = _meta(cell).get("grade_id") if _meta(cell).get("solution") else None
+        gid = nbgrader_meta(cell).get("grade_id") if nbgrader_meta(cell).get("solution") else None
         if gid is not None and gid not in theirs:
             missing.append(gid)
             cell.source = stub(cell.source, [c.source for c in lesson.cells[i + 1:]
@@ -98,7 +98,8 @@ def only_needed(nb, graded) -> tuple[dict, str]:
     changed (cell index: its whole source, or None for a cell that is skipped) and a line for the
     report; the notebook is unchanged when the analysis cannot decide."""
     code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
-    targets = [k for k, i in enumerate(code) if i in graded or _meta(nb.cells[i]).get("solution")]
+    targets = [k for k, i in enumerate(code)
+               if i in graded or nbgrader_meta(nb.cells[i]).get("solution")]
     run = slicing.to_run([nb.cells[i].source for i in code], targets)
     if run is None:
         return {}, "the whole lesson (what the exercises need could not be decided)"
@@ -153,7 +154,7 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
 
             km = AsyncKernelManager(kernel_name="python3")
             start_args = dict(cwd=str(source.parent), env={**os.environ, **env})
-        client = _client(nb, km, cell_timeout)
+        client = notebook_client(nb, km, cell_timeout)
         start = time.monotonic()
         try:
             failed = _run(client, nb, graded, judges, results, out, start, timeout,
@@ -219,7 +220,7 @@ def _run(client, nb, graded, judges, results, out, start, timeout, start_args,
     failed, ran, replays = [], [], 0
     with client.setup_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              **start_args):
-        kernel_pid = _kernel_pid(client)
+        kernel_pid = pid_of_kernel(client)
         for i, cell in enumerate(nb.cells):
             if cell.cell_type != "code" or i in skip:
                 continue
@@ -235,7 +236,7 @@ def _run(client, nb, graded, judges, results, out, start, timeout, start_args,
                 client.execute_cell(cell, i)
             except CellExecutionError as error:
                 why = _first_line(error)
-                if getattr(error, "ename", "") == "CellTimeout" and not _responsive(client):
+                if getattr(error, "ename", "") == "CellTimeout" and not responsive(client):
                     why += " (it ignored the interrupt: the kernel was restarted)"
                     restart = True  # only a new kernel frees the next cells
             except DeadKernelError:
@@ -245,10 +246,10 @@ def _run(client, nb, graded, judges, results, out, start, timeout, start_args,
                 restart = True
             finally:
                 if kernel_pid:
-                    _kill_children(kernel_pid)  # workers a cell left behind
+                    kill_children(kernel_pid)  # workers a cell left behind
             if restart:
                 try:
-                    kernel_pid = _restart(client)
+                    kernel_pid = restart_kernel(client)
                 except Exception as error:  # noqa: BLE001 - no kernel to grade the rest in
                     why += f"; no new kernel could be started ({type(error).__name__})"
                     for j in (j for j in graded if j >= i):
@@ -257,10 +258,10 @@ def _run(client, nb, graded, judges, results, out, start, timeout, start_args,
                     break
                 if replays < MAX_REPLAYS:
                     replays += 1
-                    _replay(client, nb, ran, out)
+                    replay(client, nb, ran, out)
                 else:
                     why += "; later cells ran in a new kernel, without what earlier cells made"
-                kernel_pid = _kernel_pid(client)
+                kernel_pid = pid_of_kernel(client)
             if why is not None:
                 if gid:
                     before = f" (an earlier cell failed: {earlier})" if earlier else ""

@@ -19,7 +19,7 @@ MAX_OUTPUTS = 200  # per cell: a cell that prints without end cannot fill the gr
 MAX_OUTPUT_BYTES = 1_000_000  # per cell, counted over what is kept: few huge prints alike
 
 
-def _kill_children(pid):
+def kill_children(pid):
     """Kill what the kernel ``pid`` started, except the fork server of warm launches (it lives
     as long as the kernel by design, and every launch would pay its start again; in the sandbox
     it ends with the sandbox)."""
@@ -49,15 +49,15 @@ def _run_hidden(client, cell, index, kernel_pid) -> bool:
     try:
         client.execute_cell(cell, index)
     except Exception:  # noqa: BLE001 - an error, a timeout, a dead kernel: all the same here
-        if not _responsive(client):
-            _restart(client)
+        if not responsive(client):
+            restart_kernel(client)
         return False
     finally:
-        _kill_children(kernel_pid)
+        kill_children(kernel_pid)
     return True
 
 
-def _responsive(client, within: float = 5.0) -> bool:
+def responsive(client, within: float = 5.0) -> bool:
     """Whether the kernel answers a request that does nothing within ``within`` seconds."""
     from jupyter_core.utils import run_sync
 
@@ -73,7 +73,7 @@ def _responsive(client, within: float = 5.0) -> bool:
     return False
 
 
-def _restart(client):
+def restart_kernel(client):
     """A real restart: the kernel process is killed, a new one started, and a new client
     connection waits until it answers (the old one may hold messages a broken kernel garbled).
     Returns the new kernel's pid."""
@@ -86,10 +86,10 @@ def _restart(client):
     client.kc = client.km.client()
     client.kc.start_channels()
     run_sync(client.kc.wait_for_ready)(timeout=60)
-    return _kernel_pid(client)
+    return pid_of_kernel(client)
 
 
-def _kernel_pid(client):
+def pid_of_kernel(client):
     """The kernel's own process: the one the client started, or in a sandbox the outermost
     ipykernel beneath the sandbox's processes (the cells' children are killed below it)."""
     try:
@@ -134,7 +134,7 @@ def sandboxed_manager(shared: Path, **box):
     return km
 
 
-def _client(nb, km, cell_timeout):
+def notebook_client(nb, km, cell_timeout):
     from nbclient import NotebookClient
 
     class CappedClient(NotebookClient):
@@ -163,7 +163,7 @@ def _client(nb, km, cell_timeout):
                         interrupt_on_timeout=True, error_on_timeout=timeout_error)
 
 
-def _replay(client, nb, ran, out):
+def replay(client, nb, ran, out):
     """Run the cells that ran before, again, in a new kernel: copies, errors ignored."""
     for j in ran:
         try:

@@ -21,7 +21,7 @@ from course_lib.exercises.common import (
     judge_cases,
     launch_checked,
 )
-from course_lib.runtime.profiling import _union  # one interval union for lesson and check
+from course_lib.runtime.profiling import interval_union  # one interval union for lesson and check
 
 # -- exercise 1: overlapped all-reduce with gradient accumulation -------------------------------
 
@@ -181,9 +181,9 @@ def exposed_seconds(spans, rank: int) -> float:
     """Seconds during which rank ``rank``'s all-reduce lane is busy and its backward is not.
     The student edition of the library leaves this out: it is the exercise's answer."""
     ### BEGIN SOLUTION
-    comm = _union((s[1], s[1] + s[2]) for s in spans if s[0] == 2 * rank + 1
+    comm = interval_union((s[1], s[1] + s[2]) for s in spans if s[0] == 2 * rank + 1
                   and s[3] == "all-reduce")
-    backward = _union((s[1], s[1] + s[2]) for s in spans if s[0] == 2 * rank
+    backward = interval_union((s[1], s[1] + s[2]) for s in spans if s[0] == 2 * rank
                       and s[3] == "backward")
     hidden = sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in comm for s2, e2 in backward)
     return sum(e - s for s, e in comm) - hidden
@@ -212,7 +212,7 @@ def _judge_exposed(data) -> str:
                 f"'{target['sync']}' was not hidden under its backward pass")
     if abs(answer * 1e-3 - right) <= 1e-6 + 1e-3 * right:
         raise ExerciseFailed("that looks like milliseconds: give seconds")
-    comm = sum(e - s for s, e in _union((s[1], s[1] + s[2]) for s in spans
+    comm = sum(e - s for s, e in interval_union((s[1], s[1] + s[2]) for s in spans
                                         if s[0] == 2 * target["rank"] + 1))
     if abs(answer - comm) <= 1e-6 + 1e-3 * comm:
         raise ExerciseFailed("that is all of the rank's communication time: subtract what lies "

@@ -96,7 +96,7 @@ def step_spans(prof, lane: int = 0) -> list[Span]:
     return sorted(spans, key=lambda s: s.start)
 
 
-def _union(intervals):
+def interval_union(intervals):
     merged = []
     for start, end in sorted(intervals):
         if merged and start <= merged[-1][1]:
@@ -110,9 +110,9 @@ def hidden_fraction(spans, lane: int = 0) -> float:
     """The fraction of rank ``lane``'s communication time (union of its all-reduce bars) that
     lies within its backward computation (on a GPU: its compute kernels): communication hidden
     under computation. NaN without any communication."""
-    comm = _union((s.start, s.start + s.duration) for s in spans
+    comm = interval_union((s.start, s.start + s.duration) for s in spans
                   if s.lane == 2 * lane + 1 and s.kind == COMM)
-    backward = _union((s.start, s.start + s.duration) for s in spans
+    backward = interval_union((s.start, s.start + s.duration) for s in spans
                       if s.lane == 2 * lane and s.kind in ("backward", GPU_COMPUTE))
     total = sum(end - start for start, end in comm)
     if total == 0:
