@@ -78,3 +78,11 @@ def test_judge_cases_details_visible_failures_and_only_counts_hidden_ones():
     with pytest.raises(ExerciseFailed, match="case 3 is wrong") as raised:  # visible first
         judge_cases([{"n": 1, "case": {"hidden": True}}, {"n": 3, "case": {}}], wrong_if_odd)
     assert not isinstance(raised.value, HiddenTestFailed)
+
+
+def test_a_number_is_a_finite_int_or_float_and_not_a_bool():
+    from course_lib.exercises.common import is_number
+
+    assert all(is_number(v) for v in (0, 3, -2.5, 1e300, torch.tensor(2.0).item()))
+    assert not any(is_number(v) for v in (True, float("nan"), float("inf"), "3", None,
+                                          torch.tensor(2.0), [1.0]))

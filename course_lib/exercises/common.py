@@ -13,6 +13,7 @@ at random for that run (hidden tests): patching the checks in the kernel changes
 from __future__ import annotations
 
 import json
+import math
 import os
 import traceback
 from pathlib import Path
@@ -89,6 +90,13 @@ def launch_checked(fn, world_size: int, args=(), *, timeout: float = 60,
     except LaunchTimeout as err:
         raise ExerciseFailed(f"ranks {err.ranks} were still waiting after {timeout:g} s: "
                              f"{hint}") from None
+
+
+def is_number(value) -> bool:
+    """A finite int or float (not a bool, which Python counts as an int): what a numeric answer
+    must be before a judge compares it."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value)
 
 
 def judge_cases(items, judge_one) -> None:

@@ -17,6 +17,7 @@ from course_lib.exercises.common import (
     check_drawn,
     checked,
     grading_seed,
+    is_number,
     launch_checked,
 )
 
@@ -50,22 +51,18 @@ def _probe_slow_stage(idle, stages, micro_batches, slowdown) -> dict:
     return {"answer": idle, "p": stages, "m": micro_batches, "slowdown": slowdown}
 
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _judge_slow_stage(data) -> str:
     from course_lib.cost_models import bubble_fraction, idle_fraction, pipeline_timeline
 
     answer, p, m, slowdown = (data[k] for k in ("answer", "p", "m", "slowdown"))
     check_drawn("lesson05.slow_pipeline", draw_slow_pipeline, [p, m, slowdown])  # graded runs
     # the drawn pipeline, within bounds that keep the model's timeline small
-    if not (isinstance(p, int) and isinstance(m, int) and _number(slowdown)
+    if not (isinstance(p, int) and isinstance(m, int) and is_number(slowdown)
             and not isinstance(p, bool) and not isinstance(m, bool)
             and 2 <= p <= 16 and 1 <= m <= 64 and 1 <= slowdown <= 10):
         raise ExerciseFailed(f"pass the pipeline drawn above (stages, micro-batches, slowdown), "
                              f"not {p!r}, {m!r}, {slowdown!r}")
-    if not _number(answer):
+    if not is_number(answer):
         raise ExerciseFailed(f"give the idle fraction as a number, not {answer!r}")
     times = slow_last_stage(p, slowdown)
     spans = pipeline_timeline(p, m, SCHEDULE, **times)

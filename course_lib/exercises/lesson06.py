@@ -24,6 +24,7 @@ from course_lib.exercises.common import (
     HiddenTestFailed,
     checked,
     grading_seed,
+    is_number,
     launch_checked,
 )
 from course_lib.parameter_server import sgd
@@ -53,7 +54,7 @@ def _settings(seed) -> dict:
 def _number(value, what: str) -> float:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_number(value):
         raise ExerciseFailed(f"{what} is {value!r}: return a finite number")
     return float(value)
 

@@ -21,6 +21,7 @@ from course_lib.exercises.common import (
     check_drawn,
     checked,
     grading_seed,
+    is_number,
     judge_cases,
 )
 
@@ -137,18 +138,14 @@ def _whole(v) -> bool:
     return not isinstance(v, bool) and isinstance(v, (int, float)) and v == int(v)
 
 
-def _number(v) -> bool:
-    return not isinstance(v, bool) and isinstance(v, (int, float)) and bool(np.isfinite(v))
-
-
 def _judge_breakdown(data) -> str:
     answer, rounds, seeds = data["breakdown"], data["rounds"], data["seeds"]
     m, trim, share, attack_seed = data["m"], data["trim"], data["share"], data["attack_seed"]
     check_drawn("lesson09.federation", draw_federation, [m, trim, share, attack_seed])
     if not _whole(rounds) or rounds < 1 or not seeds or not all(_whole(s) for s in seeds):
         raise ExerciseFailed("pass section 5's ROUNDS and SEEDS")
-    if not (_whole(m) and 2 <= m <= CLIENTS and _number(trim) and 0 <= trim < 0.5 and
-            2 * int(trim * m) < m and _number(share) and 0 < share < 1 and
+    if not (_whole(m) and 2 <= m <= CLIENTS and is_number(trim) and 0 <= trim < 0.5 and
+            2 * int(trim * m) < m and is_number(share) and 0 < share < 1 and
             _whole(attack_seed) and attack_seed >= 0):
         raise ExerciseFailed("pass the m, trim, share and attack seed that the exercise cell "
                              "drew (my_m, my_trim, my_share, my_attack_seed)")

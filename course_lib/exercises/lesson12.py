@@ -11,7 +11,6 @@ is a probe (the student's kernel) and a judge (outside it): see :mod:`course_lib
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from course_lib import planner as P
@@ -20,6 +19,7 @@ from course_lib.exercises.common import (
     check_drawn,
     checked,
     grading_seed,
+    is_number,
     judge_cases,
     launch_checked,
 )
@@ -199,9 +199,7 @@ def _probe_stages(fn, drawn) -> dict:
 
 
 def _numbers(value, n):
-    return (isinstance(value, (list, tuple)) and len(value) == n and
-            all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                for v in value))
+    return isinstance(value, (list, tuple)) and len(value) == n and all(map(is_number, value))
 
 
 def _judge_stage_case(item):
