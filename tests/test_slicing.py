@@ -89,7 +89,8 @@ def test_statements_split_a_cell_and_keep_decorators_and_one_line_pairs():
     assert slicing.statements(source) == ["import a", "@dec\ndef f():\n    pass", "x = 1; y = 2"]
     assert slicing.statements("%time x = 1") == ["%time x = 1"]
     assert slicing.imported(["import numpy as np\nfrom a.b import c", "x = ("]) == {"np", "c"}
-    assert def_use.without_magics("%time\nx = 1\n!ls") == "x = 1"
+    assert python_names.without_magics("%time\nx = 1\n!ls") == "x = 1"
+    assert python_names.has_magics("x = 1\n  !ls") and not python_names.has_magics("x = 1")
 
 
 def test_to_run_keeps_a_constant_and_leaves_the_sweep_out():

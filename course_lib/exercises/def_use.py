@@ -25,7 +25,9 @@ from course_lib.exercises.python_names import (
     PURE,
     READ_ONLY,
     SETS_STATE,
+    has_magics,
     local_names,
+    without_magics,
 )
 
 
@@ -279,8 +281,7 @@ def analyse(source: str, modules: frozenset = frozenset(),
     not changing a variable); ``elsewhere``: functions that send what they are given to worker
     processes (``course_lib.launch``): its arguments are copies there, not changed here. Magics
     and shell lines (``%``, ``!``) count as effects."""
-    lines = source.splitlines()
-    effects = any(line.lstrip().startswith(("%", "!")) for line in lines)
+    effects = has_magics(source)
     try:
         tree = ast.parse(without_magics(source))
     except SyntaxError:
@@ -292,9 +293,3 @@ def analyse(source: str, modules: frozenset = frozenset(),
                 frozenset(reader.late), effects or reader.effects, reader.opaque,
                 frozenset(reader.late_changes), reader.late_effects,
                 frozenset(reader.values - reader.others - reader.changes), frozenset(shipped))
-
-
-def without_magics(source: str) -> str:
-    """The cell's Python: its magic and shell lines (``%``, ``!``) left out."""
-    return "\n".join(line for line in source.splitlines()
-                     if not line.lstrip().startswith(("%", "!")))

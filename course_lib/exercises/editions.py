@@ -26,6 +26,7 @@ from pathlib import Path
 import nbformat
 
 from course_lib.edition import MARKER as EDITION_MARKER
+from course_lib.exercises.python_names import without_magics
 
 SOLUTION = re.compile(r"^([ \t]*)### BEGIN SOLUTION[^\n]*\n.*?^[ \t]*### END SOLUTION[^\n]*(\n|$)",
                       re.MULTILINE | re.DOTALL)
@@ -74,9 +75,8 @@ def exercises(nb) -> list[dict]:
 
 
 def _parse(source: str):
-    lines = [line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))]
     try:
-        return ast.parse("\n".join(lines))
+        return ast.parse(without_magics(source))
     except SyntaxError:
         return None
 

@@ -1,6 +1,6 @@
 """Python's names, as the def-use analysis (``def_use``) needs them: which names are local to a
-function or comprehension (Python's own scoping rule), and the names and calls whose meaning is
-known without running them.
+function or comprehension (Python's own scoping rule), the names and calls whose meaning is
+known without running them, and a cell's magic lines (IPython's, set aside before parsing).
 
 Lecture: none (the homework machinery).
 """
@@ -67,3 +67,14 @@ def local_names(node) -> set:
         if not isinstance(child, SCOPES):  # a nested scope's names are its own
             todo.extend(ast.iter_child_nodes(child))
     return names
+
+
+def has_magics(source: str) -> bool:
+    """Whether a cell has a magic or shell line (``%``, ``!``): IPython's syntax, not Python's."""
+    return any(line.lstrip().startswith(("%", "!")) for line in source.splitlines())
+
+
+def without_magics(source: str) -> str:
+    """A cell's Python: its magic and shell lines (``%``, ``!``) left out."""
+    return "\n".join(line for line in source.splitlines()
+                     if not line.lstrip().startswith(("%", "!")))

@@ -15,7 +15,8 @@ from __future__ import annotations
 import ast
 from dataclasses import replace
 
-from course_lib.exercises.def_use import Cell, analyse, without_magics
+from course_lib.exercises.def_use import Cell, analyse
+from course_lib.exercises.python_names import has_magics, without_magics
 
 
 def imported(sources) -> frozenset:
@@ -133,9 +134,9 @@ def needed(cells: list[Cell], targets) -> set[int] | None:
 def statements(source: str) -> list[str]:
     """A cell's top-level statements, each with its decorators and the lines it spans (a cell
     with magics or that does not parse is one piece)."""
-    lines = source.splitlines()
-    if any(line.lstrip().startswith(("%", "!")) for line in lines):
+    if has_magics(source):
         return [source]
+    lines = source.splitlines()
     try:
         tree = ast.parse(source)
     except SyntaxError:
