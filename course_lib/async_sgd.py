@@ -34,7 +34,7 @@ from course_lib.erm import ERMProblem, breast_cancer_problem
 from course_lib.erm_simulators import local_gradient
 from course_lib.parameter_server import ServerState, parameter_server, sgd
 from course_lib.runtime.timing import Span
-from course_lib.runtime.torchrun import run_command
+from course_lib.runtime.torchrun import run_command, run_main
 
 
 def staleness_aware_lr(lr: float, staleness: int) -> float:
@@ -172,4 +172,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

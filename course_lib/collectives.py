@@ -26,7 +26,7 @@ import torch.distributed as dist
 from course_lib.cost_models import all_reduce_bytes
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
-from course_lib.runtime.torchrun import run_command
+from course_lib.runtime.torchrun import run_command, run_main
 
 
 def _exchange(send_buf, dst, recv_buf, src, group):
@@ -227,4 +227,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

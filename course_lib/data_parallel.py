@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
-from course_lib.runtime.torchrun import run_command
+from course_lib.runtime.torchrun import run_command, run_main
 
 
 def sampler_global_batches(n: int, world_size: int, local_batch: int, seed: int = 0,
@@ -288,4 +288,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -49,7 +49,7 @@ from course_lib.fl_remedies import (  # noqa: F401  (fl.fedadam_server ...: the 
 )
 from course_lib.models import DIGITS_MLP
 from course_lib.runtime.devices import device
-from course_lib.runtime.torchrun import run_command
+from course_lib.runtime.torchrun import run_command, run_main
 
 
 @dataclass(frozen=True)
@@ -291,4 +291,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

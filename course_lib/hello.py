@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.runtime.devices import device, uses_gpus
-from course_lib.runtime.torchrun import experiment_parser, run_experiment
+from course_lib.runtime.torchrun import experiment_parser, run_experiment, run_main
 
 
 def carrier(group=None) -> str:
@@ -59,4 +59,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

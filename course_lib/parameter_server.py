@@ -49,7 +49,7 @@ from course_lib.message_trees import (  # noqa: F401  (ps.broadcast_schedule ...
 )
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import Timeline, to_spans
-from course_lib.runtime.torchrun import run_command
+from course_lib.runtime.torchrun import run_command, run_main
 
 MODES = ("sync", "async", "ssp")
 STOP = -1.0  # the version a stop message carries
@@ -289,4 +289,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -36,7 +36,7 @@ from course_lib.pipeline_schedules import (  # noqa: F401  (pp.gpipe_schedule ..
 from course_lib.pipelining import run_torch_pipeline  # noqa: F401  (pp.run_torch_pipeline)
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import Span, Timeline, synchronize, to_spans
-from course_lib.runtime.torchrun import run_command
+from course_lib.runtime.torchrun import run_command, run_main
 
 # -- a model cut into stages ----------------------------------------------------------------------
 
@@ -286,4 +286,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from course_lib.cost_models import all_reduce_bytes, quantized_sum_error_bound
 from course_lib.report import times_as
 from course_lib.runtime.devices import device
-from course_lib.runtime.torchrun import run_command
+from course_lib.runtime.torchrun import run_command, run_main
 
 INT8_LEVELS = 127  # codes -127..127: symmetric, so 0 is exact
 METHODS = ("fp32", "bf16", "fp16", "int8 stochastic", "int8 nearest")
@@ -175,4 +175,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from course_lib.models import feed_forward
 from course_lib.runtime.devices import device
-from course_lib.runtime.torchrun import run_command
+from course_lib.runtime.torchrun import run_command, run_main
 
 
 class _F(torch.autograd.Function):
@@ -251,4 +251,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

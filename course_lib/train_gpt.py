@@ -290,4 +290,6 @@ def main(argv=None) -> list | None:
 
 
 if __name__ == "__main__":
-    main()
+    from course_lib.runtime.torchrun import run_main
+
+    run_main(main)

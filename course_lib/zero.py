@@ -28,7 +28,7 @@ import torch.distributed as dist
 from course_lib.data_parallel import parameters_vector
 from course_lib.overlap import global_batches, loss_fn
 from course_lib.runtime.devices import device
-from course_lib.runtime.torchrun import run_command
+from course_lib.runtime.torchrun import run_command, run_main
 
 STAGES = (0, 1, 2)
 
@@ -203,4 +203,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -86,3 +86,31 @@ def test_run_command_passes_each_option_to_the_experiment_under_its_flags_name()
         run_command(_echo, "echo", (("--local-batch", int, 16, {"choices": [16, 32]}),
                                     ("--lr", float, 0.1)), ["--local-batch", "3"])
 
+
+
+RUN_MAIN = """
+import atexit, sys
+from course_lib.runtime.torchrun import run_main
+atexit.register(lambda: print("interpreter teardown ran", flush=True))
+def main():
+    print("printed by main", end="")  # no newline: only a flush sends it
+    if sys.argv[1] == "raise":
+        raise ValueError("a bad option")
+run_main(main)
+print(" / after run_main")
+"""
+
+
+@pytest.mark.parametrize(("torchrun", "how", "code", "out"), [
+    (True, "return", 0, "printed by main"),  # exits at once: no teardown, nothing after
+    (True, "raise", 1, "printed by maininterpreter teardown ran\n"),
+    (False, "return", 0, "printed by main / after run_main\ninterpreter teardown ran\n"),
+])
+def test_run_main_skips_teardown_only_after_a_torchrun_command_returned(torchrun, how, code, out):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    if torchrun:
+        env.update(RANK="0", WORLD_SIZE="1")
+    proc = subprocess.run([sys.executable, "-c", RUN_MAIN, how], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert (proc.returncode, proc.stdout) == (code, out), proc.stderr
+    assert ("ValueError: a bad option" in proc.stderr) == (how == "raise")
