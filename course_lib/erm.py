@@ -63,9 +63,20 @@ class ERMProblem:
         """g(w) = (1/n) sum_k g~_k(w) + dR/dw."""
         return self.gradient_sum(w) / self.n + self.lam * w
 
+    def __setattr__(self, name, value):
+        if name == "X":  # a new X: its norm must be computed again
+            self.__dict__.pop("_norm_of_X", None)
+        super().__setattr__(name, value)
+
     def smoothness(self) -> float:
-        """An upper bound L on the gradient's Lipschitz constant; alpha = 1/L is a safe step."""
-        top = torch.linalg.matrix_norm(self.X, ord=2).item() ** 2 / self.n
+        """An upper bound L on the gradient's Lipschitz constant; alpha = 1/L is a safe step.
+
+        ||X||_2 (an SVD: seconds for the shifted digits) is computed once and kept with the
+        problem, so workers that receive a problem after its first call don't each compute it
+        again. Assigning a new X forgets it (changing X in place does not: don't)."""
+        if "_norm_of_X" not in self.__dict__:
+            self.__dict__["_norm_of_X"] = torch.linalg.matrix_norm(self.X, ord=2).item()
+        top = self.__dict__["_norm_of_X"] ** 2 / self.n
         return (top / 4 if self.kind == "logistic" else top) + self.lam
 
 

@@ -58,6 +58,24 @@ def test_smoothness_bounds_the_curvature(problems):
     assert torch.linalg.eigvalsh(hessian).max().item() <= problem.smoothness() + 1e-9
 
 
+def test_smoothness_computes_the_norm_of_X_once_and_sends_it_with_the_problem(problems,
+                                                                             monkeypatch):
+    import pickle
+
+    problem = erm.ERMProblem(problems[1].X.clone(), problems[1].y, problems[1].lam,
+                             "least_squares")
+    calls = []
+    norm = torch.linalg.matrix_norm
+    monkeypatch.setattr(torch.linalg, "matrix_norm",
+                        lambda *a, **k: calls.append(1) or norm(*a, **k))
+    first = problem.smoothness()
+    copy = pickle.loads(pickle.dumps(problem))  # what a worker receives
+    assert copy.smoothness() == problem.smoothness() == first and len(calls) == 1
+    copy.X = 2 * copy.X  # a new X: a new norm, four times the curvature of the data term
+    assert copy.smoothness() - copy.lam == pytest.approx(4 * (first - copy.lam))
+    assert len(calls) == 2
+
+
 def test_bad_problem_definitions():
     X = torch.zeros(3, 2)
     with pytest.raises(ValueError, match="unknown kind"):

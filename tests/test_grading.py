@@ -348,7 +348,8 @@ ATTACKS = {
 
 @pytest.mark.parametrize("attack", list(ATTACKS), ids=list(ATTACKS))
 def test_patching_what_checks_rely_on_or_skipping_them_scores_nothing(tmp_path, lesson, attack):
-    report = _attack(tmp_path, lesson, ATTACKS[attack])
+    # patched builtins stop the kernel from answering: the cell waits out the limit
+    report = _attack(tmp_path, lesson, ATTACKS[attack], cell_timeout=6)
     assert _scores(report) == [1, 0], hw.summary(report)
 
 
@@ -617,14 +618,14 @@ def test_a_cell_that_never_returns_is_stopped_at_the_limit_and_graded(tmp_path, 
 
 
 def test_a_cell_that_ignores_interrupts_costs_only_itself(tmp_path, lesson):
-    report = _attack(tmp_path, lesson, "import signal, time\nsignal.signal(signal.SIGINT, "
-                     "signal.SIG_IGN)\nwhile True:\n    time.sleep(0.1)", cell_timeout=6)
-    assert _scores(report) == [1, 0], hw.summary(report)
-    assert "restarted" in report["ungraded_errors"][0]["error"], hw.summary(report)
+    # exercise 1's solution cell ignores the interrupt at the time limit (one grading run: each
+    # waits out the limit, the interrupt and a restart)
     early = _submission(lesson, tmp_path / "tiny2.ipynb", c2=(
         "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
         "while True:\n    time.sleep(0.1)"))
     report = hw.grade(early, lesson, cell_timeout=6)
+    assert report["ungraded_errors"][0]["cell"] == 2, hw.summary(report)
+    assert "restarted" in report["ungraded_errors"][0]["error"], hw.summary(report)
     # the kernel was restarted, not waited on, and the cells before it ran again in it: the
     # later exercise passed
     assert _scores(report) == [0, 1], hw.summary(report)
