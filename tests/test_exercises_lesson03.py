@@ -31,7 +31,7 @@ def ring(tensor):  # right sum, wrong algorithm: the library's efficient ring
 
 
 def visible_data(fn):
-    return ex._probe_doubling(fn)
+    return ex.probe_doubling(fn)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def right_data():
 
 
 def test_doubling_accepts_recursive_doubling_and_names_other_algorithms(right_data):
-    assert "correct" in ex._judge_doubling(right_data)
+    assert "correct" in ex.judge_doubling(right_data)
     with pytest.raises(common.ExerciseFailed, match=r"sent 6 message\(s\).*XOR"):
         ex.check_doubling_all_reduce(ring)
 
@@ -60,15 +60,15 @@ def test_doubling_explains_wrong_sums_and_collectives(right_data):
     for r, rank in enumerate(ranks):  # stop after step 0: each rank holds its pair's sum
         rank[0]["result"] = ranks[r][0]["x"] + ranks[r ^ 1][0]["x"]
     with pytest.raises(common.ExerciseFailed, match="only its pair's sum"):
-        ex._judge_doubling(data)
+        ex.judge_doubling(data)
     with pytest.raises(common.ExerciseFailed, match="its own vector"):
-        ex._judge_doubling(altered(lambda case: case.update(result=case["x"])))
+        ex.judge_doubling(altered(lambda case: case.update(result=case["x"])))
     with pytest.raises(common.ExerciseFailed, match="no message"):
-        ex._judge_doubling(altered(lambda case: case.update(sent=[])))
+        ex.judge_doubling(altered(lambda case: case.update(sent=[])))
     with pytest.raises(common.ExerciseFailed, match="returned a tuple"):
-        ex._judge_doubling(altered(lambda case: case.update(result="tuple")))
+        ex.judge_doubling(altered(lambda case: case.update(result="tuple")))
     with pytest.raises(common.ExerciseFailed, match="is off the sum"):
-        ex._judge_doubling(altered(off_by_one))
+        ex.judge_doubling(altered(off_by_one))
 
 
 def test_doubling_reports_a_rank_that_raises():
@@ -85,18 +85,18 @@ def test_doubling_reports_a_rank_that_raises():
 
 
 def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path, right_data):
-    assert ex._plan(None).keys() == {"visible"}
-    assert {p for p, _ in ex._plan(12345)["hidden"]} == {8, 4}  # the grader also tries 8 ranks
+    assert ex.runs_for(None).keys() == {"visible"}
+    assert {p for p, _ in ex.runs_for(12345)["hidden"]} == {8, 4}  # the grader also tries 8 ranks
     hidden = common.from_plain(common.to_plain(right_data))
     hidden["hidden"] = [{"p": 8, "failed": True}]  # e.g. a solution that works only for p <= 4
     with pytest.raises(common.HiddenTestFailed):
-        ex._judge_doubling(hidden)
+        ex.judge_doubling(hidden)
 
     def right_on_visible_only(tensor):  # wrong for a length the visible cases do not have
         return doubling(tensor) + (tensor.numel() == 3)
 
     # two ranks only, to keep the test short: the plan's shape is what matters
-    monkeypatch.setattr(ex, "_plan", lambda seed: {"visible": [(2, [5])]} | (
+    monkeypatch.setattr(ex, "runs_for", lambda seed: {"visible": [(2, [5])]} | (
         {} if seed is None else {"hidden": [(2, [3])]}))
     assert "correct" in ex.check_doubling_all_reduce(right_on_visible_only)
     # in the grader's kernel the data (hidden cases too) goes to a file; the grader judges it

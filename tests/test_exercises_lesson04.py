@@ -46,15 +46,15 @@ def test_weighted_average_accepts_the_weighted_mean_and_explains_mistakes():
 
 
 def test_weighted_average_names_ranks_that_disagree_without_launching_again():
-    data = common.to_plain(ex._probe_weighted_average(weighted))
+    data = common.to_plain(ex.probe_weighted_average(weighted))
     judged = common.from_plain(data)
-    assert "correct" in ex._judge_weighted_average(judged)
+    assert "correct" in ex.judge_weighted_average(judged)
     judged["visible"]["ranks"][1] = judged["visible"]["ranks"][1] + 1e-3
     with pytest.raises(common.ExerciseFailed, match="different parameters"):
-        ex._judge_weighted_average(judged)
+        ex.judge_weighted_average(judged)
     judged["visible"]["ranks"] = [r + 1e-3 for r in judged["visible"]["ranks"][:1]] * 2
     with pytest.raises(common.ExerciseFailed, match="differ from one process .* by up to 0.001"):
-        ex._judge_weighted_average(judged)
+        ex.judge_weighted_average(judged)
 
 
 def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):

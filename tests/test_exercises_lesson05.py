@@ -114,16 +114,16 @@ def test_gather_accepts_the_gather_and_explains_mistakes():
 
 
 def test_gather_explains_a_wrong_shape_and_a_missing_gradient_without_launching_again():
-    data = common.to_plain(ex._probe_gather(Gather))
+    data = common.to_plain(ex.probe_gather(Gather))
     judged = common.from_plain(data)
     rank0 = judged["visible"]["ranks"][0]
     rank0["out"] = rank0["out"][:, :4]  # what an all-reduce (Megatron's g) would return
     with pytest.raises(common.ExerciseFailed, match="shape \\(6, 4\\)"):
-        ex._judge_gather(judged)
+        ex.judge_gather(judged)
     judged = common.from_plain(data)  # a fresh copy of the same run
     judged["visible"]["ranks"][1]["w_grad"] = None
     with pytest.raises(common.ExerciseFailed, match="no gradient"):
-        ex._judge_gather(judged)
+        ex.judge_gather(judged)
 
 
 def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):

@@ -55,10 +55,10 @@ def test_push_sum_accepts_the_right_step_and_explains_lost_mass_and_wrong_values
     assert "correct: every rank's z matches" in ex.check_push_sum(push_sum_step)
     # a step that sends nothing keeps the mass: judged from the data its ranks would return
     # (no launch: the launches above already cover the way there)
-    case = ex._push_cases(None)["visible"]
+    case = ex.push_sum_cases(None)["visible"]
     kept = [case["z0"][i].repeat(ex.STEPS, 1) for i in range(ex.WORLD_SIZE)]
     with pytest.raises(common.ExerciseFailed, match="rank 3 holds .* but should hold"):
-        ex._judge_push_sum({"visible": case | {"ranks": kept}})
+        ex.judge_push_sum({"visible": case | {"ranks": kept}})
     with pytest.raises(common.ExerciseFailed, match="neither creates nor loses mass"):
         ex.check_push_sum(shares_by_out_degree)
 

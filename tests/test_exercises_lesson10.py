@@ -90,7 +90,7 @@ def test_overlapped_hidden_case_is_judged_only_in_a_graded_run(monkeypatch, tmp_
     assert "correct" in ex.check_overlapped(right_when_three)
     for seed in range(1, 50):
         monkeypatch.setenv(common.GRADING_SEED, str(seed))
-        if ex._cases(seed)[-1]["micro"] != 3:
+        if ex.cases_for(seed)[-1]["micro"] != 3:
             break
     monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))
     assert "recorded" in ex.check_overlapped(right_when_three)

@@ -48,7 +48,7 @@ def test_ps_shows_each_worker_as_its_rank_and_function(warm):
     for rank, line in enumerate(lines):
         assert line.startswith(f"course_lib worker: rank {rank} of 2, own_command_line"), line
     if warm:  # and the server says whose it is
-        server = psutil.Process(forkserver._server.process.pid)
+        server = psutil.Process(forkserver.running().process.pid)
         assert " ".join(server.cmdline()).startswith(
             f"{forkserver.TITLE} (for pid {os.getpid()})")
 
@@ -87,11 +87,11 @@ def test_workers_draw_different_random_numbers_like_new_processes():
 
 def test_a_changed_course_lib_gets_a_new_server(monkeypatch):
     launch(workers.rank_and_size, 2)
-    old = forkserver._server
+    old = forkserver.running()
     real = forkserver.signature
     monkeypatch.setattr(forkserver, "signature", lambda: ("edited",) + real())
     launch(workers.rank_and_size, 2)
-    assert forkserver._server is not old and old.process.poll() is not None  # replaced, gone
+    assert forkserver.running() is not old and old.process.poll() is not None  # replaced, gone
 
 
 def test_launch_starts_cold_when_the_server_cannot_start(monkeypatch):
@@ -112,7 +112,7 @@ def test_server_dies_with_a_killed_launcher_and_after_its_idle_time(tmp_path):
         from course_lib import launch
         from course_lib.runtime import forkserver
         launch(lambda: 0, 2)
-        print(forkserver._server.process.pid, flush=True)
+        print(forkserver.running().process.pid, flush=True)
         time.sleep(float(sys.argv[1]))
     """))
     env = dict(os.environ, COURSE_LIB_LAUNCH="warm", COURSE_LIB_FORKSERVER_IDLE_S="2")
@@ -141,7 +141,7 @@ def test_server_is_gone_after_a_kernel_restart():
         printed = []
         kc.execute_interactive(
             "from course_lib import launch\nfrom course_lib.runtime import forkserver\n"
-            "launch(lambda: 0, 2)\nprint(forkserver._server.process.pid)", timeout=120,
+            "launch(lambda: 0, 2)\nprint(forkserver.running().process.pid)", timeout=120,
             output_hook=lambda msg: printed.append(msg["content"].get("text", "")))
         server_pid = int("".join(printed).split()[-1])
         assert pids_alive([server_pid]) == [server_pid]
@@ -157,3 +157,12 @@ def _assert_gone(pid, within=15):
     while pids_alive([pid]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert pids_alive([pid]) == []
+
+
+def test_running_names_the_server_until_it_is_shut_down(monkeypatch):
+    monkeypatch.setenv("COURSE_LIB_LAUNCH", "warm")
+    launch(workers.rank_and_size, 2)
+    server = forkserver.running()
+    assert server is not None and server.process.poll() is None
+    forkserver.shutdown()
+    assert forkserver.running() is None and server.process.poll() is not None

@@ -73,7 +73,7 @@ def _run_all_reduce(all_reduce, lengths, seed):
     return out
 
 
-def _plan(seed) -> dict:
+def runs_for(seed) -> dict:
     """(ranks, lengths) per launch: visible 4 ranks with uneven lengths, and 2; a graded run
     adds 8 ranks and other lengths."""
     plan = {"visible": [(4, [7, 1, 16]), (2, [5])]}
@@ -84,11 +84,11 @@ def _plan(seed) -> dict:
     return plan
 
 
-def _probe_doubling(all_reduce, timeout: float = 60) -> dict:
+def probe_doubling(all_reduce, timeout: float = 60) -> dict:
     from course_lib import launch
 
     seed, data = grading_seed(), {}
-    for kind, runs in _plan(seed).items():
+    for kind, runs in runs_for(seed).items():
         data[kind] = []
         for p, lengths in runs:
             try:
@@ -145,7 +145,7 @@ def _judge_run(run) -> str | None:
     return None
 
 
-def _judge_doubling(data) -> str:
+def judge_doubling(data) -> str:
     for run in data["visible"]:
         wrong = _judge_run(run)
         if wrong:
@@ -156,8 +156,8 @@ def _judge_doubling(data) -> str:
             "whole vector with rank XOR 2^k")
 
 
-check_doubling_all_reduce = checked("lesson03.doubling_all_reduce", _probe_doubling,
-                                    _judge_doubling)
+check_doubling_all_reduce = checked("lesson03.doubling_all_reduce", probe_doubling,
+                                    judge_doubling)
 check_doubling_all_reduce.__doc__ = """Check ``all_reduce(tensor)``, recursive doubling: run on
 4 and 2 ranks, every rank must return the sum, having sent log2 p messages of the whole vector,
 to rank XOR 1, XOR 2, ..."""

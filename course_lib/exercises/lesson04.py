@@ -60,7 +60,7 @@ def _case(seed, sizes, dims=(6, 8, 3)):
     return dict(x=x, y=y, dims=list(dims), seed=seed, steps=steps, lr=0.5)
 
 
-def _cases(seed):
+def cases_for(seed):
     """Visible: rank 0 gets 3 samples a step, rank 1 gets 9 (the plain mean weighs rank 0's
     samples three times too much). A graded run adds sizes drawn at random for that run."""
     cases = {"visible": _case(4, [[3, 9], [3, 9], [3, 9]])}
@@ -90,8 +90,8 @@ def _train_on_ranks(average, cases):
     return out
 
 
-def _probe_weighted_average(average) -> dict:
-    cases = _cases(grading_seed())
+def probe_weighted_average(average) -> dict:
+    cases = cases_for(grading_seed())
     ranks = launch_checked(_train_on_ranks, 2, (average, cases), timeout=60,
                            hint="does every rank make the same collective calls, in the same "
                                 "order?")
@@ -146,7 +146,7 @@ def _judge_case(case) -> str | None:
             f"the whole global batch by up to {worst:.3g}")
 
 
-def _judge_weighted_average(data) -> str:
+def judge_weighted_average(data) -> str:
     wrong = _judge_case(data["visible"])
     if wrong:
         raise ExerciseFailed(wrong)
@@ -157,8 +157,8 @@ def _judge_weighted_average(data) -> str:
             f"steps one process takes on the whole global batch")
 
 
-check_weighted_average = checked("lesson04.weighted_average", _probe_weighted_average,
-                                 _judge_weighted_average)
+check_weighted_average = checked("lesson04.weighted_average", probe_weighted_average,
+                                 judge_weighted_average)
 check_weighted_average.__doc__ = """Check ``average(model, n_local)``: called on every rank after
 ``loss.backward()`` on this rank's ``n_local`` samples (the mean loss over them), it leaves in
 every ``.grad`` the gradient of the mean loss over all ranks' samples. Trains on 2 ranks with

@@ -109,7 +109,7 @@ def _case(seed, tokens, d_in, d_out):
     return dict(x=draw(tokens, d_in), w=draw(d_out, d_in), b=draw(d_out), r=draw(tokens, d_out))
 
 
-def _cases(seed):
+def cases_for(seed):
     """Visible: 6 tokens, 5 inputs, 8 outputs (4 per rank). A graded run adds a layer of other
     sizes drawn for that run."""
     cases = {"visible": _case(5, 6, 5, 8)}
@@ -143,8 +143,8 @@ def _column_parallel(gather, cases):
     return out
 
 
-def _probe_gather(gather) -> dict:
-    cases = _cases(grading_seed())
+def probe_gather(gather) -> dict:
+    cases = cases_for(grading_seed())
     ranks = launch_checked(_column_parallel, 2, (gather, cases), timeout=60,
                            hint="does every rank make the same collective calls?")
     return {name: dict(case, ranks=[r[name] for r in ranks]) for name, case in cases.items()}
@@ -192,7 +192,7 @@ def _judge_gather_case(c) -> str | None:
     return None
 
 
-def _judge_gather(data) -> str:
+def judge_gather(data) -> str:
     wrong = _judge_gather_case(data["visible"])
     if wrong:
         raise ExerciseFailed(wrong)
@@ -202,7 +202,7 @@ def _judge_gather(data) -> str:
             "output and gradients on both ranks")
 
 
-check_gather = checked("lesson05.gather", _probe_gather, _judge_gather)
+check_gather = checked("lesson05.gather", probe_gather, judge_gather)
 check_gather.__doc__ = """Check ``gather``, an autograd function: forward all-gathers each
 rank's slice of the output features and concatenates them (rank order, last dimension);
 backward returns this rank's slice of the gradient. Runs a column-parallel linear layer on

@@ -142,7 +142,7 @@ PUSH_TOL = 1e-9  # float64; a right step differs from A z only in the order of i
 VISIBLE_GRAPH = [[1, 2], [2], [3], [0]]  # node i's out-neighbours: 0->1, 0->2, 1->2, 2->3, 3->0
 
 
-def _push_cases(seed) -> dict:
+def push_sum_cases(seed) -> dict:
     """Directed graphs (out-neighbour lists) and starting z = (x_i, weight 1) for each node; a
     graded run adds random strongly connected graphs (a random cycle plus random extra arcs)
     with longer vectors."""
@@ -186,7 +186,7 @@ def _push_sum_ranks(step, cases):
 
 
 def _probe_push_sum(push_sum_step, timeout: float = 30) -> dict:
-    cases = _push_cases(grading_seed())
+    cases = push_sum_cases(grading_seed())
     flat = [cases["visible"], *cases.get("hidden", [])]
     per_rank = launch_checked(
         _push_sum_ranks, WORLD_SIZE, (push_sum_step, [(c["outs"], c["z0"]) for c in flat]),
@@ -233,9 +233,9 @@ def _push_wrong(case) -> str | None:
     return None
 
 
-def _judge_push_sum(data) -> str:
+def judge_push_sum(data) -> str:
     if [list(o) for o in data["visible"]["outs"]] != VISIBLE_GRAPH or not torch.equal(
-            data["visible"]["z0"].double(), _push_cases(None)["visible"]["z0"]):
+            data["visible"]["z0"].double(), push_sum_cases(None)["visible"]["z0"]):
         raise ExerciseFailed("the check's graph or values were changed: run the check cell as "
                              "it is")
     if wrong := _push_wrong(data["visible"]):
@@ -254,7 +254,7 @@ def _judge_push_sum(data) -> str:
             f"{off(40):.1e} after 40")
 
 
-check_push_sum = checked("lesson06.push_sum", _probe_push_sum, _judge_push_sum)
+check_push_sum = checked("lesson06.push_sum", _probe_push_sum, judge_push_sum)
 check_push_sum.__doc__ = """Check ``push_sum_step(z, out_neighbours, in_neighbours)``: launched
 on 4 ranks of a directed graph for 4 steps, each rank's z after every step equals row i of
 A^t z0 (A: push-sum's column-stochastic matrix)."""

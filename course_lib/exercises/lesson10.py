@@ -46,7 +46,7 @@ def _case(seed, dims, micro, steps, hidden=False):
                 dims=list(dims), seed=seed, micro=micro, steps=steps, lr=0.3, hidden=hidden)
 
 
-def _cases(seed):
+def cases_for(seed):
     cases = [_case(5, (4, 6, 2), micro=3, steps=2)]
     if seed is not None:
         g = torch.Generator().manual_seed(seed)
@@ -105,7 +105,7 @@ def _train_on_ranks(make_overlapped, cases):
 
 
 def _probe_overlapped(make_overlapped) -> dict:
-    cases = _cases(grading_seed())
+    cases = cases_for(grading_seed())
     ranks = launch_checked(_train_on_ranks, 2, (make_overlapped, cases), timeout=60,
                            hint="does every rank start one all-reduce per parameter, and does "
                                 "wait() wait for all of them?")

@@ -281,6 +281,12 @@ def server(env: dict) -> ForkServer | None:
         return _server
 
 
+def running() -> ForkServer | None:
+    """The fork server this process runs now (its ``process`` is the server's), or None: before
+    the first warm launch, after :func:`shutdown`, or where warm launches are off."""
+    return _server
+
+
 def shutdown() -> None:
     """Stop the fork server (it would also stop by itself when this process ends)."""
     global _server
