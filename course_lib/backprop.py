@@ -271,6 +271,17 @@ def to_torch_module(net: Network) -> torch.nn.Sequential:
     return torch.nn.Sequential(*modules)
 
 
+def small_cnn(seed: int = 0, channels: int = 8, hidden: int = 32,
+              dtype=torch.float64) -> Network:
+    """Lesson 1's network of the layers above, for 8x8 digits: conv 3x3 (padding 1) -> ReLU ->
+    flatten -> linear -> tanh -> linear to 10 classes."""
+    g = torch.Generator().manual_seed(seed)
+    return Network([Conv2d(1, channels, 3, padding=1, generator=g, dtype=dtype),
+                    Activation("relu"), Flatten(),
+                    Linear(channels * 64, hidden, generator=g, dtype=dtype),
+                    Activation("tanh"), Linear(hidden, 10, generator=g, dtype=dtype)])
+
+
 def accuracy(logits, y) -> float:
     """Fraction of rows whose largest logit is the label."""
     return (logits.argmax(dim=1) == y).double().mean().item()

@@ -229,10 +229,10 @@ def pipeline_timeline(p: int, micro_batches: int, schedule: str = "1F1B",
     """A model (not a measurement) of a pipeline run with p stages: every forward takes
     ``forward`` time units, every backward ``backward`` (each a number, or a list of p numbers:
     one per stage, for stages of unequal work), messages are free. A stage runs its schedule
-    (``pipeline.SCHEDULES``) in order; an action starts when the stage is free and its input is
-    there (forward i on stage s needs forward i on s - 1; backward i needs backward i on s + 1,
-    or on the last stage its own forward i). Returns Gantt spans."""
-    from course_lib.pipeline import SCHEDULES
+    (``pipeline_schedules.SCHEDULES``) in order; an action starts when the stage is free and its
+    input is there (forward i on stage s needs forward i on s - 1; backward i needs backward i
+    on s + 1, or on the last stage its own forward i). Returns Gantt spans."""
+    from course_lib.pipeline_schedules import SCHEDULES
     from course_lib.runtime.timing import Span
 
     check_processes(p), check_processes(micro_batches, "micro_batches")

@@ -5,11 +5,13 @@
   small gradients show DDP's buckets, the network lesson 5 cuts into pipeline stages;
 * :func:`digits_cnn`: the small CNN of slides part 3, trained with data parallelism;
 * :func:`feed_forward`: a transformer's MLP block, which Megatron-LM splits across ranks;
-* :func:`small_cnn`: lesson 1's CNN made of the hand-written layers of ``backprop``;
 * :class:`FlatMLP`: an MLP whose parameters are one flat vector, for federated learning, where
   averaging models, control variates and server optimisers are vector arithmetic;
 * :func:`tiny_gpt`: a small GPT-style transformer (lesson 10), big enough that its gradients
   take visible time to all-reduce on two cores.
+
+(Lesson 1's CNN of hand-written layers, ``small_cnn``, lives with those layers in
+:mod:`course_lib.backprop`: this module stands below the lessons.)
 
 The same ``seed`` gives the same weights in every process, so ranks can build their replica
 (or their piece) of one model without sending it.
@@ -21,8 +23,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-
-from course_lib import backprop as bp
 
 
 def mlp(sizes, *, activation=torch.nn.ReLU, flatten: bool = False, seed: int = 0,
@@ -72,17 +72,6 @@ def feed_forward(d_model: int = 16, d_hidden: int = 64, seed: int = 0,
     model.add_module("act", torch.nn.GELU())
     model.add_module("fc2", torch.nn.Linear(d_hidden, d_model, dtype=dtype))
     return model
-
-
-def small_cnn(seed: int = 0, channels: int = 8, hidden: int = 32,
-              dtype=torch.float64) -> bp.Network:
-    """Lesson 1's network of hand-written layers for 8x8 digits: conv 3x3 (padding 1) -> ReLU ->
-    flatten -> linear -> tanh -> linear to 10 classes."""
-    g = torch.Generator().manual_seed(seed)
-    return bp.Network([bp.Conv2d(1, channels, 3, padding=1, generator=g, dtype=dtype),
-                       bp.Activation("relu"), bp.Flatten(),
-                       bp.Linear(channels * 64, hidden, generator=g, dtype=dtype),
-                       bp.Activation("tanh"), bp.Linear(hidden, 10, generator=g, dtype=dtype)])
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ import torch
 
 from course_lib import backprop as bp
 from course_lib.data import load_digits
-from course_lib.models import small_cnn
 
 TOL = 1e-10  # float64: hand-written and autograd gradients agree to rounding
 
@@ -102,7 +101,7 @@ def test_finite_difference_gradient_of_a_known_function():
 
 
 def test_network_backward_equals_autograd_on_the_same_torch_module():
-    net = small_cnn(seed=1)
+    net = bp.small_cnn(seed=1)
     module = bp.to_torch_module(net)
     split = load_digits(images=True, dtype=torch.float64)
     X, y = split.x_train[:16], split.y_train[:16]
@@ -117,7 +116,7 @@ def test_network_backward_equals_autograd_on_the_same_torch_module():
 
 def test_hand_trained_network_reaches_95_percent_on_digits():
     split = load_digits(images=True, dtype=torch.float64)
-    net = small_cnn(seed=0)
+    net = bp.small_cnn(seed=0)
     g = torch.Generator().manual_seed(0)
     for _ in range(15):
         for idx in torch.randperm(len(split.y_train), generator=g).split(32):
@@ -151,3 +150,9 @@ def test_softmax_cross_entropy_backward_matches_finite_differences():
     Z, y = randn(2, 5), torch.tensor([4, 0])
     fd = bp.finite_difference_gradient(lambda z: bp.softmax_cross_entropy_forward(z, y), Z.clone())
     torch.testing.assert_close(bp.softmax_cross_entropy_backward(Z, y), fd, atol=1e-8, rtol=1e-6)
+
+
+def test_small_cnn_is_made_of_the_hand_written_layers():
+    net = bp.small_cnn(seed=0, channels=4, hidden=8)
+    assert isinstance(net, bp.Network)
+    assert net.forward(torch.zeros(3, 1, 8, 8, dtype=torch.float64)).shape == (3, 10)

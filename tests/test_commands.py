@@ -142,7 +142,7 @@ def test_every_lesson_command_is_listed():
                             "course_lib.exercises"} <= set(listed)
     assert not set(commands.INTERNAL) & set(listed)
     assert "course_lib.cost_models" not in listed
-    for module in (*COMMANDS, *commands.INTERNAL, "course_lib.runtime.gpu_check"):
+    for module in (*COMMANDS, *commands.INTERNAL, "course_lib.benchmarks.gpu_check"):
         assert commands.has_a_command(module)
     assert commands.has_a_command("course_lib") is False  # a package without __main__.py
     assert commands.has_a_command("course_lib.no_such_module") is None  # Python will say so

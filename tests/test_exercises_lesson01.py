@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from course_lib import backprop as bp
 from course_lib.exercises import common
 from course_lib.exercises import lesson01 as ex
-from course_lib.models import small_cnn
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,7 +62,7 @@ def counts(channels, hidden, batch):
 
 
 def drawn_module(channels, hidden):
-    return bp.to_torch_module(small_cnn(channels=channels, hidden=hidden))
+    return bp.to_torch_module(bp.small_cnn(channels=channels, hidden=hidden))
 
 
 @pytest.mark.parametrize("channels, hidden, batch", [(8, 32, 32), (2, 8, 8), (16, 64, 128),
@@ -132,7 +131,7 @@ def test_in_a_graded_run_the_sizes_must_be_the_ones_drawn_for_it(monkeypatch, tm
         with pytest.raises(common.ExerciseFailed, match="drawn values were changed"):
             ex.check_backward_cost(*counts(oc, oh, on), drawn_module(oc, oh), on, (1, 8, 8))
     with pytest.raises(common.ExerciseFailed, match="cost_module"):  # another network
-        ex.check_backward_cost(*counts(c, h, n), bp.to_torch_module(small_cnn(channels=c,
+        ex.check_backward_cost(*counts(c, h, n), bp.to_torch_module(bp.small_cnn(channels=c,
                                hidden=h)).append(torch.nn.Tanh()), n, (1, 8, 8))
     monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))  # the grader judges the data itself
     with pytest.raises(common.ExerciseFailed, match="drawn values were changed"):  # the kernel's

@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from course_lib import backprop as bp
 from course_lib import models
 
 
@@ -46,12 +45,6 @@ def test_feed_forward_is_the_transformer_mlp_block():
     block = models.feed_forward(d_model=6, d_hidden=24)
     assert (block.fc1.in_features, block.fc1.out_features, block.fc2.out_features) == (6, 24, 6)
     assert isinstance(block.act, torch.nn.GELU)
-
-
-def test_small_cnn_is_made_of_the_hand_written_layers():
-    net = models.small_cnn(seed=0, channels=4, hidden=8)
-    assert isinstance(net, bp.Network)
-    assert net.forward(torch.zeros(3, 1, 8, 8, dtype=torch.float64)).shape == (3, 10)
 
 
 def test_flat_mlp_gradient_equals_autograd():

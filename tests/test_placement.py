@@ -4,7 +4,7 @@ On two gloo ranks, each function runs inside ``fake_gpu.pretend_gpu()``, where `
 a marker device: an operation that mixes the rank's device with the CPU, or a collective on a
 CPU tensor, raises, as it would on a GPU; the result must come back on the marker and equal
 what the same function computes on the CPU. (DDP, FSDP2, DTensor and torch's pipelining place
-tensors themselves on the device they are given: ``python -m course_lib.runtime.gpu_check``
+tensors themselves on the device they are given: ``python -m course_lib.benchmarks.gpu_check``
 runs them on real GPUs.)
 """
 

@@ -2,4 +2,5 @@
 
     python -m course_lib.benchmarks.launch          # starting workers: launch, torchrun, spawn
     python -m course_lib.benchmarks.data_parallel   # ring vs the library's all-reduce; DDP speedup
+    python -m course_lib.benchmarks.gpu_check       # every lesson's rank functions on the GPUs
 """

@@ -1,6 +1,6 @@
 """GPU acceptance: every lesson's rank functions on CUDA, one line each.
 
-    python -m course_lib.runtime.gpu_check [--world-sizes 1 2] [--timeout 300]
+    python -m course_lib.benchmarks.gpu_check [--world-sizes 1 2] [--timeout 300]
 
 Launches each lesson's functions with ``backend="auto"`` for world sizes 1 and min(2, GPUs) --
 so the ranks get ``cuda:LOCAL_RANK`` and a ``"cpu:gloo,cuda:nccl"`` group -- and prints, per
@@ -26,14 +26,14 @@ from course_lib.runtime.launching import launch
 # -- the cases: (lesson, name, world sizes it needs, function run on every rank) ---------------
 
 
-def _on_gpu(value) -> bool:
+def all_on_gpu(value) -> bool:
     """Every tensor in a (nested) result is on a CUDA device."""
     if isinstance(value, torch.Tensor):
         return value.is_cuda
     if isinstance(value, dict):
-        return all(_on_gpu(v) for v in value.values())
+        return all(all_on_gpu(v) for v in value.values())
     if isinstance(value, (list, tuple)):
-        return all(_on_gpu(v) for v in value)
+        return all(all_on_gpu(v) for v in value)
     return True
 
 
@@ -245,7 +245,7 @@ CASES = [  # lesson, what, smallest world size, function
 ]
 
 
-def _run_case(fn, on_gpu: bool = True):
+def run_case(fn, on_gpu: bool = True):
     """On every rank: run one case; report ok/failed, the time and where the results live.
     (``on_gpu=False`` lets the tests run the cases on CPU ranks.)"""
     start = time.perf_counter()
@@ -253,7 +253,7 @@ def _run_case(fn, on_gpu: bool = True):
         result, detail = fn()
         if on_gpu:
             torch.cuda.synchronize()
-        placed = not on_gpu or _on_gpu(result)
+        placed = not on_gpu or all_on_gpu(result)
         return dict(ok=placed, seconds=time.perf_counter() - start,
                     detail=detail if placed else f"{detail}; BUT a result is not on the GPU")
     except Exception as err:  # report, do not stop the other cases
@@ -283,7 +283,7 @@ def main(argv=None) -> int:
                 continue
             start = time.perf_counter()
             try:
-                results = launch(_run_case, world_size=p, args=(fn,), timeout=args.timeout)
+                results = launch(run_case, world_size=p, args=(fn,), timeout=args.timeout)
                 ok = all(r["ok"] for r in results)
                 detail = next((r["detail"] for r in results if not r["ok"]), results[0]["detail"])
             except Exception as err:  # a launch that failed: name it, go on

@@ -3,8 +3,8 @@
 ``launching`` starts workers from a notebook cell (``worker`` is the code each one runs first,
 ``errors`` says what went wrong); ``torchrun`` runs the same experiment under torchrun;
 ``devices`` holds the one rule for devices and backends; ``machine`` describes this machine;
-``timing`` measures honestly and records timelines; ``gpu_check`` runs every lesson's rank
-functions on GPUs.
+``timing`` measures honestly and records timelines. (The GPU acceptance script, which runs every
+lesson's rank functions, is :mod:`course_lib.benchmarks.gpu_check`: it stands above the lessons.)
 """
 
 from course_lib.runtime.devices import choose_backend, device
