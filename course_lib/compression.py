@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 from course_lib.data_parallel import parameters_vector
-from course_lib.overlap import global_batches, loss_fn
 from course_lib.runtime.devices import device
+from course_lib.training import step_loop
 
 
 def _flat(tensors):
@@ -156,32 +156,30 @@ def compressed_mean(compressor, feedback, grads, group=None):
 def train(model_fn, x, y, x_test, y_test, compressor, error_feedback: bool,
           global_batch: int, steps: int, lr: float, seed: int = 0, group=None) -> dict:
     """SGD with data parallelism whose gradients go through ``compressor`` (with or without
-    error feedback). Returns ``losses`` per step, test ``accuracy`` at the end, ``bytes`` this
-    rank sent per step and the final ``params``."""
-    rank, world_size, dev = dist.get_rank(group), dist.get_world_size(group), device(group)
-    if global_batch % world_size:
-        raise ValueError(f"global_batch {global_batch} does not split evenly over {world_size} "
-                         f"ranks")
+    error feedback), in the one step loop (:func:`course_lib.training.step_loop`): the
+    synchroniser puts the compressed mean in ``.grad``. A frozen parameter is left out; one
+    without a gradient sends zeros (every rank must send the same tensors). Returns ``losses``
+    per step, test ``accuracy`` at the end, ``bytes`` this rank sent per step and the final
+    ``params``."""
+    dev = device(group)
     model = model_fn().to(dev)
-    x, y = x.to(dev), y.to(dev)
+    params = [p for p in model.parameters() if p.requires_grad]
     feedback = ErrorFeedback() if error_feedback else None
-    losses, sent = [], 0
-    for idx in global_batches(len(y), global_batch, steps, seed):
-        mine = idx[rank::world_size].to(dev)
-        model.zero_grad()
-        loss = loss_fn(model, x[mine], y[mine])
-        loss.backward()
-        with torch.no_grad():
-            params = list(model.parameters())
-            means, n_bytes = compressed_mean(compressor, feedback, [p.grad for p in params],
-                                             group)
-            for p, mean in zip(params, means, strict=True):
-                p -= lr * mean
-            sent += n_bytes
-        losses.append(loss.item())
+    sent = []
+
+    @torch.no_grad()
+    def compress_and_average():
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+        means, n_bytes = compressed_mean(compressor, feedback, grads, group)
+        for p, mean in zip(params, means, strict=True):
+            p.grad = mean
+        sent.append(n_bytes)
+
+    opt = torch.optim.SGD(params, lr=lr, foreach=False)
+    losses = step_loop(model, opt, x, y, global_batch, steps, compress_and_average, seed, group)
     with torch.no_grad():
         accuracy = (model(x_test.to(dev)).argmax(-1) == y_test.to(dev)).double().mean().item()
-    return dict(losses=losses, accuracy=accuracy, bytes=sent / steps,
+    return dict(losses=losses, accuracy=accuracy, bytes=sum(sent) / steps,
                 params=parameters_vector(model))
 
 

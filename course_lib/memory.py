@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from course_lib.overlap import loss_fn
+from course_lib.training import loss_fn
 
 PRECISIONS = ("fp32", "mixed")
 

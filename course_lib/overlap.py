@@ -23,18 +23,48 @@ import torch.distributed as dist
 
 from course_lib.data_parallel import ddp_model, parameters_vector
 from course_lib.runtime.devices import device
+from course_lib.training import global_batches, loss_fn, step_loop  # noqa: F401  (ov.loss_fn)
 
 MB = 2**20
 SYNCS = ("after backward", "per parameter", "buckets", "DDP")
 
 
-def all_reduce_after_backward(model, group=None) -> None:
-    """(a) After backward: sum every gradient over the ranks, divide by their number."""
+def gradient_counts(params, group=None) -> torch.Tensor:
+    """How many ranks hold a gradient for each parameter: one small all-reduce, what DDP's
+    ``find_unused_parameters=True`` adds to every step (0: no rank used it; the world size:
+    every rank did)."""
+    got = torch.tensor([float(p.grad is not None) for p in params], device=params[0].device)
+    dist.all_reduce(got, group=group)
+    return got
+
+
+def used_by_some_ranks_only(counts, world_size: int) -> list[int]:
+    """The parameters some ranks have a gradient for and others not: their all-reduces would
+    not pair up (every rank must use the same parameters)."""
+    return [i for i, n in enumerate(counts.tolist()) if 0 < n < world_size]
+
+
+def all_reduce_after_backward(model, group=None, find_unused: bool = False) -> None:
+    """(a) After backward: sum every gradient over the ranks, divide by their number.
+
+    A frozen parameter is left out. A parameter without a gradient is refused, unless
+    ``find_unused``: then the ranks first count who has which gradient (:func:`gradient_counts`)
+    and one that no rank used keeps ``.grad = None``, as on one process."""
     world_size = dist.get_world_size(group)
-    for p in model.parameters():
-        if p.grad is not None:
-            dist.all_reduce(p.grad, group=group)
-            p.grad /= world_size
+    params = [p for p in model.parameters() if p.requires_grad]
+    if find_unused:
+        counts = gradient_counts(params, group)
+        if bad := used_by_some_ranks_only(counts, world_size):
+            raise RuntimeError(f"rank {dist.get_rank(group)}: parameters {bad} got a gradient on "
+                               f"some ranks only; every rank must use the same parameters")
+        params = [p for p, n in zip(params, counts.tolist(), strict=True) if n > 0]
+    elif missing := [i for i, p in enumerate(params) if p.grad is None]:
+        raise RuntimeError(f"rank {dist.get_rank(group)}: parameters {missing} got no gradient "
+                           f"in this backward pass; use every parameter in the loss, freeze it "
+                           f"(requires_grad=False) or pass find_unused=True")
+    for p in params:
+        dist.all_reduce(p.grad, group=group)
+        p.grad /= world_size
 
 
 class PerParameterAllReduce:
@@ -42,9 +72,10 @@ class PerParameterAllReduce:
     ``register_post_accumulate_grad_hook`` as soon as autograd has written its gradient.
     Call :meth:`wait` after ``backward()`` and before the optimizer step."""
 
-    def __init__(self, model, group=None):
+    def __init__(self, model, group=None, find_unused: bool = False):
         self.group, self.world_size = group, dist.get_world_size(group)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.find_unused = find_unused
         self.pending = []
         self.handles = [p.register_post_accumulate_grad_hook(self._ready) for p in self.params]
 
@@ -58,10 +89,15 @@ class PerParameterAllReduce:
             work.wait()
         self.pending.clear()
         missing = [i for i, p in enumerate(self.params) if id(p) not in started]
+        if self.find_unused:  # every step, on every rank: those no rank used keep no gradient
+            counts = gradient_counts(self.params, self.group)
+            missing = used_by_some_ranks_only(counts, self.world_size)
         if missing:  # the other ranks may have sent them: say so rather than hang or diverge
-            raise RuntimeError(f"rank {dist.get_rank()}: parameters {missing} got no gradient "
-                               f"in this backward pass, so their all-reduce never started; use "
-                               f"every parameter in the loss (or freeze it: requires_grad=False)")
+            raise RuntimeError(f"rank {dist.get_rank(self.group)}: parameters {missing} got no "
+                               f"gradient in this backward pass (here or on some ranks), so "
+                               f"their all-reduces do not pair up; use every parameter in the "
+                               f"loss, freeze it (requires_grad=False) or, if no rank uses it, "
+                               f"pass find_unused=True")
 
     def remove(self) -> None:
         for h in self.handles:
@@ -91,9 +127,10 @@ class BucketedAllReduce:
     arrives, the bucket is flattened into one buffer and all-reduced asynchronously.
     :meth:`wait` waits for every bucket and copies the means back into ``.grad``."""
 
-    def __init__(self, model, bucket_mb: float = 25.0, group=None):
+    def __init__(self, model, bucket_mb: float = 25.0, group=None, find_unused: bool = False):
         self.group, self.world_size = group, dist.get_world_size(group)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.find_unused = find_unused
         self.buckets = assign_buckets(self.params, bucket_mb)
         self.bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket}
         self.index = {id(p): i for i, p in enumerate(self.params)}
@@ -111,99 +148,86 @@ class BucketedAllReduce:
             self.pending.append((b, buffer, work))
 
     def wait(self) -> None:
+        unsent = sorted(set(range(len(self.buckets))) - {b for b, _, _ in self.pending})
+        if self.find_unused:  # every step, on every rank: then send what the ranks have of the
+            # buckets that never filled, in bucket order
+            counts = gradient_counts(self.params, self.group)
+            if bad := used_by_some_ranks_only(counts, self.world_size):
+                raise RuntimeError(f"rank {dist.get_rank(self.group)}: parameters {bad} got a "
+                                   f"gradient on some ranks only; every rank must use the same "
+                                   f"parameters")
+            for b in unsent:
+                grads = [self.params[i].grad for i in self.buckets[b] if counts[i] > 0]
+                if grads:
+                    buffer = torch.cat([g.reshape(-1) for g in grads]) / self.world_size
+                    work = dist.all_reduce(buffer, group=self.group, async_op=True)
+                    self.pending.append((b, buffer, work))
+            unsent = []
         for b, buffer, work in self.pending:
             work.wait()
             offset = 0
             for i in self.buckets[b]:  # unpack the mean into each gradient
                 g = self.params[i].grad
-                g.copy_(buffer[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
-        sent = {b for b, _, _ in self.pending}
+                if g is not None:  # None: no rank used it, and it stays without a gradient
+                    g.copy_(buffer[offset:offset + g.numel()].view_as(g))
+                    offset += g.numel()
         self.pending.clear()
-        unsent = [b for b in range(len(self.buckets)) if b not in sent]
         self.ready = [0] * len(self.buckets)
         if unsent:
-            raise RuntimeError(f"rank {dist.get_rank()}: buckets {unsent} never filled: some of "
-                               f"their parameters got no gradient in this backward pass; use "
-                               f"every parameter in the loss (or freeze it)")
+            raise RuntimeError(f"rank {dist.get_rank(self.group)}: buckets {unsent} never filled: "
+                               f"some of their parameters got no gradient in this backward pass; "
+                               f"use every parameter in the loss, freeze it or, if no rank uses "
+                               f"it, pass find_unused=True")
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
 
 
-def synchronizer(model, sync: str, bucket_mb: float = 25.0, group=None):
+def synchronizer(model, sync: str, bucket_mb: float = 25.0, group=None,
+                 find_unused: bool = False):
     """A callable to run after ``backward()`` that leaves the mean gradient in ``.grad``, and
     the model to train (DDP's wrapper for "DDP"). ``sync`` is one of :data:`SYNCS`, or "none"
-    (no communication: the local step, to measure what synchronising adds)."""
+    (no communication: the local step, to measure what synchronising adds). ``find_unused``:
+    parameters that no rank used are allowed (DDP's ``find_unused_parameters``)."""
     if sync == "after backward":
-        return model, lambda: all_reduce_after_backward(model, group)
+        return model, lambda: all_reduce_after_backward(model, group, find_unused)
     if sync == "per parameter":
-        return model, PerParameterAllReduce(model, group).wait
+        return model, PerParameterAllReduce(model, group, find_unused).wait
     if sync == "buckets":
-        return model, BucketedAllReduce(model, bucket_mb, group).wait
+        return model, BucketedAllReduce(model, bucket_mb, group, find_unused).wait
     if sync == "DDP":
-        return ddp_model(model, group, bucket_cap_mb=bucket_mb), lambda: None
+        return ddp_model(model, group, bucket_cap_mb=bucket_mb,
+                         find_unused_parameters=find_unused), lambda: None
     if sync == "none":
         return model, lambda: None
     raise ValueError(f"sync must be one of {SYNCS} or 'none', got {sync!r}")
 
 
-def loss_fn(model, x, y):
-    """Mean cross-entropy; works for classifiers (logits (b, c)) and language models (logits
-    (b, t, vocab), targets (b, t))."""
-    logits = model(x)
-    return torch.nn.functional.cross_entropy(logits.flatten(0, -2), y.flatten())
-
-
-def global_batches(n: int, global_batch: int, steps: int, seed: int = 0) -> list[torch.Tensor]:
-    """Row indices of each step's global batch: the same on every rank and in one process."""
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randperm(n, generator=g)[:global_batch] for _ in range(steps)]
-
-
-def sgd_step(model, lr: float) -> None:
-    """p <- p - lr * grad, for each parameter that has a gradient (a frozen one, or one no loss
-    used, is left as it is: torch.optim.SGD's rule)."""
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.grad is not None:
-                p -= lr * p.grad
-
-
 def train(model_fn, x, y, global_batch: int, steps: int, lr: float, sync: str = "buckets",
-          bucket_mb: float = 25.0, seed: int = 0, group=None) -> dict:
-    """SGD with data parallelism synchronised by ``sync``: each step every rank takes every
-    world_size-th row of the step's global batch (which must divide evenly). All replicas
-    start from the same ``model_fn()``. Returns final ``params`` and this rank's ``losses``."""
-    rank, world_size, dev = dist.get_rank(group), dist.get_world_size(group), device(group)
-    if global_batch % world_size:
-        raise ValueError(f"global_batch {global_batch} does not split evenly over {world_size} "
-                         f"ranks; choose a multiple of {world_size}")
-    model, wait = synchronizer(model_fn().to(dev), sync, bucket_mb, group)
-    x, y = x.to(dev), y.to(dev)
-    losses = []
-    for idx in global_batches(len(y), global_batch, steps, seed):
-        mine = idx[rank::world_size].to(dev)
-        model.zero_grad(set_to_none=False)  # keep the .grad tensors: hooks write into them
-        loss = loss_fn(model, x[mine], y[mine])
-        loss.backward()
-        wait()  # (a) all-reduces here; (b), (c) wait for the ones backward started
-        sgd_step(model, lr)
-        losses.append(loss.item())
-    inner = model.module if sync == "DDP" else model
+          bucket_mb: float = 25.0, seed: int = 0, group=None, find_unused: bool = False,
+          optimizer=None) -> dict:
+    """Data parallelism synchronised by ``sync`` (:func:`synchronizer`), in the one step loop
+    (:func:`course_lib.training.step_loop`): each step every rank takes every world_size-th
+    row of the step's global batch (which must divide evenly). All replicas start from the same
+    ``model_fn()``. ``optimizer(model)`` makes the optimizer (its parameter groups, say; default:
+    SGD with ``lr``). Returns the final ``params`` and this rank's ``losses``."""
+    inner = model_fn().to(device(group))
+    model, wait = synchronizer(inner, sync, bucket_mb, group, find_unused)
+    opt = (optimizer or default_sgd(lr))(inner)
+    losses = step_loop(model, opt, x, y, global_batch, steps, wait, seed, group)
     return dict(params=parameters_vector(inner), losses=losses)
 
 
+def default_sgd(lr: float):
+    """The optimizer :func:`train` uses unless told: plain SGD, p <- p - lr * grad."""
+    return lambda model: torch.optim.SGD(model.parameters(), lr=lr, foreach=False)
+
+
 def train_one_process(model_fn, x, y, global_batch: int, steps: int, lr: float,
-                      seed: int = 0) -> dict:
+                      seed: int = 0, optimizer=None) -> dict:
     """The baseline: the same steps on one process with the whole global batch."""
     model = model_fn()
-    losses = []
-    for idx in global_batches(len(y), global_batch, steps, seed):
-        model.zero_grad()
-        loss = loss_fn(model, x[idx], y[idx])
-        loss.backward()
-        sgd_step(model, lr)
-        losses.append(loss.item())
+    opt = (optimizer or default_sgd(lr))(model)
+    losses = step_loop(model, opt, x, y, global_batch, steps, seed=seed)
     return dict(params=parameters_vector(model), losses=losses)

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from course_lib.overlap import loss_fn
+from course_lib.training import loss_fn
 
 
 def block_activation_floats(d_model: int, heads: int) -> int:

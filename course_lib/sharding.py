@@ -10,13 +10,13 @@ ZeRO shards it over the p data-parallel ranks, stage by stage
 
 from __future__ import annotations
 
-import time
 import warnings
 
 import torch
 import torch.distributed as dist
 
 from course_lib.runtime.devices import device
+from course_lib.training import check_split, step_loop
 
 
 def fsdp_parameter_bytes(model_fn, group=None) -> dict:
@@ -77,28 +77,16 @@ def train_fsdp(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2, 
     (``unsharded``)."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    from course_lib.overlap import global_batches, loss_fn
-
-    rank, world_size, dev = dist.get_rank(group), dist.get_world_size(group), device(group)
-    if global_batch % world_size:
-        raise ValueError(f"global_batch {global_batch} does not split evenly over {world_size} "
-                         f"ranks; choose a multiple of {world_size}")
+    dev = device(group)
+    check_split(global_batch, dist.get_world_size(group))  # before the model is sharded
     mesh = DeviceMesh.from_group(group or dist.group.WORLD, dev.type)
     # the head's output is a view (a linear layer on 3-d input); nothing here changes it in place
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
     model = fully_shard_blocks(model_fn().to(dev), mesh, reshard_after_forward)
     opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
-    x, y = x.to(dev), y.to(dev)
-    losses, seconds = [], []
-    for idx in global_batches(len(y), global_batch, steps, seed):
-        mine = idx[rank::world_size].to(dev)
-        start = time.perf_counter()
-        opt.zero_grad(set_to_none=False)
-        loss = loss_fn(model, x[mine], y[mine])
-        loss.backward()  # FSDP2 reduce-scatters each unit's gradients, averaged over the ranks
-        opt.step()
-        losses.append(loss.item())
-        seconds.append(time.perf_counter() - start)
+    seconds = []  # FSDP2 reduce-scatters each unit's gradients in backward, averaged
+    losses = step_loop(model, opt, x, y, global_batch, steps, None, seed, group,
+                       on_step=lambda step, took: seconds.append(took))
 
     params = list(model.parameters())
     held = dict(params=local_bytes(params), grads=local_bytes(p.grad for p in params),

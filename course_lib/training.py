@@ -1,0 +1,89 @@
+"""The ground floor of training: what every data-parallel lesson's loop shares.
+
+Lecture: slides "Parallel computing for machine learning", part 3 (data parallelism): every
+rank computes the gradient of its share of the step's global batch; the gradients are averaged;
+every rank takes the same optimizer step, so the replicas stay equal and equal one process
+that trains on the whole global batch.
+
+* :func:`loss_fn` and :func:`global_batches`: the loss, and the rows of each step's global batch
+  (the same on every rank and in one process);
+* :func:`check_split`: a global batch must split evenly over the ranks (said once, here);
+* :func:`step_loop`: the one loop, with pluggable parts -- a gradient synchroniser run after
+  ``backward()`` (lesson 4's all-reduce, lesson 10's hooks and buckets, nothing when the
+  optimizer averages itself: ZeRO's ``ShardedAdam``) and any torch optimizer (parameter groups,
+  frozen parameters and parameters without a gradient behave as torch's optimizers say).
+
+The lessons' modules stand on this one; it imports none of them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from course_lib.runtime.devices import device
+
+
+def loss_fn(model, x, y):
+    """Mean cross-entropy; works for classifiers (logits (b, c)) and language models (logits
+    (b, t, vocab), targets (b, t))."""
+    logits = model(x)
+    return torch.nn.functional.cross_entropy(logits.flatten(0, -2), y.flatten())
+
+
+def global_batches(n: int, global_batch: int, steps: int, seed: int = 0) -> list[torch.Tensor]:
+    """Row indices of each step's global batch: the same on every rank and in one process."""
+    if global_batch < 1 or steps < 0:
+        raise ValueError(f"a global batch holds at least one row and steps are not negative, "
+                         f"got global_batch={global_batch}, steps={steps}")
+    if global_batch > n:
+        raise ValueError(f"global_batch {global_batch} is larger than the {n} rows of the data")
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randperm(n, generator=g)[:global_batch] for _ in range(steps)]
+
+
+def check_split(global_batch: int, world_size: int) -> None:
+    """Refuse a global batch that does not split evenly over the ranks (an uneven split would
+    weigh some rows more than others in the averaged gradient)."""
+    if global_batch % world_size:
+        raise ValueError(f"global_batch {global_batch} does not split evenly over {world_size} "
+                         f"ranks; choose a multiple of {world_size}")
+
+
+def rank_and_size(group=None) -> tuple[int, int]:
+    """This process's rank in ``group`` and the group's size; (0, 1) without a process group
+    (one process: the baseline)."""
+    if not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def step_loop(model, optimizer, x, y, global_batch: int, steps: int, sync=None, seed: int = 0,
+              group=None, on_step=None) -> list[float]:
+    """Train ``model`` for ``steps`` steps; return this rank's losses.
+
+    Each step this rank takes every world_size-th row of the step's global batch, computes its
+    loss and ``backward()``, then ``sync()`` (a gradient synchroniser that leaves the mean of
+    the ranks' gradients in ``.grad``; None: the optimizer averages them itself, or there is one
+    process) and ``optimizer.step()``. ``on_step(step, seconds)``, if given, is called after
+    each step (timing, logging). ``x`` and ``y`` go to the rank's device."""
+    import time
+
+    rank, world_size = rank_and_size(group)
+    check_split(global_batch, world_size)
+    dev = device(group) if dist.is_initialized() else x.device
+    x, y = x.to(dev), y.to(dev)
+    losses = []
+    for step, idx in enumerate(global_batches(len(y), global_batch, steps, seed)):
+        mine = idx[rank::world_size].to(dev)
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        loss = loss_fn(model, x[mine], y[mine])
+        loss.backward()
+        if sync is not None:
+            sync()
+        optimizer.step()
+        losses.append(loss.item())
+        if on_step is not None:
+            on_step(step, time.perf_counter() - start)
+    return losses

@@ -1,0 +1,134 @@
+"""The one step loop (course_lib.training) with the parts that plug into it: every gradient
+synchroniser of lesson 10 and ZeRO's ShardedAdam, on a model with a frozen parameter, a
+parameter no loss uses and two parameter groups, against torch's SGD and Adam on one process,
+on 2 and 3 gloo ranks."""
+
+import pytest
+import torch
+
+from course_lib import WorkerError, launch
+from course_lib import overlap as ov
+from course_lib import training as T
+from course_lib import zero as Z
+
+GLOBAL_BATCH, STEPS = 12, 4  # 12 rows split over 2 or 3 ranks
+
+
+class WithSpare(torch.nn.Module):
+    """An MLP whose first bias is frozen and which carries a layer that forward never uses."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.body = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                        torch.nn.Linear(16, 4)).double()
+        self.spare = torch.nn.Linear(8, 4).double()  # no gradient on any rank, ever
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+        self.body[0].bias.requires_grad_(False)  # frozen
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def groups(model, lr_fast):
+    """Two parameter groups: the last layer with its own learning rate and weight decay."""
+    return [{"params": [*model.body[0].parameters(), *model.spare.parameters()]},
+            {"params": list(model.body[2].parameters()), "lr": lr_fast, "weight_decay": 0.01}]
+
+
+def sgd(model):
+    return torch.optim.SGD(groups(model, 0.3), lr=0.1, foreach=False)
+
+
+def adam(model):
+    return torch.optim.Adam(groups(model, 0.03), lr=0.01, foreach=False)
+
+
+def data():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(40, 8, generator=g, dtype=torch.float64), torch.randint(0, 4, (40,),
+                                                                               generator=g)
+
+
+def one_process(optimizer):
+    model = WithSpare()
+    x, y = data()
+    losses = T.step_loop(model, optimizer(model), x, y, GLOBAL_BATCH, STEPS)
+    return model, losses
+
+
+def every_sync():
+    x, y = data()
+    return {sync: ov.train(WithSpare, x, y, GLOBAL_BATCH, STEPS, lr=None, sync=sync,
+                           bucket_mb=1e-6, find_unused=True, optimizer=sgd)["params"]
+            for sync in ov.SYNCS}
+
+
+def sharded_adam(stage):
+    model = WithSpare()
+    x, y = data()
+    opt = Z.ShardedAdam(groups(model, 0.03), stage=stage, lr=0.01)
+    T.step_loop(model, opt, x, y, GLOBAL_BATCH, STEPS)
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def vector(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_every_synchroniser_equals_torch_sgd_with_frozen_unused_and_grouped_parameters(ranks):
+    model, _ = one_process(sgd)
+    expected = vector(model)
+    start = vector(WithSpare())
+    spare = slice(expected.numel() - 36, None)  # spare's 32 weights and 4 biases come last
+    assert torch.equal(expected[spare], start[spare])  # torch left the unused layer alone
+    for rank, result in enumerate(launch(every_sync, ranks)):
+        for sync, params in result.items():
+            torch.testing.assert_close(params, expected, rtol=0, atol=1e-12,
+                                       msg=lambda m, s=sync, r=rank: f"{s}, rank {r}: {m}")
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("stage", [1, 2])
+def test_sharded_adam_equals_torch_adam_with_frozen_unused_and_grouped_parameters(ranks, stage):
+    model, _ = one_process(adam)
+    for rank, params in enumerate(launch(sharded_adam, ranks, args=(stage,))):
+        torch.testing.assert_close(params, vector(model), rtol=0, atol=1e-12,
+                                   msg=lambda m, r=rank: f"stage {stage}, rank {r}: {m}")
+
+
+def test_without_find_unused_a_parameter_without_gradient_is_refused_by_name():
+    x, y = data()
+    for sync in ("after backward", "per parameter", "buckets"):
+        with pytest.raises(WorkerError, match="got no gradient|never filled"):
+            launch(ov.train, 2, args=(WithSpare, x, y, GLOBAL_BATCH, 1, 0.1),
+                   kwargs=dict(sync=sync, bucket_mb=1e-6))
+
+
+def test_the_loop_refuses_what_it_cannot_split_or_draw():
+    x, y = data()
+    with pytest.raises(ValueError, match="does not split evenly over 3 ranks"):
+        T.check_split(10, 3)
+    with pytest.raises(ValueError, match="larger than the 40 rows"):
+        T.global_batches(40, 41, 1)
+    with pytest.raises(ValueError, match="at least one row"):
+        T.global_batches(40, 0, 1)
+    assert T.rank_and_size() == (0, 1)  # no process group: one process
+    model, losses = one_process(sgd)
+    assert len(losses) == STEPS and all(loss > 0 for loss in losses)
+    assert [len(b) for b in T.global_batches(40, 12, 3)] == [12, 12, 12]
+
+
+def test_step_loop_reports_each_step_and_computes_the_mean_cross_entropy():
+    model = WithSpare()
+    x, y = data()
+    seen = []
+    T.step_loop(model, sgd(model), x, y, GLOBAL_BATCH, 3, on_step=lambda s, t: seen.append(s))
+    assert seen == [0, 1, 2]
+    logits = torch.randn(3, 5, 7, dtype=torch.float64)
+    targets = torch.randint(0, 7, (3, 5))
+    expected = torch.nn.functional.cross_entropy(logits.reshape(15, 7), targets.reshape(15))
+    torch.testing.assert_close(T.loss_fn(lambda _: logits, None, targets), expected)
