@@ -26,9 +26,10 @@ import torch
 import torch.distributed as dist
 
 from course_lib.data_parallel import parameters_vector
-from course_lib.overlap import global_batches, loss_fn
+from course_lib.overlap import all_reduce_after_backward
 from course_lib.runtime.devices import device
 from course_lib.runtime.torchrun import run_command, run_main
+from course_lib.training import check_split, step_loop
 
 STAGES = (0, 1, 2)
 
@@ -47,47 +48,75 @@ class ShardedAdam:
 
     ``step()`` expects every parameter's ``.grad`` to hold this rank's local gradient; it
     averages them over the ranks (stage 1: all-reduce; stage 2: reduce-scatter), steps Adam on
-    the shard, and all-gathers the parameters."""
+    the shard, and all-gathers the parameters.
+
+    As torch's Adam: ``params`` may be parameter groups (dicts with their own ``lr``,
+    ``weight_decay`` ...); a frozen parameter is left out; a parameter that got no gradient on
+    any rank this step is skipped (its moments and step count stay as they were). Inside the
+    shard each parameter's piece is its own tensor for Adam, with its group's options."""
 
     def __init__(self, params, stage: int = 1, group=None, **adam):
         if stage not in (1, 2):
             raise ValueError(f"stage must be 1 or 2 (stage 3 shards the parameters too: FSDP), "
                              f"got {stage}")
-        self.params = [p for p in params if p.requires_grad]
+        groups = list(params)
+        if not groups or not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        groups = [dict(g, params=[p for p in g["params"] if p.requires_grad]) for g in groups]
+        self.params = [p for g in groups for p in g["params"]]
+        if not self.params:
+            raise ValueError("ShardedAdam got no parameter that requires a gradient")
         self.stage, self.group = stage, group
         self.world_size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.numel = sum(p.numel() for p in self.params)
         self.start, self.end, self.size = shard_bounds(self.numel, self.world_size, self.rank)
-        with torch.no_grad():
-            flat = self._flat([p.detach() for p in self.params])
-        # the shard as a leaf of its own: Adam keeps its moments for these entries only
-        self.shard = flat[self.rank * self.size:(self.rank + 1) * self.size].clone()
-        self.shard.requires_grad_(True)
-        self.adam = torch.optim.Adam([self.shard], foreach=False, **adam)
+        # this rank's piece of each parameter: (parameter index, where it lies in the shard, a
+        # leaf of its own holding its values); Adam keeps moments for these entries only
+        self.pieces, inner, offset, index = [], [], 0, 0
+        for g in groups:
+            leaves = []
+            for p in g["params"]:
+                lo, hi = max(offset, self.start), min(offset + p.numel(), self.end)
+                if lo < hi:
+                    leaf = p.detach().reshape(-1)[lo - offset:hi - offset].clone()
+                    leaves.append(leaf.requires_grad_(True))
+                    self.pieces.append((index, lo - self.start, leaf))
+                offset, index = offset + p.numel(), index + 1
+            inner.append(dict({k: v for k, v in g.items() if k != "params"}, params=leaves))
+        inner = [g for g in inner if g["params"]]
+        self.adam = torch.optim.Adam(inner, foreach=False, **adam) if inner else None
 
     def _flat(self, tensors):
         """The tensors flattened into one vector, zero-padded to world_size x shard size."""
         flat = torch.cat([t.reshape(-1) for t in tensors])
-        padding = self.world_size * -(-self.numel // self.world_size) - self.numel
-        return torch.nn.functional.pad(flat, (0, padding))
+        return torch.nn.functional.pad(flat, (0, self.world_size * self.size - self.numel))
 
     @torch.no_grad()
     def step(self) -> None:
-        grads = self._flat([p.grad for p in self.params]) / self.world_size
+        got = torch.tensor([float(p.grad is not None) for p in self.params],
+                           device=self.params[0].device)
+        dist.all_reduce(got, group=self.group)  # which parameters got a gradient on some rank
+        grads = self._flat([torch.zeros_like(p) if p.grad is None else p.grad
+                            for p in self.params]) / self.world_size
         if self.stage == 1:  # every rank gets every mean gradient, and uses its shard of it
             dist.all_reduce(grads, group=self.group)
             mine = grads[self.rank * self.size:(self.rank + 1) * self.size]
         else:  # stage 2: each rank receives only its shard's sum
             mine = torch.empty(self.size, dtype=grads.dtype, device=grads.device)
             dist.reduce_scatter_single(mine, grads, group=self.group)
-        self.shard.grad = mine.clone()
-        self.adam.step()
-        full = torch.empty(self.world_size * self.size, dtype=self.shard.dtype,
-                           device=self.shard.device)
-        dist.all_gather_single(full, self.shard.detach(), group=self.group)
+        for i, at, leaf in self.pieces:
+            leaf.grad = mine[at:at + leaf.numel()].clone() if got[i] > 0 else None
+        if self.adam is not None:
+            self.adam.step()
+        shard = torch.zeros(self.size, dtype=self.params[0].dtype, device=grads.device)
+        for _, at, leaf in self.pieces:
+            shard[at:at + leaf.numel()] = leaf
+        full = torch.empty(self.world_size * self.size, dtype=shard.dtype, device=shard.device)
+        dist.all_gather_single(full, shard, group=self.group)
         offset = 0
-        for p in self.params:  # every rank now holds every updated parameter
-            p.copy_(full[offset:offset + p.numel()].view_as(p))
+        for p, n in zip(self.params, got, strict=True):  # every rank: every updated parameter
+            if n > 0:
+                p.copy_(full[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
 
     def zero_grad(self) -> None:
@@ -95,9 +124,9 @@ class ShardedAdam:
             p.grad = None
 
     def state_bytes(self) -> int:
-        """Bytes of optimizer state this rank holds (Adam's moments, and its step count)."""
-        return sum(t.numel() * t.element_size() for state in self.adam.state.values()
-                   for t in state.values() if torch.is_tensor(t))
+        """Bytes of optimizer state this rank holds (Adam's moments of its shard, and a step
+        count per piece)."""
+        return 0 if self.adam is None else adam_state_bytes(self.adam)
 
 
 def adam_state_bytes(optimizer) -> int:
@@ -108,33 +137,22 @@ def adam_state_bytes(optimizer) -> int:
 
 def train(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2, stage: int = 1,
           seed: int = 0, group=None) -> dict:
-    """Adam with data parallelism over ``group``: stage 0 all-reduces the gradients and keeps
-    the whole optimizer state on every rank; stages 1 and 2 use :class:`ShardedAdam`. Returns
-    the final ``params``, this rank's ``losses`` and the optimizer ``state_bytes`` it held."""
-    rank, world_size, dev = dist.get_rank(group), dist.get_world_size(group), device(group)
+    """Adam with data parallelism over ``group``, in the one step loop
+    (:func:`course_lib.training.step_loop`): stage 0 all-reduces the gradients after backward
+    (lesson 4's rule, :func:`course_lib.overlap.all_reduce_after_backward`) and keeps the whole
+    optimizer state on every rank; stages 1 and 2 use :class:`ShardedAdam`, which averages the
+    gradients itself. Returns the final ``params``, this rank's ``losses`` and the optimizer
+    ``state_bytes`` it held."""
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES}, got {stage}")
-    if global_batch % world_size:
-        raise ValueError(f"global_batch {global_batch} does not split evenly over {world_size} "
-                         f"ranks; choose a multiple of {world_size}")
-    model = model_fn().to(dev)
-    x, y = x.to(dev), y.to(dev)
+    check_split(global_batch, dist.get_world_size(group))
+    model = model_fn().to(device(group))
     if stage == 0:
         opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
+        sync = lambda: all_reduce_after_backward(model, group, find_unused=True)  # noqa: E731
     else:
-        opt = ShardedAdam(model.parameters(), stage, group, lr=lr)
-    losses = []
-    for idx in global_batches(len(y), global_batch, steps, seed):
-        mine = idx[rank::world_size].to(dev)
-        opt.zero_grad()
-        loss = loss_fn(model, x[mine], y[mine])
-        loss.backward()
-        if stage == 0:
-            for p in model.parameters():
-                dist.all_reduce(p.grad, group=group)
-                p.grad /= world_size
-        opt.step()
-        losses.append(loss.item())
+        opt, sync = ShardedAdam(model.parameters(), stage, group, lr=lr), None
+    losses = step_loop(model, opt, x, y, global_batch, steps, sync, seed, group)
     state = adam_state_bytes(opt) if stage == 0 else opt.state_bytes()
     return dict(params=parameters_vector(model), losses=losses, state_bytes=state)
 
@@ -144,13 +162,7 @@ def train_one_process(model_fn, x, y, global_batch: int, steps: int, lr: float =
     """The baseline: unsharded Adam on one process with the whole global batch."""
     model = model_fn()
     opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
-    losses = []
-    for idx in global_batches(len(y), global_batch, steps, seed):
-        opt.zero_grad()
-        loss = loss_fn(model, x[idx], y[idx])
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = step_loop(model, opt, x, y, global_batch, steps, seed=seed)
     return dict(params=parameters_vector(model), losses=losses,
                 state_bytes=adam_state_bytes(opt))
 

@@ -1,6 +1,7 @@
 """ZeRO stages 1 and 2 by hand (course_lib.zero) against unsharded Adam on one process."""
 
 import functools
+import itertools
 
 import pytest
 import torch
@@ -45,13 +46,16 @@ def test_zero_1_and_2_take_the_steps_of_unsharded_adam(digits):
 def test_each_rank_holds_half_of_the_optimizer_state(digits):
     x, y = digits
     ranks = launch(_all_stages, 2, args=(x, y))
-    numel = sum(p.numel() for p in model_fn().parameters())
-    shard = -(-numel // 2)
-    for result in ranks:
+    sizes = [p.numel() for p in model_fn().parameters()]
+    numel, ends = sum(sizes), list(itertools.accumulate(sizes))
+    for rank, result in enumerate(ranks):
         # two float64 moments per parameter, and Adam's step count (a float32) per tensor
-        assert result[0]["state_bytes"] == 2 * numel * 8 + 6 * 4
+        assert result[0]["state_bytes"] == 2 * numel * 8 + len(sizes) * 4
+        start, end, _ = Z.shard_bounds(numel, 2, rank)
+        # this rank's entries only, and a step count for each parameter's piece it holds
+        pieces = sum(1 for e, n in zip(ends, sizes, strict=True) if e - n < end and e > start)
         for stage in (1, 2):
-            assert result[stage]["state_bytes"] == 2 * shard * 8 + 4  # one shard, one step count
+            assert result[stage]["state_bytes"] == 2 * (end - start) * 8 + pieces * 4
 
 
 @pytest.mark.parametrize(("numel", "p"), [(10, 2), (11, 2), (7, 3), (2, 4)])
