@@ -18,8 +18,11 @@ against) and ``validation`` (the comparison),
 ``cost_models`` (every closed-form prediction, in one vocabulary) and ``plots``; pieces split off
 a concept's module to keep it short: ``message_trees`` (parameter_server's star and tree),
 ``pipeline_schedules`` and ``pipelining`` (pipeline's GPipe and 1F1B, and PyTorch's), and
-``fl_remedies`` (federated's server optimisers and SCAFFOLD). The machinery
-sits beneath, by role: ``runtime`` (launch, the worker, torchrun, devices, machine report,
+``fl_remedies`` (federated's server optimisers and SCAFFOLD); ``training``, the one step loop
+the data-parallel lessons train in (a gradient synchroniser and an optimizer plug into it).
+The floors (``runtime``, ``models``, ``data``, ``cost_models``, ``training``, ``report``,
+``plots``) import no lesson module. The machinery sits beneath, by role:
+``runtime`` (launch, the worker, torchrun, devices, machine report,
 timing, profiling), ``exercises`` (a module of checks per lesson and the grader), ``benchmarks``,
 and ``commands`` (which modules have a command line: a lesson's experiment runs as
 ``python -m course_lib.<module> --world-size 2`` or under torchrun; any other module started
@@ -32,6 +35,20 @@ A function that runs on ranks takes ``group=None`` (the default group) and uses 
 group's ranks, so a lesson's algorithm can run inside a sub-group. Results share one
 vocabulary: ``losses`` per step, ``accuracy`` per round or epoch (index 0 before training),
 ``params`` for a final model, ``timeline`` for what a rank did when (``runtime.timing.Span``).
+
+A short glossary (one meaning each):
+
+* *global batch*: the rows of one step over all data-parallel ranks; *local batch*: one rank's
+  share of it (``data_parallel``'s DDP loops are given this one, as DDP's ``DataLoader`` is);
+  *micro-batch*: a piece of a rank's batch run at a time (pipelining, gradient accumulation);
+* *stage*: a pipeline stage (a GPU's layers); a *ZeRO stage* is what ZeRO shards (1: optimizer
+  state, 2: and gradients, 3: and parameters) -- plans call it ``zero`` (0-3, 3 being FSDP), and
+  ``zero.ShardedAdam(stage=...)`` and ``zero.STAGES`` (0, 1, 2; 0 shards nothing) are ZeRO
+  stages done by hand;
+* *synchroniser*: what leaves the mean of the ranks' gradients in ``.grad`` after backward
+  (``overlap.synchronizer``); *state bytes*: parameters, gradients and optimizer state
+  (``memory.state_bytes`` counts a model's; ``gpu_memory.state_bytes``, which the planner
+  uses, predicts a GPU's share).
 """
 
 from course_lib.commands import refuse_modules_without_a_command
