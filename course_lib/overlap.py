@@ -122,6 +122,31 @@ def assign_buckets(params, bucket_mb: float) -> list[list[int]]:
     return buckets
 
 
+def start_bucket(grads, group=None):
+    """One bucket's message: its gradients flattened into one buffer and divided by the world
+    size (the sum is then the mean, as DDP does), all-reduced asynchronously. Returns the
+    buffer and the work to wait for."""
+    buffer = torch.cat([g.reshape(-1) for g in grads]) / dist.get_world_size(group)
+    return buffer, dist.all_reduce(buffer, group=group, async_op=True)
+
+
+def unpack_bucket(buffer, grads) -> None:
+    """Copy a bucket's means back into its gradients, in the order they were packed."""
+    offset = 0
+    for g in grads:
+        g.copy_(buffer[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def all_reduce_as_one_bucket(params, group=None) -> None:
+    """Every gradient in one message, after backward: one bucket as large as the model (what
+    train_gpt's data parallelism sends). Every rank must hold the same gradients."""
+    grads = [p.grad for p in params if p.grad is not None]
+    buffer, work = start_bucket(grads, group)
+    work.wait()
+    unpack_bucket(buffer, grads)
+
+
 class BucketedAllReduce:
     """(c) Gradients packed into buckets (:func:`assign_buckets`); when a bucket's last gradient
     arrives, the bucket is flattened into one buffer and all-reduced asynchronously.
@@ -142,10 +167,8 @@ class BucketedAllReduce:
         b = self.bucket_of[self.index[id(p)]]
         self.ready[b] += 1
         if self.ready[b] == len(self.buckets[b]):  # the bucket is full: send it
-            grads = [self.params[i].grad for i in self.buckets[b]]
-            buffer = torch.cat([g.reshape(-1) for g in grads]) / self.world_size
-            work = dist.all_reduce(buffer, group=self.group, async_op=True)
-            self.pending.append((b, buffer, work))
+            self.pending.append((b, *start_bucket([self.params[i].grad
+                                                   for i in self.buckets[b]], self.group)))
 
     def wait(self) -> None:
         unsent = sorted(set(range(len(self.buckets))) - {b for b, _, _ in self.pending})
@@ -157,20 +180,13 @@ class BucketedAllReduce:
                                    f"gradient on some ranks only; every rank must use the same "
                                    f"parameters")
             for b in unsent:
-                grads = [self.params[i].grad for i in self.buckets[b] if counts[i] > 0]
-                if grads:
-                    buffer = torch.cat([g.reshape(-1) for g in grads]) / self.world_size
-                    work = dist.all_reduce(buffer, group=self.group, async_op=True)
-                    self.pending.append((b, buffer, work))
+                if grads := [self.params[i].grad for i in self.buckets[b] if counts[i] > 0]:
+                    self.pending.append((b, *start_bucket(grads, self.group)))
             unsent = []
         for b, buffer, work in self.pending:
-            work.wait()
-            offset = 0
-            for i in self.buckets[b]:  # unpack the mean into each gradient
-                g = self.params[i].grad
-                if g is not None:  # None: no rank used it, and it stays without a gradient
-                    g.copy_(buffer[offset:offset + g.numel()].view_as(g))
-                    offset += g.numel()
+            work.wait()  # a gradient that is None (no rank used it) stays without one
+            unpack_bucket(buffer, [self.params[i].grad for i in self.buckets[b]
+                                   if self.params[i].grad is not None])
         self.pending.clear()
         self.ready = [0] * len(self.buckets)
         if unsent:

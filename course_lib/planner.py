@@ -26,6 +26,7 @@ from course_lib.gpu_memory import (  # noqa: F401  (the planner's vocabulary, in
     state_bytes,
     tiny_gpt_bytes_per_layer,
 )
+from course_lib.plan_checks import check_plan
 from course_lib.plans import ATTENTION, Cluster, Plan, Transformer  # noqa: F401
 from course_lib.stages import balanced_stages, micro_batch_size, stage_layers  # noqa: F401
 from course_lib.step_time import TERMS, collectives, step_time  # noqa: F401
@@ -177,16 +178,10 @@ def torchrun_command(model: Transformer, cluster: Cluster, plan: Plan, steps: in
     same on every node, in $JOB_ID (the rendezvous joins only the nodes that give it).
     train_gpt runs data, tensor and pipeline parallelism, ZeRO and full recomputation; its
     attention is PyTorch's ``scaled_dot_product_attention`` whatever the plan's ``attention``
-    says. A plan with sequence parallelism, interleaving, uneven stages or selective
-    recomputation is refused."""
-    missing = [name for name, used in (
-        ("sequence parallelism", plan.sequence_parallel), ("interleaving", plan.chunks > 1),
-        ("uneven stages", plan.stages is not None and len(set(plan.stages)) > 1),
-        ("selective recomputation", plan.recomputation == "selective")) if used]
-    if missing:
-        raise ValueError(f"train_gpt does not run {', '.join(missing)}: choose among plans "
-                         f"without them (rank_plans(..., sequence_parallel=(False,), "
-                         f"chunks=(1,), attention=('stored', 'flash')))")
+    says. A plan it cannot run exactly (sequence parallelism, interleaving, uneven stages,
+    selective recomputation, ...) is refused (:func:`course_lib.plan_checks.check_plan`)."""
+    check_plan(cluster.gpus, plan, global_batch=model.global_batch, layers=model.layers,
+               heads=model.heads)  # what train_gpt's command line would refuse, refused here
     where = ("--standalone" if cluster.nodes == 1 else
              f"--nnodes {cluster.nodes} --rdzv-backend c10d --rdzv-endpoint $HEAD_NODE:$PORT "
              f"--rdzv-id $JOB_ID")

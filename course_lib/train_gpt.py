@@ -5,8 +5,10 @@ monitor"); lesson 12 runs here the plan :mod:`course_lib.planner` picks. Every p
 lesson's: tensor parallelism is Megatron's f and g (lesson 5, :mod:`course_lib.tensor_parallel`)
 applied to attention (heads split) and the MLP (``tensor_parallel.ParallelBlock``); pipeline
 parallelism is ``torch.distributed.pipelining``'s 1F1B (lessons 5 and 11); data parallelism
-all-reduces the gradients after backward (lesson 4), or ZeRO-1/2 shards Adam
-(:mod:`course_lib.zero`), or ZeRO-3 is FSDP2 (:mod:`course_lib.sharding`). ``--world-size`` may
+all-reduces the gradients after backward in one bucket (lesson 10,
+``overlap.all_reduce_as_one_bucket``), or ZeRO-1/2 shards Adam (:mod:`course_lib.zero`), or
+ZeRO-3 is FSDP2 (:mod:`course_lib.sharding`). The plan is a :class:`course_lib.plans.Plan`;
+:mod:`course_lib.plan_checks` refuses one it cannot run exactly. ``--world-size`` may
 be left out: the plan's dp x tp x pp is the number of ranks.
 
 Ranks are laid out as the planner assumes: tensor-parallel innermost (as in Megatron-LM), then
@@ -29,6 +31,8 @@ import torch.nn.functional as F
 from course_lib.data import stdlib_text, text_batch
 from course_lib.memory import SavedBytes
 from course_lib.models import tiny_gpt
+from course_lib.overlap import all_reduce_as_one_bucket
+from course_lib.plan_checks import PLAN_FIELDS, check_plan, check_run
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
 from course_lib.sharding import fully_shard_blocks, local_bytes
@@ -36,42 +40,6 @@ from course_lib.tensor_parallel import ParallelBlock
 from course_lib.zero import ShardedAdam, adam_state_bytes
 
 MODEL = dict(vocab=96, d_model=64, layers=4, heads=4, context=32)
-
-
-def check_plan(world_size: int, dp: int, tp: int, pp: int, zero: int, micro_batches: int,
-               global_batch: int, layers: int, heads: int) -> None:
-    """Refuse, with what to change, a plan that cannot run exactly."""
-    if min(dp, tp, pp, micro_batches) < 1:
-        raise ValueError(f"dp, tp, pp and micro_batches must be at least 1, got {dp}, {tp}, "
-                         f"{pp}, {micro_batches}")
-    if dp * tp * pp != world_size:
-        raise ValueError(f"dp x tp x pp = {dp} x {tp} x {pp} = {dp * tp * pp}, but the job has "
-                         f"{world_size} ranks: start dp x tp x pp processes")
-    if heads % tp:
-        raise ValueError(f"tensor parallelism splits the {heads} heads: tp = {tp} must divide it")
-    if layers % pp:
-        raise ValueError(f"pipeline parallelism splits the {layers} layers: pp = {pp} must "
-                         f"divide it")
-    if global_batch % (dp * micro_batches):
-        raise ValueError(f"the global batch {global_batch} must split into dp x micro_batches "
-                         f"= {dp * micro_batches} equal micro-batches")
-    if pp > 1 and micro_batches < pp:
-        raise ValueError(f"1F1B needs at least as many micro-batches as stages: micro_batches = "
-                         f"{micro_batches} < pp = {pp}")
-    if zero not in (0, 1, 2, 3):
-        raise ValueError(f"zero must be 0, 1, 2 or 3, got {zero}")
-    if zero == 3 and pp > 1:
-        raise ValueError("ZeRO-3 (FSDP) with pipeline parallelism gathers every stage's "
-                         "parameters once per micro-batch; this module (and the planner) "
-                         "leaves that combination out: use zero <= 2 with pp > 1")
-
-
-def check_run(steps: int, global_batch: int) -> None:
-    """Refuse a run with nothing to do: at least one step, of at least one sequence."""
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
-    if global_batch < 1:
-        raise ValueError(f"the global batch must hold at least one sequence, got {global_batch}")
 
 
 class StageModule(torch.nn.Module):
@@ -111,11 +79,12 @@ def global_batch_of(tokens, step: int, global_batch: int, context: int, seed: in
     return text_batch(tokens, global_batch, context, generator)
 
 
-def train(dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, micro_batches: int = 1,
-          recompute: bool = False, steps: int = 10, global_batch: int = 16, lr: float = 3e-3,
-          seed: int = 0, dtype=torch.float32, group=None, **model) -> dict:
-    """Train :func:`course_lib.models.tiny_gpt` (shape ``model``: vocab, d_model, layers, heads,
-    context; defaults :data:`MODEL`) for ``steps`` Adam steps under the plan, on every rank.
+def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, seed: int = 0,
+          dtype=torch.float32, group=None, **options) -> dict:
+    """Train :func:`course_lib.models.tiny_gpt` for ``steps`` Adam steps under ``plan`` (a
+    :class:`course_lib.plans.Plan`, or its fields among ``options``: dp, tp, pp, zero,
+    micro_batches, recompute), on every rank. The other ``options`` are the model's shape:
+    vocab, d_model, layers, heads, context (defaults :data:`MODEL`).
 
     ``group`` must hold every rank of the job (a mesh makes new groups, which all ranks create
     together). Returns this rank's coordinates, the global mean ``losses`` (every rank has
@@ -124,14 +93,17 @@ def train(dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, micro_batches: i
     backward)."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    shape = {**MODEL, **model}
+    fields = {k: options.pop(k) for k in PLAN_FIELDS if k in options}
+    shape = {**MODEL, **options}
     check_run(steps, global_batch)
     world = dist.get_world_size(group)
     if world != dist.get_world_size():
         raise ValueError("train_gpt builds its own groups from the whole job: pass group=None "
                          "or a group of every rank")
-    check_plan(world, dp, tp, pp, zero, micro_batches, global_batch, shape["layers"],
-               shape["heads"])
+    plan = check_plan(world, plan, global_batch=global_batch, layers=shape["layers"],
+                      heads=shape["heads"], **fields)
+    dp, tp, pp, zero, micro_batches = plan.dp, plan.tp, plan.pp, plan.zero, plan.micro_batches
+    recompute = plan.recompute
     dev = device(group)
     ranks = torch.tensor(dist.get_process_group_ranks(group or dist.group.WORLD))
     mesh = DeviceMesh(dev.type, ranks.view(dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
@@ -184,14 +156,8 @@ def train(dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0, micro_batches: i
                 runner.step(x)
             else:
                 runner.step(target=y, losses=micro) if s == pp - 1 else runner.step()
-        if zero == 0 and dp > 1:  # one message of every gradient, after backward (lesson 4)
-            grads = [p.grad for p in stage.parameters()]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=dp_group)
-            flat /= dp
-            torch._foreach_copy_(grads, [z.view_as(g) for z, g in
-                                         zip(flat.split([g.numel() for g in grads]), grads,
-                                             strict=True)])
+        if zero == 0 and dp > 1:  # one message of every gradient, after backward (lesson 10)
+            all_reduce_as_one_bucket(stage.parameters(), dp_group)
         opt.step()
         synchronize(dev)
         seconds.append(time.perf_counter() - start)
@@ -263,12 +229,11 @@ def main(argv=None) -> list | None:
                      f"= {ranks}; {fix}")
     try:  # refused here, before any worker starts
         check_run(a.steps, a.global_batch)
-        check_plan(ranks, a.dp, a.tp, a.pp, a.zero, a.micro_batches, a.global_batch, a.layers,
-                   a.heads)
+        plan = check_plan(ranks, global_batch=a.global_batch, layers=a.layers, heads=a.heads,
+                          **{name: getattr(a, name) for name in PLAN_FIELDS})
     except ValueError as why:
         parser.error(str(why))
-    kwargs = dict(dp=a.dp, tp=a.tp, pp=a.pp, zero=a.zero, micro_batches=a.micro_batches,
-                  recompute=a.recompute, steps=a.steps, global_batch=a.global_batch, lr=a.lr,
+    kwargs = dict(plan=plan, steps=a.steps, global_batch=a.global_batch, lr=a.lr,
                   **{name: getattr(a, name) for name in MODEL})
     results = run_experiment(train, world_size=ranks, kwargs=kwargs, backend=a.backend,
                              timeout=a.timeout)

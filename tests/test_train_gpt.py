@@ -155,3 +155,20 @@ def test_a_world_size_that_is_not_the_plans_is_refused_before_any_work(argv, mes
     with pytest.raises(SystemExit) as stopped:
         T.main(argv)
     assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_train_takes_the_planners_plan_as_it_is(one_process):
+    from course_lib.plans import Plan
+
+    results = launch(T.train, world_size=2, kwargs={"plan": Plan(dp=1, tp=2, pp=1), **KW})
+    _same_losses(results, one_process[False])
+    assert [(r["dp"], r["pp"], r["tp"]) for r in results] == [(0, 0, 0), (0, 0, 1)]
+
+
+def test_train_gpt_is_assembled_from_the_lessons_own_parts():
+    from course_lib import memory, overlap, sharding, tensor_parallel, zero
+
+    assert T.ParallelBlock is tensor_parallel.ParallelBlock  # Megatron's f and g, lesson 5
+    assert T.all_reduce_as_one_bucket is overlap.all_reduce_as_one_bucket  # lesson 10
+    assert T.ShardedAdam is zero.ShardedAdam and T.fully_shard_blocks is sharding.fully_shard_blocks
+    assert T.SavedBytes is memory.SavedBytes  # lesson 11's counter of saved activations

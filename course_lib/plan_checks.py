@@ -1,0 +1,85 @@
+"""Which plans :mod:`course_lib.train_gpt` runs exactly, and what to change in one it cannot.
+
+Lecture: the seed article's "choose a strategy" step. A :class:`course_lib.plans.Plan` says how a
+step is split (dp x tp x pp, ZeRO, micro-batches, recomputation, ...); the planner predicts any
+plan, but train_gpt runs the ones whose split is exact for its small GPT: tensor parallelism
+splits whole heads, pipeline parallelism whole layers (equal stages), the global batch splits
+into dp x m equal micro-batches, 1F1B has at least as many micro-batches as stages. Everything
+here is refused before any work, with what to change; the planner's ``torchrun_command`` and
+train_gpt's command line ask the same questions.
+"""
+
+from __future__ import annotations
+
+from course_lib.plans import Plan
+
+# the fields of a Plan that train_gpt reads (the others must keep their defaults)
+PLAN_FIELDS = ("dp", "tp", "pp", "zero", "micro_batches", "recompute")
+
+
+def plan_of(plan: Plan | None = None, **fields) -> Plan:
+    """``plan`` itself, or a :class:`Plan` made of its fields (dp, tp, pp default 1): the two
+    ways train_gpt is told its plan. Giving both, or a field it does not know, is refused."""
+    if plan is not None:
+        if fields:
+            raise ValueError(f"give a Plan or its fields ({', '.join(sorted(fields))}), not both")
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan must be a course_lib.plans.Plan, got {type(plan).__name__}")
+        return plan
+    if unknown := sorted(set(fields) - set(PLAN_FIELDS)):
+        raise TypeError(f"unknown plan fields {unknown}: train_gpt takes {list(PLAN_FIELDS)}")
+    fields = dict(dp=1, tp=1, pp=1) | fields
+    if min(fields["dp"], fields["tp"], fields["pp"], fields.get("micro_batches", 1)) < 1:
+        raise ValueError(f"dp, tp, pp and micro_batches must be at least 1, got {fields['dp']}, "
+                         f"{fields['tp']}, {fields['pp']}, {fields.get('micro_batches', 1)}")
+    if fields.get("zero", 0) not in (0, 1, 2, 3) or isinstance(fields.get("zero"), bool):
+        raise ValueError(f"zero must be 0, 1, 2 or 3, got {fields.get('zero')!r}")
+    return Plan(**fields)
+
+
+def not_supported(plan: Plan) -> list[str]:
+    """What of ``plan`` train_gpt does not run (its attention is PyTorch's
+    ``scaled_dot_product_attention`` whatever the plan's ``attention`` says)."""
+    return [name for name, used in (
+        ("sequence parallelism", plan.sequence_parallel), ("interleaving", plan.chunks > 1),
+        ("uneven stages", plan.stages is not None and len(set(plan.stages)) > 1),
+        ("selective recomputation", plan.recomputation == "selective")) if used]
+
+
+def check_plan(world_size: int, plan: Plan | None = None, *, global_batch: int, layers: int,
+               heads: int, **fields) -> Plan:
+    """Refuse, with what to change, a plan (or its fields) that train_gpt cannot run exactly on
+    ``world_size`` ranks; return the plan."""
+    plan = plan_of(plan, **fields)
+    dp, tp, pp, m = plan.dp, plan.tp, plan.pp, plan.micro_batches
+    if missing := not_supported(plan):
+        raise ValueError(f"train_gpt does not run {', '.join(missing)}: choose among plans "
+                         f"without them (rank_plans(..., sequence_parallel=(False,), "
+                         f"chunks=(1,), attention=('stored', 'flash')))")
+    if dp * tp * pp != world_size:
+        raise ValueError(f"dp x tp x pp = {dp} x {tp} x {pp} = {dp * tp * pp}, but the job has "
+                         f"{world_size} ranks: start dp x tp x pp processes")
+    if heads % tp:
+        raise ValueError(f"tensor parallelism splits the {heads} heads: tp = {tp} must divide it")
+    if layers % pp:
+        raise ValueError(f"pipeline parallelism splits the {layers} layers: pp = {pp} must "
+                         f"divide it")
+    if global_batch % (dp * m):
+        raise ValueError(f"the global batch {global_batch} must split into dp x micro_batches "
+                         f"= {dp * m} equal micro-batches")
+    if pp > 1 and m < pp:
+        raise ValueError(f"1F1B needs at least as many micro-batches as stages: micro_batches = "
+                         f"{m} < pp = {pp}")
+    if plan.zero == 3 and pp > 1:
+        raise ValueError("ZeRO-3 (FSDP) with pipeline parallelism gathers every stage's "
+                         "parameters once per micro-batch; this module (and the planner) "
+                         "leaves that combination out: use zero <= 2 with pp > 1")
+    return plan
+
+
+def check_run(steps: int, global_batch: int) -> None:
+    """Refuse a run with nothing to do: at least one step, of at least one sequence."""
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1, got {steps}")
+    if global_batch < 1:
+        raise ValueError(f"the global batch must hold at least one sequence, got {global_batch}")
