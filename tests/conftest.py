@@ -77,26 +77,3 @@ def pytest_terminal_summary(terminalreporter):
                        else "student edition, every cell")
             terminalreporter.line(f"{seconds:7.1f} s  lesson {lesson}, {edition}")
 
-
-
-# -- the order two workers get the tests in --------------------------------------------------
-# With --dist=loadscope each module (or class) goes to one worker; with --no-loadscope-reorder
-# (pyproject.toml) in collection order, which this sets: the longest first, so that the short
-# ones fill in at the end and neither worker waits for the other (longest-processing-time
-# first). xdist's own order, by number of tests per module, put the lessons (two tests per
-# class) and the browser (one) last. The order changes no test's outcome.
-LONGEST_FIRST = ("TestLesson11", "tests/test_grading.py", "TestLesson12", "TestLesson04",
-                 "TestLesson10", "TestLesson06", "TestLesson00", "TestLesson05",
-                 "tests/test_browser.py", "tests/test_launch.py", "tests/test_commands.py",
-                 "TestLesson02", "TestLesson08", "TestLesson09", "TestLesson03", "TestLesson07",
-                 "TestLesson01")
-
-
-def pytest_collection_modifyitems(items):
-    def rank(item):
-        for i, name in enumerate(LONGEST_FIRST):
-            if name in item.nodeid.split("::") or item.nodeid.startswith(name + "::"):
-                return i
-        return len(LONGEST_FIRST)
-
-    items.sort(key=rank)  # stable: each module's and class's tests keep their order
