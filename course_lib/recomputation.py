@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from course_lib.memory import SavedBytes
 from course_lib.training import loss_fn
 
 
@@ -48,20 +49,14 @@ def peak_activation_bytes(tokens: int, d_model: int, layers: int, heads: int, vo
 
 def saved_bytes(model, x, y) -> int:
     """Measured: the bytes of the tensors autograd saves in a forward pass (each storage
-    counted once; the parameters, which are saved too but exist anyway, left out)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    counted once; the parameters, which are saved too but exist anyway, left out): what
+    :class:`course_lib.memory.SavedBytes` holds when the forward pass ends."""
+    saved = SavedBytes()
+    with saved.hooks():
         loss = loss_fn(model, x, y)
+    held = saved.now
     loss.backward()
-    return sum(seen.values())
+    return held
 
 
 def peak_step_memory(model, x, y) -> dict:
