@@ -40,17 +40,22 @@ def label(config) -> str:
     return sync if mb is None else f"{sync} {mb:g} MB"
 
 
-def _one_step(model, wait, x, y, lr, dev):
+def one_step(model, wait, x, y, lr=None, dev=None):
+    """One data-parallel step in profiler phases: forward, backward, ``wait`` (the
+    synchroniser), and with ``lr`` an SGD step; with ``dev`` it waits for the device after."""
     with profiling.phase("forward"):
         loss = ov.loss_fn(model, x, y)
     with profiling.phase("backward"):
         loss.backward()
     with profiling.phase("wait"):
         wait()
-    with profiling.phase("optimizer"), torch.no_grad():
-        for p in model.parameters():
-            p -= lr * p.grad
-    synchronize(dev)
+    if lr is not None:
+        with profiling.phase("optimizer"), torch.no_grad():
+            for p in model.parameters():
+                if p.grad is not None:
+                    p -= lr * p.grad
+    if dev is not None:
+        synchronize(dev)
 
 
 def _gradient_ready_times(model, x, y):
@@ -105,7 +110,7 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
             x, y = (t.to(dev) for t in text_batch(tokens, local_batch, 64, g))
             dist.barrier(group=group)
             start = time.perf_counter()
-            _one_step(*models[config], x, y, 1e-3, dev)
+            one_step(*models[config], x, y, 1e-3, dev)
             if step >= warmup:
                 times[label(config)].append(time.perf_counter() - start)
     profiles = {}
@@ -113,7 +118,7 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
         x, y = (t.to(dev) for t in text_batch(tokens, local_batch, 64, g))
         dist.barrier(group=group)
         prof, _ = profiling.profile(
-            lambda c=config, x=x, y=y: _one_step(*models[c], x, y, 1e-3, dev))
+            lambda c=config, x=x, y=y: one_step(*models[c], x, y, 1e-3, dev))
         profiles[label(config)] = profiling.step_spans(prof, lane=rank)
     plain = models[("none", None)][0]
     x, y = (t.to(dev) for t in text_batch(tokens, local_batch, 64, g))
