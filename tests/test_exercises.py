@@ -86,3 +86,18 @@ def test_a_number_is_a_finite_int_or_float_and_not_a_bool():
     assert all(is_number(v) for v in (0, 3, -2.5, 1e300, torch.tensor(2.0).item()))
     assert not any(is_number(v) for v in (True, float("nan"), float("inf"), "3", None,
                                           torch.tensor(2.0), [1.0]))
+
+
+def test_whole_numbers_lists_of_numbers_and_one_number_from_a_tensor():
+    from course_lib.exercises.common import are_numbers, as_number, is_whole
+
+    assert all(is_whole(v) for v in (0, 3, -4, 3.0, 1e15))
+    # inf and nan are refused, not an OverflowError or ValueError from int()
+    assert not any(is_whole(v) for v in (2.5, True, float("inf"), float("nan"), "3", None))
+    assert are_numbers([1, 2.5], 2) and are_numbers((0.0,), 1)
+    assert not any(are_numbers(v, 2) for v in ([1], [1, 2, 3], [1, float("nan")], [1, True],
+                                              "12", torch.tensor([1.0, 2.0])))
+    assert as_number(torch.tensor([2.5]), "x") == 2.5 and as_number(3, "x") == 3.0
+    for bad in (torch.tensor([1.0, 2.0]), float("inf"), "3", None, True):
+        with pytest.raises(ExerciseFailed, match="my answer is .*: return a finite number"):
+            as_number(bad, "my answer")

@@ -99,6 +99,26 @@ def is_number(value) -> bool:
         math.isfinite(value)
 
 
+def is_whole(value) -> bool:
+    """A number with no fractional part (3 or 3.0; not True, 2.5, nan or inf): a count."""
+    return is_number(value) and value == int(value)
+
+
+def are_numbers(value, n: int) -> bool:
+    """A list or tuple of ``n`` numbers (:func:`is_number` each)."""
+    return isinstance(value, (list, tuple)) and len(value) == n and all(map(is_number, value))
+
+
+def as_number(value, what: str) -> float:
+    """``value`` as a float: a number, or a one-element tensor's; anything else is refused
+    with :class:`ExerciseFailed` naming ``what``."""
+    if hasattr(value, "numel") and hasattr(value, "item") and value.numel() == 1:
+        value = value.item()
+    if not is_number(value):
+        raise ExerciseFailed(f"{what} is {value!r}: return a finite number")
+    return float(value)
+
+
 def judge_cases(items, judge_one) -> None:
     """Judge each of ``items`` with ``judge_one(item)`` (what is wrong, or None): a visible case
     that fails raises :class:`ExerciseFailed` with the details, a hidden one (``item["case"]

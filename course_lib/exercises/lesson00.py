@@ -20,6 +20,7 @@ from course_lib.exercises.common import (
     HiddenTestFailed,
     checked,
     grading_seed,
+    is_number,
     launch_checked,
 )
 
@@ -146,7 +147,7 @@ def _judge_prediction(data) -> str:
         raise ExerciseFailed(f"predict a list of {WORLD_SIZE} numbers, one per rank, not "
                              f"{prediction!r}")
     for rank, (guess, held) in enumerate(zip(prediction, right, strict=True)):
-        if isinstance(guess, bool) or not isinstance(guess, (int, float)):
+        if not is_number(guess):
             raise ExerciseFailed(f"rank {rank}: predict a number, not {guess!r}")
         if not abs(guess - held) <= TOL:
             raise ExerciseFailed(f"for values = {values}: you predicted {guess!r} for rank "

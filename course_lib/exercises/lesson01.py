@@ -24,6 +24,7 @@ from course_lib.exercises.common import (
     check_gradient,
     checked,
     grading_seed,
+    is_whole,
 )
 
 SLOPE = 0.1  # leaky ReLU's slope for z <= 0
@@ -248,7 +249,7 @@ def _judge_cost(data) -> str:
     section_7 = {batch: count_macs(SECTION_7, batch, data["image"]),
                  SECTION_7_BATCH: count_macs(SECTION_7, SECTION_7_BATCH, data["image"])}
     for what, got, right in (("forward", data["forward"], f), ("backward", data["backward"], b)):
-        if isinstance(got, bool) or not isinstance(got, (int, float)) or got != int(got):
+        if not is_whole(got):
             raise ExerciseFailed(f"give the {what} count as a whole number, not {got!r}")
         if got == right:
             continue

@@ -22,6 +22,7 @@ from course_lib.exercises.common import (
     check_drawn,
     checked,
     grading_seed,
+    is_whole,
 )
 
 MAX_ROUNDS = 20_000  # more than GD needs for any target of the lesson's curves
@@ -73,7 +74,7 @@ def _judge_rounds(data) -> str:
     ``after`` as drawn in that run), the count is gradient descent's, computed here."""
     check_drawn("lesson02.q_after", draw_q_after, [data["q"], data["after"]])
     answer, curve, after, q = data["answer"], data["curve"], data["after"], data["q"]
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or answer != int(answer):
+    if not is_whole(answer):
         raise ExerciseFailed(f"give the number of rounds as a whole number, not {answer!r}")
     if not 1 <= after <= len(curve) or q < 2:
         raise ExerciseFailed(f"pass this run's q_losses, q and AFTER (a curve with q > 1 local "

@@ -22,6 +22,7 @@ from course_lib.exercises.common import (
     HiddenTestFailed,
     checked,
     grading_seed,
+    is_number,
 )
 
 # -- Exercise 1: recursive doubling -----------------------------------------------------------
@@ -177,8 +178,7 @@ def _judge_crossover(data) -> str:
     from course_lib.cost_models import ring_all_reduce_time
 
     answer, alpha, beta, p = data["answer"], data["alpha"], data["beta"], data["p"]
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or \
-            not math.isfinite(answer):
+    if not is_number(answer):
         raise ExerciseFailed(f"give n_cross as a number of bytes, not {answer!r}")
     if p < 4 or p & (p - 1):
         raise ExerciseFailed(f"recursive doubling needs p a power of two, at least 4; got {p}")

@@ -18,6 +18,7 @@ from course_lib.exercises.common import (
     check_drawn,
     checked,
     grading_seed,
+    is_whole,
     launch_checked,
 )
 
@@ -200,8 +201,7 @@ def _judge_epochs_worth(data) -> str:
     target = float(scaled[reference - 1])
     reached = [e + 1 for e, loss in enumerate(base) if loss <= target]
     right = reached[0] if reached else None
-    if answer is not None and (isinstance(answer, bool) or not isinstance(answer, (int, float))
-                               or answer != int(answer)):
+    if answer is not None and not is_whole(answer):
         raise ExerciseFailed(f"give a whole number of epochs (1 to {len(base)}), or None, not "
                              f"{answer!r}")
     if answer is not None and not 1 <= answer <= len(base):

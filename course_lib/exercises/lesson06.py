@@ -22,9 +22,9 @@ from course_lib.erm import ERMProblem
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
+    as_number,
     checked,
     grading_seed,
-    is_number,
     launch_checked,
 )
 from course_lib.parameter_server import sgd
@@ -51,14 +51,6 @@ def _settings(seed) -> dict:
     return cases
 
 
-def _number(value, what: str) -> float:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if not is_number(value):
-        raise ExerciseFailed(f"{what} is {value!r}: return a finite number")
-    return float(value)
-
-
 def _probe_staleness(mean_staleness) -> dict:
     data = {}
     for name, settings in _settings(grading_seed()).items():
@@ -68,7 +60,7 @@ def _probe_staleness(mean_staleness) -> dict:
             if not (isinstance(got, (tuple, list)) and len(got) == 2):
                 raise ExerciseFailed(f"mean_staleness({m}, {s}, {k:g}) returned {got!r}: return "
                                      f"two numbers, (fast, slow)")
-            fast, slow = (_number(v, f"mean_staleness({m}, {s}, {k:g})[{i}]")
+            fast, slow = (as_number(v, f"mean_staleness({m}, {s}, {k:g})[{i}]")
                           for i, v in enumerate(got))
             rows.append({"m": m, "s": s, "k": k, "fast": fast, "slow": slow})
         data[name] = rows

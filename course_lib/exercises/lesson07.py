@@ -19,6 +19,8 @@ from course_lib.exercises.common import (
     check_drawn,
     checked,
     grading_seed,
+    is_number,
+    is_whole,
 )
 
 FP16_MAX = 65504.0
@@ -52,7 +54,7 @@ def _probe_safe_scale(log2_scale, gradients, loss_factor=None) -> dict:
 def _judge_safe_scale(data) -> str:
     _factor_drawn(data)
     k, largest = data["k"], float(data["largest"])
-    if isinstance(k, bool) or not isinstance(k, (int, float)) or k != int(k):
+    if not is_whole(k):
         raise ExerciseFailed(f"give k as a whole number (the scale is 2**k), not {k!r}")
     k = int(k)
     if not 0 < largest < float("inf"):
@@ -90,7 +92,7 @@ def _judge_flushed(data) -> str:
     flushed, g = data["flushed"], data["gradients"]
     if isinstance(flushed, torch.Tensor) and flushed.numel() == 1 and flushed.is_floating_point():
         flushed = flushed.item()
-    if isinstance(flushed, bool) or not isinstance(flushed, (int, float)) or flushed != flushed:
+    if not is_number(flushed):
         raise ExerciseFailed(f"give flushed as a number between 0 and 1, not {flushed!r}")
     g = g.double() if isinstance(g, torch.Tensor) else torch.zeros(0, dtype=torch.float64)
     nonzero = g[g != 0]

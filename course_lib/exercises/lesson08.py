@@ -19,6 +19,7 @@ from course_lib.exercises.common import (
     check_drawn,
     checked,
     grading_seed,
+    is_number,
     judge_cases,
 )
 
@@ -180,8 +181,7 @@ def _rebuild(data) -> list[np.ndarray]:
     labels, clients, alpha, seed = data["labels"], data["clients"], data["alpha"], data["seed"]
     whole = [not isinstance(v, bool) and isinstance(v, int) for v in (clients, seed)]
     if not all(whole) or not 2 <= clients <= len(labels) or seed < 0 or \
-            isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or \
-            not 0 < alpha < float("inf"):
+            not is_number(alpha) or not alpha > 0:
         raise ExerciseFailed("pass the labels and the partition's K, alpha and seed, as the "
                              "exercise cell drew them")
     try:
@@ -195,7 +195,7 @@ def _rebuild(data) -> list[np.ndarray]:
 def _judge_uniform_mix(data) -> str:
     check_drawn("lesson08.partition", draw_partition, [data["alpha"], data["seed"]])
     tv, labels = data["tv"], np.asarray(data["labels"], dtype=np.int64)
-    if isinstance(tv, bool) or not isinstance(tv, (int, float)) or not np.isfinite(tv):
+    if not is_number(tv):
         raise ExerciseFailed(f"give the distance as a number, not {tv!r}")
     parts = _rebuild(data)
     sizes = [len(p) for p in parts]

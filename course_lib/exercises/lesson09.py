@@ -22,6 +22,7 @@ from course_lib.exercises.common import (
     checked,
     grading_seed,
     is_number,
+    is_whole,
     judge_cases,
 )
 
@@ -134,19 +135,15 @@ def _attackers_per_round(m: int, share: float, attack_seed: int, rounds: int,
     return out
 
 
-def _whole(v) -> bool:
-    return not isinstance(v, bool) and isinstance(v, (int, float)) and v == int(v)
-
-
 def _judge_breakdown(data) -> str:
     answer, rounds, seeds = data["breakdown"], data["rounds"], data["seeds"]
     m, trim, share, attack_seed = data["m"], data["trim"], data["share"], data["attack_seed"]
     check_drawn("lesson09.federation", draw_federation, [m, trim, share, attack_seed])
-    if not _whole(rounds) or rounds < 1 or not seeds or not all(_whole(s) for s in seeds):
+    if not is_whole(rounds) or rounds < 1 or not seeds or not all(is_whole(s) for s in seeds):
         raise ExerciseFailed("pass section 5's ROUNDS and SEEDS")
-    if not (_whole(m) and 2 <= m <= CLIENTS and is_number(trim) and 0 <= trim < 0.5 and
+    if not (is_whole(m) and 2 <= m <= CLIENTS and is_number(trim) and 0 <= trim < 0.5 and
             2 * int(trim * m) < m and is_number(share) and 0 < share < 1 and
-            _whole(attack_seed) and attack_seed >= 0):
+            is_whole(attack_seed) and attack_seed >= 0):
         raise ExerciseFailed("pass the m, trim, share and attack seed that the exercise cell "
                              "drew (my_m, my_trim, my_share, my_attack_seed)")
     m, attack_seed = int(m), int(attack_seed)
@@ -154,7 +151,7 @@ def _judge_breakdown(data) -> str:
             "rounds]} with whole numbers")
     if not isinstance(answer, dict) or set(answer) != {"trimmed mean", "median"}:
         raise ExerciseFailed(rule)
-    if not all(isinstance(v, (list, tuple)) and len(v) == 2 and all(map(_whole, v))
+    if not all(isinstance(v, (list, tuple)) and len(v) == 2 and all(map(is_whole, v))
                for v in answer.values()):
         raise ExerciseFailed(rule)
     # the breakdown points by brute force: the most attackers, all beyond every honest value in

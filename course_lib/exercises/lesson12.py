@@ -16,10 +16,10 @@ from dataclasses import replace
 from course_lib import planner as P
 from course_lib.exercises.common import (
     ExerciseFailed,
+    are_numbers,
     check_drawn,
     checked,
     grading_seed,
-    is_number,
     judge_cases,
     launch_checked,
 )
@@ -198,14 +198,10 @@ def _probe_stages(fn, drawn) -> dict:
     return dict(drawn=drawn, predicted=predicted, measured=measured, hidden=hidden)
 
 
-def _numbers(value, n):
-    return isinstance(value, (list, tuple)) and len(value) == n and all(map(is_number, value))
-
-
 def _judge_stage_case(item):
     model, plan = P.Transformer(**item["case"]["model"]), P.Plan(**item["case"]["plan"])
     right = stage_activation_bytes(model, plan)
-    if not _numbers(item["answer"], plan.pp):
+    if not are_numbers(item["answer"], plan.pp):
         return f"for {plan} return one number per stage ({plan.pp})"
     if any(abs(a - r) > 1e-9 * r for a, r in zip(item["answer"], right, strict=True)):
         return f"for {plan} some stage's bytes are wrong"
@@ -215,7 +211,7 @@ def _judge_stage_case(item):
 def _judge_stages(data) -> str:
     drawn, predicted, measured = data["drawn"], data["predicted"], data["measured"]
     check_drawn("lesson12.pipeline", draw_pipeline, drawn)  # graded runs only
-    if not _numbers(predicted, 2):
+    if not are_numbers(predicted, 2):
         raise ExerciseFailed(f"return a list of 2 numbers of bytes, one per stage, not "
                              f"{predicted!r}")
     off = [p / m - 1 for p, m in zip(predicted, measured, strict=True)]
