@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
 from course_lib.runtime.torchrun import run_command, run_main
+from course_lib.training import parameters_to_average
 
 
 def sampler_global_batches(n: int, world_size: int, local_batch: int, seed: int = 0,
@@ -65,14 +66,15 @@ def train_single_process(model, x, y, global_batches, lr: float):
     return losses
 
 
-def average_gradients(model, group=None) -> None:
+def average_gradients(model, group=None, find_unused: bool = False) -> None:
     """The heart of data parallelism: sum every gradient over the ranks, divide by their
-    number. Afterwards every rank holds the gradient of the mean loss over the global batch."""
+    number. Afterwards every rank holds the gradient of the mean loss over the global batch.
+    Which gradients: :func:`course_lib.training.parameters_to_average` (frozen ones never; one
+    without a gradient is refused, or with ``find_unused`` left out where no rank used it)."""
     world_size = dist.get_world_size(group)
-    for p in model.parameters():
-        if p.grad is not None:
-            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
-            p.grad /= world_size
+    for p in parameters_to_average(model, group, find_unused):
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
+        p.grad /= world_size
 
 
 def train_from_scratch(model_fn, x, y, local_batch: int, lr: float, epochs: int = 1,

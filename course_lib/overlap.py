@@ -21,50 +21,22 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from course_lib.data_parallel import ddp_model, parameters_vector
+from course_lib.data_parallel import average_gradients, ddp_model, parameters_vector
 from course_lib.runtime.devices import device
-from course_lib.training import global_batches, loss_fn, step_loop  # noqa: F401  (ov.loss_fn)
+from course_lib.training import (  # noqa: F401  (ov.loss_fn)
+    global_batches,
+    gradient_counts,
+    loss_fn,
+    step_loop,
+    used_by_some_ranks_only,
+)
 
 MB = 2**20
 SYNCS = ("after backward", "per parameter", "buckets", "DDP")
 
 
-def gradient_counts(params, group=None) -> torch.Tensor:
-    """How many ranks hold a gradient for each parameter: one small all-reduce, what DDP's
-    ``find_unused_parameters=True`` adds to every step (0: no rank used it; the world size:
-    every rank did)."""
-    got = torch.tensor([float(p.grad is not None) for p in params], device=params[0].device)
-    dist.all_reduce(got, group=group)
-    return got
-
-
-def used_by_some_ranks_only(counts, world_size: int) -> list[int]:
-    """The parameters some ranks have a gradient for and others not: their all-reduces would
-    not pair up (every rank must use the same parameters)."""
-    return [i for i, n in enumerate(counts.tolist()) if 0 < n < world_size]
-
-
-def all_reduce_after_backward(model, group=None, find_unused: bool = False) -> None:
-    """(a) After backward: sum every gradient over the ranks, divide by their number.
-
-    A frozen parameter is left out. A parameter without a gradient is refused, unless
-    ``find_unused``: then the ranks first count who has which gradient (:func:`gradient_counts`)
-    and one that no rank used keeps ``.grad = None``, as on one process."""
-    world_size = dist.get_world_size(group)
-    params = [p for p in model.parameters() if p.requires_grad]
-    if find_unused:
-        counts = gradient_counts(params, group)
-        if bad := used_by_some_ranks_only(counts, world_size):
-            raise RuntimeError(f"rank {dist.get_rank(group)}: parameters {bad} got a gradient on "
-                               f"some ranks only; every rank must use the same parameters")
-        params = [p for p, n in zip(params, counts.tolist(), strict=True) if n > 0]
-    elif missing := [i for i, p in enumerate(params) if p.grad is None]:
-        raise RuntimeError(f"rank {dist.get_rank(group)}: parameters {missing} got no gradient "
-                           f"in this backward pass; use every parameter in the loss, freeze it "
-                           f"(requires_grad=False) or pass find_unused=True")
-    for p in params:
-        dist.all_reduce(p.grad, group=group)
-        p.grad /= world_size
+# (a) after backward: lesson 4's average_gradients itself, under the name this lesson compares
+all_reduce_after_backward = average_gradients
 
 
 class PerParameterAllReduce:

@@ -8,6 +8,10 @@ that trains on the whole global batch.
 * :func:`loss_fn` and :func:`global_batches`: the loss, and the rows of each step's global batch
   (the same on every rank and in one process);
 * :func:`check_split`: a global batch must split evenly over the ranks (said once, here);
+* :func:`gradient_counts`, :func:`used_by_some_ranks_only`, :func:`parameters_to_average`:
+  which gradients the ranks average -- frozen parameters never, a parameter no rank used keeps
+  ``.grad = None`` (as on one process), one some ranks used and others not is refused by name
+  (its all-reduces would not pair up);
 * :func:`step_loop`: the one loop, with pluggable parts -- a gradient synchroniser run after
   ``backward()`` (lesson 4's all-reduce, lesson 10's hooks and buckets, nothing when the
   optimizer averages itself: ZeRO's ``ShardedAdam``) and any torch optimizer (parameter groups,
@@ -56,6 +60,42 @@ def rank_and_size(group=None) -> tuple[int, int]:
     if not dist.is_initialized():
         return 0, 1
     return dist.get_rank(group), dist.get_world_size(group)
+
+
+def gradient_counts(params, group=None) -> torch.Tensor:
+    """How many ranks hold a gradient for each parameter: one small all-reduce, what DDP's
+    ``find_unused_parameters=True`` adds to every step (0: no rank used it; the world size:
+    every rank did)."""
+    got = torch.tensor([float(p.grad is not None) for p in params], device=params[0].device)
+    dist.all_reduce(got, group=group)
+    return got
+
+
+def used_by_some_ranks_only(counts, world_size: int) -> list[int]:
+    """The parameters some ranks have a gradient for and others not: their all-reduces would
+    not pair up (every rank must use the same parameters)."""
+    return [i for i, n in enumerate(counts.tolist()) if 0 < n < world_size]
+
+
+def parameters_to_average(model, group=None, find_unused: bool = False) -> list:
+    """The parameters whose gradients the ranks average after ``backward()``: the trainable
+    ones. One without a gradient is refused by index, unless ``find_unused``: then the ranks
+    first count who has which gradient (:func:`gradient_counts`); one that no rank used is left
+    out (it keeps ``.grad = None``, as on one process), one that some ranks used is refused."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        return []
+    if find_unused:
+        counts = gradient_counts(params, group)
+        if bad := used_by_some_ranks_only(counts, dist.get_world_size(group)):
+            raise RuntimeError(f"rank {dist.get_rank(group)}: parameters {bad} got a gradient on "
+                               f"some ranks only; every rank must use the same parameters")
+        return [p for p, n in zip(params, counts.tolist(), strict=True) if n > 0]
+    if missing := [i for i, p in enumerate(params) if p.grad is None]:
+        raise RuntimeError(f"rank {dist.get_rank(group)}: parameters {missing} got no gradient "
+                           f"in this backward pass; use every parameter in the loss, freeze it "
+                           f"(requires_grad=False) or pass find_unused=True")
+    return params
 
 
 def step_loop(model, optimizer, x, y, global_batch: int, steps: int, sync=None, seed: int = 0,

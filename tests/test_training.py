@@ -124,6 +124,29 @@ def test_without_find_unused_a_parameter_without_gradient_is_refused_by_name():
                    kwargs=dict(sync=sync, bucket_mb=1e-6))
 
 
+def spare_on_rank_0_only():
+    """Rank 0's loss also uses the spare layer; the other ranks' do not."""
+    import torch.distributed as dist
+
+    from course_lib.data_parallel import average_gradients
+
+    model = WithSpare()
+    x, y = data()
+    out = model(x[:6])
+    if dist.get_rank() == 0:
+        out = out + model.spare(x[:6])
+    torch.nn.functional.cross_entropy(out, y[:6]).backward()
+    average_gradients(model, find_unused=True)
+
+
+def test_a_parameter_only_some_ranks_used_is_refused_by_name_not_left_to_hang():
+    # lesson 4's average_gradients is lesson 10's "after backward": the same refusal
+    assert ov.all_reduce_after_backward is ov.average_gradients
+    with pytest.raises(WorkerError, match=r"parameters \[3, 4\] got a gradient on some ranks "
+                                          r"only"):
+        launch(spare_on_rank_0_only, 2, timeout=60)
+
+
 def test_the_loop_refuses_what_it_cannot_split_or_draw():
     x, y = data()
     with pytest.raises(ValueError, match="does not split evenly over 3 ranks"):
