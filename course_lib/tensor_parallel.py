@@ -65,14 +65,28 @@ class _G(torch.autograd.Function):
 
 def f_operator(x, counter: dict, group=None):
     """Identity now; all-reduce the gradient over ``group`` (default: all ranks) on the way
-    back, counted in counter["backward"]."""
-    return _F.apply(x, counter, group)
+    back, counted in counter["backward"]. In a group of one rank, the identity both ways."""
+    return x if dist.get_world_size(group) == 1 else _F.apply(x, counter, group)
 
 
 def g_operator(x, counter: dict, group=None):
     """All-reduce over ``group`` now (counted in counter["forward"]); identity on the way
-    back."""
-    return _G.apply(x, counter, group)
+    back. In a group of one rank, the identity both ways."""
+    return x if dist.get_world_size(group) == 1 else _G.apply(x, counter, group)
+
+
+def column_parallel(x, weight, bias, counter: dict, group=None):
+    """A linear layer split by its outputs (columns of A): f, then this rank's output units
+    (``weight``: its rows of the layer's weight, ``bias``: their biases). No communication
+    forward; backward sums the input's gradient over ``group``."""
+    return F.linear(f_operator(x, counter, group), weight, bias)
+
+
+def row_parallel(x, weight, bias, counter: dict, group=None):
+    """A linear layer split by its inputs (rows of B): this rank's input units (``weight``:
+    its columns of the layer's weight) give a partial output, g sums the partial outputs over
+    ``group``, and the bias (whole on every rank) is added once, after g."""
+    return g_operator(x @ weight.T, counter, group) + bias
 
 
 def new_counter() -> dict:
@@ -93,49 +107,41 @@ def shard_mlp(model, rank: int, world_size: int) -> dict:
 
 
 def megatron_mlp(x, shard: dict, counter: dict, group=None):
-    """Y = g( GeLU( f(X) W1_r^T + b1_r ) W2_r^T ) + b2 on every rank r of ``group``."""
-    x = f_operator(x, counter, group)  # the input's gradient is summed on the way back
-    hidden = torch.nn.functional.gelu(x @ shard["w1"].T + shard["b1"])  # this rank's units
-    partial = hidden @ shard["w2"].T  # a partial sum of the output
-    return g_operator(partial, counter, group) + shard["b2"]
+    """Y = g( GeLU( f(X) W1_r^T + b1_r ) W2_r^T ) + b2 on every rank r of ``group``: fc1 split
+    by columns (f inside), fc2 by rows (g inside)."""
+    hidden = F.gelu(column_parallel(x, shard["w1"], shard["b1"], counter, group))  # my units
+    return row_parallel(hidden, shard["w2"], shard["b2"], counter, group)  # partials, summed
 
 
 class ParallelBlock(torch.nn.Module):
     """This rank's part of one :class:`course_lib.models.Block` over a tensor-parallel group of
-    ``tp`` ranks (Megatron-LM): the heads ``rank``-th share of q, k, v (qkv's rows) and the
-    projection's matching columns; the MLP's hidden units likewise (fc1's rows, fc2's columns).
-    LayerNorms and the output biases are whole on every rank (added once, after g)."""
+    ``tp`` ranks (Megatron-LM): attention's qkv split by columns (the ``rank``-th share of the
+    heads' q, k and v) and its projection by rows; the MLP is :func:`megatron_mlp` on this
+    rank's :func:`shard_mlp`. LayerNorms and the output biases are whole on every rank."""
 
     def __init__(self, block, rank: int, tp: int, group=None):
         super().__init__()
         d = block.norm1.normalized_shape[0]
-        self.tp, self.group, self.heads = tp, group, block.heads // tp
+        if block.heads % tp:
+            raise ValueError(f"{block.heads} heads do not split evenly over {tp} ranks")
+        self.group, self.heads = group, block.heads // tp
         self.counter = new_counter()
         self.norm1, self.norm2 = block.norm1, block.norm2
-        cut = lambda n: slice(rank * n // tp, (rank + 1) * n // tp)  # noqa: E731
-        qkv = [cut(d).start + k * d for k in range(3)]
-        rows = torch.cat([torch.arange(s, s + d // tp) for s in qkv])
+        mine = slice(rank * d // tp, (rank + 1) * d // tp)  # this rank's heads' features
+        rows = torch.cat([torch.arange(k * d + mine.start, k * d + mine.stop) for k in range(3)])
         keep = lambda t: torch.nn.Parameter(t.detach().clone())  # noqa: E731
         self.qkv_w, self.qkv_b = keep(block.qkv.weight[rows]), keep(block.qkv.bias[rows])
-        self.proj_w, self.proj_b = keep(block.proj.weight[:, cut(d)]), keep(block.proj.bias)
-        hidden = cut(4 * d)
-        self.fc1_w, self.fc1_b = keep(block.fc1.weight[hidden]), keep(block.fc1.bias[hidden])
-        self.fc2_w, self.fc2_b = keep(block.fc2.weight[:, hidden]), keep(block.fc2.bias)
-
-    def f(self, x):  # identity forward; backward sums the input's gradient over the group
-        return x if self.tp == 1 else f_operator(x, self.counter, self.group)
-
-    def g(self, x):  # forward sums the partial outputs over the group
-        return x if self.tp == 1 else g_operator(x, self.counter, self.group)
+        self.proj_w, self.proj_b = keep(block.proj.weight[:, mine]), keep(block.proj.bias)
+        self.mlp = torch.nn.ParameterDict(shard_mlp(block, rank, tp))
 
     def forward(self, x):
         b, t, _ = x.shape
-        q, k, v = F.linear(self.f(self.norm1(x)), self.qkv_w, self.qkv_b).chunk(3, dim=2)
-        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.g(a.transpose(1, 2).reshape(b, t, -1) @ self.proj_w.T) + self.proj_b
-        hidden = F.gelu(F.linear(self.f(self.norm2(x)), self.fc1_w, self.fc1_b))
-        return x + self.g(hidden @ self.fc2_w.T) + self.fc2_b
+        qkv = column_parallel(self.norm1(x), self.qkv_w, self.qkv_b, self.counter, self.group)
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in qkv.chunk(3, dim=2))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+        x = x + row_parallel(a.reshape(b, t, -1), self.proj_w, self.proj_b, self.counter,
+                             self.group)
+        return x + megatron_mlp(self.norm2(x), self.mlp, self.counter, self.group)
 
 
 def run_megatron_mlp(model, x, target, group=None) -> dict:

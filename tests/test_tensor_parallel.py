@@ -74,3 +74,34 @@ def test_hybrid_two_by_two_mesh_equals_the_unsplit_mlp_on_the_global_batch(probl
         torch.testing.assert_close(r["grads"]["w2"], full.fc2.weight.grad[:, rows], atol=1e-6,
                                    rtol=0)
     assert {(r["dp_rank"], r["tp_rank"]) for r in results} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+
+
+def split_linear_layers(linear, x):
+    """On each rank: the layer split by columns (outputs gathered) and by rows (x's columns
+    split), and the input's gradient through the column split (f sums it)."""
+    import torch.distributed as dist
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    rows = slice(rank * 6 // p, (rank + 1) * 6 // p)
+    counter = tp.new_counter()
+    x = x.clone().requires_grad_(True)
+    mine = tp.column_parallel(x, linear.weight[rows], linear.bias[rows], counter)
+    gathered = [torch.empty_like(mine) for _ in range(p)]
+    dist.all_gather(gathered, mine.detach())
+    mine.sum().backward()
+    cols = slice(rank * 8 // p, (rank + 1) * 8 // p)
+    summed = tp.row_parallel(x.detach()[:, cols], linear.weight[:, cols], linear.bias, counter)
+    return torch.cat(gathered, dim=1), summed.detach(), x.grad, counter
+
+
+def test_column_and_row_parallel_layers_give_the_whole_layer(problem):
+    linear = torch.nn.Linear(8, 6, dtype=torch.float64)
+    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    whole = x.clone().requires_grad_(True)
+    out = linear(whole)
+    out.sum().backward()
+    for gathered, summed, x_grad, counter in launch(split_linear_layers, 2, args=(linear, x)):
+        torch.testing.assert_close(gathered, out.detach())  # the output units, side by side
+        torch.testing.assert_close(summed, out.detach())  # the partial products, summed by g
+        torch.testing.assert_close(x_grad, whole.grad)  # f summed the input's gradient
+        assert counter == {"forward": 1, "backward": 1}
