@@ -1,4 +1,5 @@
-"""Which plans :mod:`course_lib.train_gpt` runs exactly, and what to change in one it cannot.
+"""The rules a plan obeys, which plans :mod:`course_lib.train_gpt` runs exactly, and what to
+change in one that breaks them.
 
 Lecture: the seed article's "choose a strategy" step. A :class:`course_lib.plans.Plan` says how a
 step is split (dp x tp x pp, ZeRO, micro-batches, recomputation, ...); the planner predicts any
@@ -6,7 +7,9 @@ plan, but train_gpt runs the ones whose split is exact for its small GPT: tensor
 splits whole heads, pipeline parallelism whole layers (equal stages), the global batch splits
 into dp x m equal micro-batches, 1F1B has at least as many micro-batches as stages. Everything
 here is refused before any work, with what to change; the planner's ``torchrun_command`` and
-train_gpt's command line ask the same questions.
+train_gpt's command line ask the same questions. :func:`plan_conflicts` holds the rules every
+plan obeys, whoever runs it: the planner keeps the plans without a conflict, train_gpt refuses
+a plan with one, in the same words.
 """
 
 from __future__ import annotations
@@ -46,12 +49,60 @@ def not_supported(plan: Plan) -> list[str]:
         ("selective recomputation", plan.recomputation == "selective")) if used]
 
 
+def plan_conflicts(plan: Plan, *, layers: int, heads: int, global_batch: int,
+                   kv_heads: int | None = None) -> list[str]:
+    """Why ``plan`` cannot split a model of ``layers`` layers and ``heads`` attention heads
+    (``kv_heads`` key/value heads) that trains on ``global_batch`` sequences a step: each reason
+    says what to change; [] when it can. The rules are written here once: the planner keeps the
+    plans without a conflict, train_gpt and its command line refuse a plan with one."""
+    dp, tp, pp, m, v = plan.dp, plan.tp, plan.pp, plan.micro_batches, plan.chunks
+    kv = heads if kv_heads is None else kv_heads
+    out = []
+    if heads % tp or kv % tp:
+        out.append(f"tensor parallelism splits whole heads: tp = {tp} must divide the {heads} "
+                   f"heads" + (f" and the {kv} key/value heads" if kv != heads else ""))
+    if plan.stages is not None and sum(plan.stages) != layers:
+        out.append(f"Plan.stages {plan.stages} hold {sum(plan.stages)} layers, the model has "
+                   f"{layers}")
+    elif pp > layers:
+        out.append(f"pipeline parallelism gives each stage whole layers: pp = {pp} is more "
+                   f"than the {layers} layers")
+    elif plan.stages is None and layers % pp:
+        out.append(f"pp = {pp} does not divide the {layers} layers: give Plan.stages (e.g. "
+                   f"balanced_stages({layers}, {pp}))")
+    if global_batch % (dp * m):
+        out.append(f"the global batch {global_batch} must split into dp x micro_batches = "
+                   f"{dp * m} equal micro-batches")
+    if pp > 1 and m < pp:
+        out.append(f"1F1B needs at least as many micro-batches as stages: micro_batches = {m} "
+                   f"< pp = {pp}")
+    if plan.zero == 3 and pp > 1:
+        out.append("ZeRO-3 (FSDP) with pipeline parallelism gathers every stage's parameters "
+                   "once per micro-batch; this course leaves that combination out: use zero "
+                   "<= 2 with pp > 1")
+    if plan.sequence_parallel and tp == 1:
+        out.append("sequence parallelism splits the sequence over the tensor-parallel group: "
+                   "it needs tp > 1")
+    if plan.recompute and plan.attention == "recomputed":
+        out.append("full recomputation already recomputes attention's scores: use "
+                   "attention='recomputed' (selective) or recompute=True, not both")
+    if v > 1 and m % pp:
+        out.append(f"interleaving {v} chunks per rank needs micro_batches a multiple of pp = "
+                   f"{pp}, got {m}")
+    if v > 1 and pp <= layers:
+        per_stage = plan.stages or (layers // pp,) * pp
+        if v > max(per_stage) or (plan.stages is None and (layers // pp) % v):
+            out.append(f"interleaving cuts each stage into {v} chunks of whole layers: "
+                       f"{per_stage} layers per stage do not")
+    return out
+
+
 def check_plan(world_size: int, plan: Plan | None = None, *, global_batch: int, layers: int,
                heads: int, **fields) -> Plan:
     """Refuse, with what to change, a plan (or its fields) that train_gpt cannot run exactly on
     ``world_size`` ranks; return the plan."""
     plan = plan_of(plan, **fields)
-    dp, tp, pp, m = plan.dp, plan.tp, plan.pp, plan.micro_batches
+    dp, tp, pp = plan.dp, plan.tp, plan.pp
     if missing := not_supported(plan):
         raise ValueError(f"train_gpt does not run {', '.join(missing)}: choose among plans "
                          f"without them (rank_plans(..., sequence_parallel=(False,), "
@@ -59,21 +110,8 @@ def check_plan(world_size: int, plan: Plan | None = None, *, global_batch: int, 
     if dp * tp * pp != world_size:
         raise ValueError(f"dp x tp x pp = {dp} x {tp} x {pp} = {dp * tp * pp}, but the job has "
                          f"{world_size} ranks: start dp x tp x pp processes")
-    if heads % tp:
-        raise ValueError(f"tensor parallelism splits the {heads} heads: tp = {tp} must divide it")
-    if layers % pp:
-        raise ValueError(f"pipeline parallelism splits the {layers} layers: pp = {pp} must "
-                         f"divide it")
-    if global_batch % (dp * m):
-        raise ValueError(f"the global batch {global_batch} must split into dp x micro_batches "
-                         f"= {dp * m} equal micro-batches")
-    if pp > 1 and m < pp:
-        raise ValueError(f"1F1B needs at least as many micro-batches as stages: micro_batches = "
-                         f"{m} < pp = {pp}")
-    if plan.zero == 3 and pp > 1:
-        raise ValueError("ZeRO-3 (FSDP) with pipeline parallelism gathers every stage's "
-                         "parameters once per micro-batch; this module (and the planner) "
-                         "leaves that combination out: use zero <= 2 with pp > 1")
+    if conflicts := plan_conflicts(plan, layers=layers, heads=heads, global_batch=global_batch):
+        raise ValueError(f"plan {plan}: " + "; ".join(conflicts))
     return plan
 
 

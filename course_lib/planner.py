@@ -26,7 +26,7 @@ from course_lib.gpu_memory import (  # noqa: F401  (the planner's vocabulary, in
     state_bytes,
     tiny_gpt_bytes_per_layer,
 )
-from course_lib.plan_checks import check_plan
+from course_lib.plan_checks import check_plan, plan_conflicts
 from course_lib.plans import ATTENTION, Cluster, Plan, Transformer  # noqa: F401
 from course_lib.stages import balanced_stages, micro_batch_size, stage_layers  # noqa: F401
 from course_lib.step_time import TERMS, collectives, step_time  # noqa: F401
@@ -40,48 +40,40 @@ def candidate_plans(model: Transformer, cluster: Cluster, zero_stages=(0, 1, 2, 
                     micro_batch_sizes=(1, 2, 4, 8, 16, 32), recompute=(False, True),
                     attention=ATTENTION, sequence_parallel=(False, True),
                     chunks=(1, 2, 3, 4, 6, 8), gather_units=("block",)) -> list[Plan]:
-    """Every plan that uses all GPUs. tp divides the heads, the key/value heads and a node's
-    GPUs (each group inside one node); pp is at most the layers, which split evenly or, if pp
-    does not divide them, with the lighter stages at the ends (:func:`balanced_stages`); each
-    data-parallel rank's share of the global batch splits into m micro-batches of one of
-    ``micro_batch_sizes`` sequences (without pipelining, m is gradient accumulation; with it, at
-    least pp, as 1F1B needs, and a multiple of pp to interleave v > 1 ``chunks``, each of whole
-    layers). ZeRO-3 only without pipelining (it would gather every stage's parameters once per
-    micro-batch); a ZeRO stage only with dp > 1, sequence parallelism only with tp > 1, and
-    attention ``"recomputed"`` only without full recomputation (which recomputes it anyway),
-    ``gather_units`` only for ZeRO-3. The other arguments list the choices to search."""
+    """Every plan that uses all GPUs and has no conflict with the model
+    (:func:`course_lib.plan_checks.plan_conflicts`: tp divides the heads, pp the layers, 1F1B's
+    micro-batches, ZeRO-3 without pipelining, ...). The search: tp divides a node's GPUs (each
+    tensor-parallel group inside one node); if pp does not divide the layers, the lighter stages
+    sit at the ends (:func:`balanced_stages`); each data-parallel rank's share of the global
+    batch splits into m micro-batches of one of ``micro_batch_sizes`` sequences (without
+    pipelining, m is gradient accumulation); interleaving (``chunks`` v > 1) only with a
+    pipeline, a ZeRO stage only with dp > 1, ``gather_units`` only for ZeRO-3. The other
+    arguments list the choices to search."""
     n = cluster.gpus
-    kv_heads = model.kv_heads or model.heads
+    rules = dict(layers=model.layers, heads=model.heads, global_batch=model.global_batch,
+                 kv_heads=model.kv_heads)
     plans = []
     for tp in divisors(n):
-        if model.heads % tp or kv_heads % tp or cluster.gpus_per_node % tp:
+        if cluster.gpus_per_node % tp:
             continue
         for pp in divisors(n // tp):
-            if pp > model.layers:
-                continue
-            stages = None if model.layers % pp == 0 else balanced_stages(model.layers, pp)
             dp = n // (tp * pp)
-            if model.global_batch % dp:
-                continue
-            per_rank = model.global_batch // dp
+            uneven = model.layers % pp and pp <= model.layers
+            stages = balanced_stages(model.layers, pp) if uneven else None
+            if plan_conflicts(Plan(dp, tp, pp, micro_batches=pp, stages=stages),
+                              **(rules | dict(global_batch=dp * pp))):
+                continue  # tp or pp cannot split this model, whatever the other choices
             for zero, b, full, attn, sp, v in itertools.product(
                     zero_stages, micro_batch_sizes, recompute, attention, sequence_parallel,
                     chunks):
-                m = per_rank // b
-                if (per_rank % b or (zero and dp == 1) or (zero == 3 and pp > 1)
-                        or (pp > 1 and m < pp) or (sp and tp == 1)
-                        or (full and attn == "recomputed")):
-                    continue
-                if v > 1 and (pp == 1 or m % pp or not _chunks_fit(model, pp, stages, v)):
+                m, left = divmod(model.global_batch, dp * b)
+                if left or (zero and dp == 1) or (v > 1 and pp == 1):
                     continue
                 for unit in gather_units if zero == 3 else ("block",):
-                    plans.append(Plan(dp, tp, pp, zero, m, full, attn, sp, v, stages, unit))
+                    plan = Plan(dp, tp, pp, zero, m, full, attn, sp, v, stages, unit)
+                    if not plan_conflicts(plan, **rules):
+                        plans.append(plan)
     return plans
-
-
-def _chunks_fit(model, pp, stages, v) -> bool:
-    """v chunks of whole layers: v divides an even stage, or fits the largest uneven one."""
-    return (model.layers // pp) % v == 0 if stages is None else v <= max(stages)
 
 
 @dataclass

@@ -1,9 +1,13 @@
 """Which plans train_gpt runs exactly (course_lib.plan_checks): one set of rules for train_gpt,
 its command line and the planner's torchrun command."""
 
+import itertools
+import re
+
 import pytest
 
 from course_lib import plan_checks as C
+from course_lib import planner, plans
 from course_lib.plans import Plan
 
 SHAPE = dict(global_batch=12, layers=4, heads=4)
@@ -46,3 +50,60 @@ def test_a_run_with_nothing_to_do_is_refused():
         C.check_run(0, 4)
     with pytest.raises(ValueError, match="at least one sequence, got 0"):
         C.check_run(3, 0)
+
+
+RULES = dict(layers=6, heads=4, global_batch=12)
+
+
+@pytest.mark.parametrize("fields, reason", [
+    (dict(dp=1, tp=3, pp=1), "tp = 3 must divide the 4 heads"),
+    (dict(dp=1, tp=1, pp=8, micro_batches=12), "pp = 8 is more than the 6 layers"),
+    (dict(dp=1, tp=1, pp=4, micro_batches=4), "pp = 4 does not divide the 6 layers"),
+    (dict(dp=1, tp=1, pp=2, micro_batches=2, stages=(2, 3)), r"hold 5 layers, the model has 6"),
+    (dict(dp=5, tp=1, pp=1), "the global batch 12 must split into dp x micro_batches = 5"),
+    (dict(dp=1, tp=1, pp=3, micro_batches=2), "micro_batches = 2 < pp = 3"),
+    (dict(dp=1, tp=1, pp=2, micro_batches=2, zero=3), "ZeRO-3 \\(FSDP\\) with pipeline"),
+    (dict(dp=1, tp=1, pp=1, sequence_parallel=True), "it needs tp > 1"),
+    (dict(dp=1, tp=1, pp=1, recompute=True, attention="recomputed"), "not both"),
+    (dict(dp=1, tp=1, pp=2, micro_batches=3, chunks=3), "a multiple of pp = 2, got 3"),
+    (dict(dp=1, tp=1, pp=2, micro_batches=2, chunks=2), r"\(3, 3\) layers per stage do not"),
+])
+def test_each_conflict_of_a_plan_with_its_model_is_named(fields, reason):
+    conflicts = C.plan_conflicts(Plan(**fields), **RULES)
+    assert len(conflicts) == 1 and re.search(reason, conflicts[0]), conflicts
+    if not C.not_supported(Plan(**fields)):  # train_gpt refuses it with the same words
+        with pytest.raises(ValueError, match=reason):
+            C.check_plan(Plan(**fields).gpus, Plan(**fields), **RULES)
+
+
+def test_key_value_heads_and_uneven_stages_that_fit_are_no_conflict():
+    assert C.plan_conflicts(Plan(1, 2, 1), **RULES, kv_heads=2) == []
+    assert "2 key/value heads" in C.plan_conflicts(Plan(1, 4, 1), **RULES, kv_heads=2)[0]
+    assert C.plan_conflicts(Plan(1, 1, 4, micro_batches=4, stages=(1, 2, 2, 1)), **RULES) == []
+    assert C.plan_conflicts(Plan(1, 1, 2, micro_batches=4, chunks=3), **RULES) == []
+
+
+def test_the_planner_keeps_exactly_the_plans_of_its_search_without_a_conflict():
+    model = plans.Transformer(layers=6, hidden=64, heads=4, seq=16, vocab=32, global_batch=12,
+                              kv_heads=2)
+    cluster = plans.Cluster(gpus_per_node=4, nodes=2, memory=1e9, peak_flops=1e12,
+                            intra_bandwidth=1e9, inter_bandwidth=1e8)
+    found = planner.candidate_plans(model, cluster, gather_units=("block", "matrix"))
+    assert len(found) == len(set(found)) > 100
+    sizes, rules = (1, 2, 4, 8, 16, 32), dict(layers=6, heads=4, global_batch=12, kv_heads=2)
+    expected = set()
+    for tp, pp in itertools.product((1, 2, 4), (1, 2, 4, 8)):
+        dp = 8 // (tp * pp)
+        if dp < 1 or dp * tp * pp != 8:
+            continue
+        stages = planner.balanced_stages(6, pp) if 6 % pp and pp <= 6 else None
+        for zero, m, full, attn, sp, v, unit in itertools.product(
+                range(4), range(1, 13), (False, True), plans.ATTENTION, (False, True),
+                (1, 2, 3, 4, 6, 8), plans.GATHER_UNITS):
+            if (12 % (dp * m) or 12 // (dp * m) not in sizes or (zero and dp == 1)
+                    or (v > 1 and pp == 1) or (unit == "matrix" and zero != 3)):
+                continue
+            plan = Plan(dp, tp, pp, zero, m, full, attn, sp, v, stages, unit)
+            if not C.plan_conflicts(plan, **rules):
+                expected.add(plan)
+    assert set(found) == expected

@@ -73,8 +73,8 @@ def test_hybrids_on_four_oversubscribed_ranks_equal_one_process(plan, one_proces
 
 @pytest.mark.parametrize("change, message", [
     (dict(dp=3, world=2), "start dp x tp x pp processes"),
-    (dict(tp=3), "tp = 3 must divide it"),
-    (dict(pp=3, micro_batches=3), "pp = 3 must"),
+    (dict(tp=3), "tp = 3 must divide the 4 heads"),
+    (dict(pp=3, micro_batches=3), "pp = 3 does not divide the 4 layers"),
     (dict(dp=2, micro_batches=5), "must split into dp x micro_batches"),
     (dict(pp=2, micro_batches=1), "1F1B needs at least as many micro-batches"),
     (dict(pp=2, micro_batches=2, zero=3), "ZeRO-3"),
@@ -148,7 +148,7 @@ def test_the_module_runs_through_launch_from_the_command_line(capsys, monkeypatc
     (["--world-size", "4", "--tp", "2"], "dp x tp x pp = 1 x 2 x 1 = 2; make them agree"),
     (["--steps", "0"], "steps must be at least 1, got 0"),
     (["--global-batch", "0"], "the global batch must hold at least one sequence, got 0"),
-    (["--tp", "3"], "tp = 3 must divide it"),
+    (["--tp", "3"], "tp = 3 must divide the 4 heads"),
     (["--dp", "2", "--global-batch", "5"], "must split into dp x micro_batches"),
 ])
 def test_a_world_size_that_is_not_the_plans_is_refused_before_any_work(argv, message, capsys):
