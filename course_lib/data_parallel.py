@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
 from course_lib.runtime.torchrun import run_command, run_main
-from course_lib.training import parameters_to_average
+from course_lib.training import loss_fn, parameters_to_average
 
 
 def sampler_global_batches(n: int, world_size: int, local_batch: int, seed: int = 0,
@@ -53,13 +53,14 @@ def parameters_vector(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def train_single_process(model, x, y, global_batches, lr: float):
-    """The baseline: plain SGD on one process, one step per global batch."""
+def train_one_process(model, x, y, global_batches, lr: float):
+    """The baseline: plain SGD on one process, one step per global batch (the rows of each, in
+    the order the ranks' samplers dealt them)."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
     for idx in global_batches:
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+        loss = loss_fn(model, x[idx], y[idx])
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -92,7 +93,7 @@ def train_from_scratch(model_fn, x, y, local_batch: int, lr: float, epochs: int 
         for idx in sampler_global_batches(len(y), world_size, local_batch, seed, epoch):
             mine = idx[rank::world_size].to(dev)  # this rank's share, as DistributedSampler deals
             opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(model(x[mine]), y[mine])
+            loss = loss_fn(model, x[mine], y[mine])
             loss.backward()
             average_gradients(model, group)
             opt.step()
@@ -142,7 +143,7 @@ def train_ddp(model_fn, x, y, local_batch: int, lr: float, epochs: int = 1, seed
                 last = i == accumulate - 1
                 context = model.no_sync() if not last else contextlib.nullcontext()
                 with context:  # no all-reduce until the last micro-batch
-                    loss = torch.nn.functional.cross_entropy(model(xb), yb) / accumulate
+                    loss = loss_fn(model, xb, yb) / accumulate
                     loss.backward()
             opt.step()
             losses.append(loss.item() * accumulate)
@@ -176,7 +177,7 @@ def time_ddp_steps(model_fn, x, y, local_batch: int, steps: int = 10, warmup: in
             opt.zero_grad()
             context = model.no_sync() if mode == "no_sync" else contextlib.nullcontext()
             with context:
-                torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+                loss_fn(model, x[idx], y[idx]).backward()
             opt.step()
             synchronize(dev)
             if step >= warmup:
@@ -256,7 +257,7 @@ def one_process(model_fn, x, y, world_size: int, local_batch: int, lr: float, ep
     model = model_fn()
     for epoch in range(epochs):
         batches = sampler_global_batches(len(y), world_size, local_batch, epoch=epoch)
-        train_single_process(model, x, y, batches, lr)
+        train_one_process(model, x, y, batches, lr)
     return parameters_vector(model)
 
 
@@ -265,7 +266,7 @@ def loss_of(model_fn, params, x, y) -> float:
     """The mean loss on (x, y) of ``model_fn``'s network with the parameters ``params``."""
     model = model_fn()
     torch.nn.utils.vector_to_parameters(params.to(x.device), model.parameters())
-    return torch.nn.functional.cross_entropy(model(x), y).item()
+    return loss_fn(model, x, y).item()
 
 
 def main(argv=None):

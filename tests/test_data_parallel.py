@@ -28,7 +28,7 @@ def baseline(x, y, world_size, local_batch, epochs=1):
     model = model_fn()
     for epoch in range(epochs):
         batches = dp.sampler_global_batches(len(y), world_size, local_batch, seed=0, epoch=epoch)
-        dp.train_single_process(model, x, y, batches, LR)
+        dp.train_one_process(model, x, y, batches, LR)
     return dp.parameters_vector(model)
 
 

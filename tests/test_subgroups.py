@@ -103,7 +103,7 @@ def test_data_parallel_step_in_a_subgroup(runs, g):
     data = inputs(g)
     model = data["model_fn"]()
     batches = dp.sampler_global_batches(len(data["images"][1]), 2, LOCAL_BATCH)
-    dp.train_single_process(model, *data["images"], batches, LR)
+    dp.train_one_process(model, *data["images"], batches, LR)
     for me in (0, 1):
         torch.testing.assert_close(runs[g, me]["data-parallel step"],
                                    dp.parameters_vector(model))
