@@ -72,9 +72,8 @@ def train_fsdp(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2, 
     """Adam on a model sharded with FSDP2 (``fully_shard``: ZeRO stage 3) over ``group``; each
     step every rank takes every world_size-th row of the step's global batch. Returns this
     rank's ``losses`` and ``seconds`` per step, the full final ``params`` (gathered), and the
-    bytes this rank held of
-    parameters, gradients and optimizer state (``bytes``) against the whole model's
-    (``unsharded``)."""
+    bytes this rank held of parameters, gradients and optimizer state (``state``, as
+    train_gpt names it) against the whole model's (``unsharded``)."""
     from torch.distributed.device_mesh import DeviceMesh
 
     dev = device(group)
@@ -94,5 +93,5 @@ def train_fsdp(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2, 
                                       if k != "step"))
     whole = sum(p.numel() for p in params) * params[0].element_size()
     full = torch.cat([p.full_tensor().reshape(-1) for p in params])
-    return dict(losses=losses, params=full, bytes=held, seconds=seconds,
+    return dict(losses=losses, params=full, state=held, seconds=seconds,
                 unsharded=dict(params=whole, grads=whole, optimizer=2 * whole))

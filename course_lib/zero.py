@@ -141,8 +141,8 @@ def train(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2, stage
     (:func:`course_lib.training.step_loop`): stage 0 all-reduces the gradients after backward
     (lesson 4's rule, :func:`course_lib.overlap.all_reduce_after_backward`) and keeps the whole
     optimizer state on every rank; stages 1 and 2 use :class:`ShardedAdam`, which averages the
-    gradients itself. Returns the final ``params``, this rank's ``losses`` and the optimizer
-    ``state_bytes`` it held."""
+    gradients itself. Returns the final ``params``, this rank's ``losses`` and the bytes of
+    optimizer state it held, ``optimizer_bytes`` (train_gpt's ``state["optimizer"]``)."""
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES}, got {stage}")
     check_split(global_batch, dist.get_world_size(group))
@@ -154,7 +154,7 @@ def train(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2, stage
         opt, sync = ShardedAdam(model.parameters(), stage, group, lr=lr), None
     losses = step_loop(model, opt, x, y, global_batch, steps, sync, seed, group)
     state = adam_state_bytes(opt) if stage == 0 else opt.state_bytes()
-    return dict(params=parameters_vector(model), losses=losses, state_bytes=state)
+    return dict(params=parameters_vector(model), losses=losses, optimizer_bytes=state)
 
 
 def train_one_process(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2,
@@ -164,7 +164,7 @@ def train_one_process(model_fn, x, y, global_batch: int, steps: int, lr: float =
     opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
     losses = step_loop(model, opt, x, y, global_batch, steps, seed=seed)
     return dict(params=parameters_vector(model), losses=losses,
-                state_bytes=adam_state_bytes(opt))
+                optimizer_bytes=adam_state_bytes(opt))
 
 
 # -- lesson 11's check, as a command ---------------------------------------------------------------
@@ -206,11 +206,11 @@ def main(argv=None):
               f"{args.global_batch} windows")
         for stage in STAGES:
             worst = max((r[stage]["params"] - one["params"]).abs().max().item() for r in results)
-            held = [r[stage]["state_bytes"] for r in results]
+            held = [r[stage]["optimizer_bytes"] for r in results]
             print(f"stage {stage}: largest difference from one process {worst:.1e}; optimizer "
                   f"state per rank {', '.join(f'{b:,}' for b in held)} bytes = "
-                  f"{held[0] / one['state_bytes']:.3f} of unsharded Adam's "
-                  f"({one['state_bytes']:,})")
+                  f"{held[0] / one['optimizer_bytes']:.3f} of unsharded Adam's "
+                  f"({one['optimizer_bytes']:,})")
     return results
 
 

@@ -38,11 +38,11 @@ def test_each_rank_holds_about_half_of_parameters_gradients_and_optimizer_state(
     x, y = text
     ranks = launch(S.train_fsdp, 2, args=(model_fn, x, y, 8, 1))
     for kind in ("params", "grads", "optimizer"):
-        together = sum(r["bytes"][kind] for r in ranks)
+        together = sum(r["state"][kind] for r in ranks)
         whole = ranks[0]["unsharded"][kind]
         # each tensor is cut into 2 row shards; odd row counts pad at most one row per tensor
         assert whole <= together <= whole * 1.05, kind
-        assert all(r["bytes"][kind] <= 0.55 * whole for r in ranks), kind
+        assert all(r["state"][kind] <= 0.55 * whole for r in ranks), kind
 
 
 def test_an_uneven_global_batch_is_refused(text):

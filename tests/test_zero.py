@@ -50,12 +50,12 @@ def test_each_rank_holds_half_of_the_optimizer_state(digits):
     numel, ends = sum(sizes), list(itertools.accumulate(sizes))
     for rank, result in enumerate(ranks):
         # two float64 moments per parameter, and Adam's step count (a float32) per tensor
-        assert result[0]["state_bytes"] == 2 * numel * 8 + len(sizes) * 4
+        assert result[0]["optimizer_bytes"] == 2 * numel * 8 + len(sizes) * 4
         start, end, _ = Z.shard_bounds(numel, 2, rank)
         # this rank's entries only, and a step count for each parameter's piece it holds
         pieces = sum(1 for e, n in zip(ends, sizes, strict=True) if e - n < end and e > start)
         for stage in (1, 2):
-            assert result[stage]["state_bytes"] == 2 * (end - start) * 8 + pieces * 4
+            assert result[stage]["optimizer_bytes"] == 2 * (end - start) * 8 + pieces * 4
 
 
 @pytest.mark.parametrize(("numel", "p"), [(10, 2), (11, 2), (7, 3), (2, 4)])

@@ -205,7 +205,7 @@ def _memory_and_sharding():
     pieces = [torch.nn.Sequential(*list(mlp((12, 10, 10, 10, 4)))[2 * i:2 * i + 2])
               for i in range(2 * p)]
     il.run(pieces, torch.randn(8, 12), torch.randint(0, 4, (8,)), 2 * p)
-    return runs[1]["params"], (f"ZeRO-1/2 = Adam; FSDP2 {fsdp['bytes']['params']:,} B of params"
+    return runs[1]["params"], (f"ZeRO-1/2 = Adam; FSDP2 {fsdp['state']['params']:,} B of params"
                                f" here; step peak {peak['total'] / 1e6:.1f} MB; interleaved 1F1B")
 
 
