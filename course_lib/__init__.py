@@ -17,7 +17,8 @@ share of it, its memory and its step time), ``published`` (training runs the pla
 against) and ``validation`` (the comparison),
 ``cost_models`` (every closed-form prediction, in one vocabulary) and ``plots``; pieces split off
 a concept's module to keep it short: ``message_trees`` (parameter_server's star and tree),
-``pipeline_schedules`` and ``pipelining`` (pipeline's GPipe and 1F1B, and PyTorch's), and
+``pipeline_schedules`` and ``pipelining`` (pipeline's GPipe and 1F1B, and PyTorch's),
+``local_training`` (federated's clients and their local SGD, one by one and batched) and
 ``fl_remedies`` (federated's server optimisers and SCAFFOLD); ``training``, the one step loop
 the data-parallel lessons train in (a gradient synchroniser and an optimizer plug into it).
 The floors (``runtime``, ``models``, ``data``, ``cost_models``, ``training``, ``report``,
@@ -48,7 +49,13 @@ A short glossary (one meaning each):
 * *synchroniser*: what leaves the mean of the ranks' gradients in ``.grad`` after backward
   (``overlap.synchronizer``); *state bytes*: parameters, gradients and optimizer state
   (``memory.state_bytes`` counts a model's; ``gpu_memory.state_bytes``, which the planner
-  uses, predicts a GPU's share).
+  uses, predicts a GPU's share);
+* in federated learning, *local training* is what a client does in a round
+  (``LocalTraining``: E, B, lr, mu), a *federation* how the server runs the rounds
+  (``Federation``: rounds, C, seed, server step, SCAFFOLD, stragglers); an *update* is a
+  client's model minus the global one; an *aggregator* turns a round's updates into one update
+  (``aggregate(updates, w, state)``: FedAvg's weighted mean, or lesson 9's robust rules) and
+  the *server step* applies it (``server(w, update, state) -> new model``).
 """
 
 from course_lib.commands import refuse_modules_without_a_command

@@ -7,14 +7,15 @@ a fraction C of them per round, E local epochs of mini-batches of B rows (B = No
 local dataset, "B = infinity"), learning rate lr. FedSGD is FedAvg with E = 1, B = infinity.
 
 The lecture's steps, one function each: :func:`sample_clients` (the server picks C K clients),
-:func:`client_update` (a client's local SGD), :func:`fedavg_round` (every chosen client trains;
-their models averaged, weighted by their data) and :func:`federated` (rounds of that, each
-ending with the server's step from the old model towards the average). Remedies for
-heterogeneity from the reference numbers: FedProx (a squared proximal term, and stragglers'
-partial work kept), SCAFFOLD (:class:`ControlVariates`), and server optimisers passed as
-functions -- :func:`fedavg_server`, :func:`fedavgm_server`,
-:func:`fedadam_server` (Hsu et al. 2019; Reddi et al. 2021); the last two kinds live in
-:mod:`course_lib.fl_remedies`.
+``client_update`` (a client's local SGD, from :mod:`course_lib.local_training`),
+:func:`fedavg_round` (every chosen client trains; their models averaged, weighted by their data)
+and :func:`federated` (rounds of that, each ending with the server's step). What the clients do
+is a :class:`LocalTraining`, how the server runs the rounds a :class:`Federation`. Remedies for
+heterogeneity: FedProx (a squared proximal term, and stragglers' partial work kept), SCAFFOLD
+(:class:`ControlVariates`), and server steps ``server(w, update, state) -> new model``, update
+being the round's aggregated update (here the weighted average minus w) -- :func:`fedavg_server`,
+:func:`fedavgm_server`, :func:`fedadam_server` (Hsu et al. 2019; Reddi et al. 2021), from
+:mod:`course_lib.fl_remedies`. Lesson 9's simulator takes the same server steps.
 
 The model is ``models.FlatMLP``: one flat float64 vector, so averaging, control variates and
 server optimisers are vector arithmetic. The same code runs in one process or, called on every
@@ -30,15 +31,13 @@ shards of the digits, C = 0.2, E = 5, B = 10)::
 
 from __future__ import annotations
 
-import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from course_lib.client_batch import train_clients
 from course_lib.cost_models import federated_bytes_per_round
 from course_lib.fl_remedies import (  # noqa: F401  (fl.fedadam_server ...: the lessons')
     ControlVariates,
@@ -47,50 +46,44 @@ from course_lib.fl_remedies import (  # noqa: F401  (fl.fedadam_server ...: the 
     fedavgm_server,
     sum_over_ranks,
 )
+from course_lib.local_training import (  # noqa: F401  (fl.client_update ...: the lessons')
+    Clients,
+    LocalTraining,
+    client_update,
+    train_clients,
+)
 from course_lib.models import DIGITS_MLP
 from course_lib.runtime.devices import device
 from course_lib.runtime.torchrun import run_command, run_main
+from course_lib.training import rank_and_size
 
 
 @dataclass(frozen=True)
-class LocalTraining:
-    """What each client does in a round: ``epochs`` (E) passes over its rows in mini-batches of
-    ``batch`` (B; None: all its rows at once) with learning rate ``lr``; ``mu`` > 0 adds
-    FedProx's proximal term (mu/2)||v - w||^2."""
+class Federation:
+    """How the server runs federated training: ``rounds`` rounds, each sampling a ``fraction`` C
+    of the clients (the draws seeded by ``seed``) and ending with the server's step ``server``
+    (default :func:`fedavg_server`). ``scaffold``: SCAFFOLD's control variates. A share
+    ``stragglers`` of each round's clients manage only part of their steps: they are dropped, or
+    with ``keep_partial`` their partial work is averaged in (as FedProx does). Training stops
+    early once test accuracy reaches ``target``."""
 
-    epochs: int = 1
-    batch: int | None = 10
-    lr: float = 0.1
-    mu: float = 0.0
+    rounds: int
+    fraction: float = 0.1
+    server: Callable | None = None
+    scaffold: bool = False
+    stragglers: float = 0.0
+    keep_partial: bool = False
+    target: float | None = None
+    seed: int = 0
 
-    def steps(self, n: int) -> int:
-        """SGD steps E epochs take on n rows (one per epoch when B = None)."""
-        return self.epochs * (1 if self.batch is None else math.ceil(n / self.batch))
-
-
-def client_update(w, x, y, local: LocalTraining, seed, *, correction=None,
-                  max_steps: int | None = None, model=DIGITS_MLP):
-    """E epochs of mini-batch SGD from the global model w on one client's rows (x, y).
-
-    ``correction`` (SCAFFOLD's c - c_k) is added to every gradient; ``max_steps`` cuts the work
-    short (a straggler). Returns the local model and the number of steps taken.
-    """
-    g = torch.Generator().manual_seed(int(np.random.default_rng(seed).integers(2 ** 62)))
-    v, steps = w.clone(), 0
-    budget = max_steps if max_steps is not None else math.inf
-    for _ in range(local.epochs):
-        order = torch.randperm(len(x), generator=g).to(x.device)
-        for rows in ([order] if local.batch is None else order.split(local.batch)):
-            if steps >= budget:
-                return v, steps
-            grad = model.loss_and_gradient(v, x[rows], y[rows])[1]
-            if local.mu:
-                grad = grad + local.mu * (v - w)
-            if correction is not None:
-                grad = grad + correction
-            v = v - local.lr * grad
-            steps += 1
-    return v, steps
+    def __post_init__(self):
+        if not (isinstance(self.rounds, int | np.integer) and self.rounds >= 0):
+            raise ValueError(f"rounds must be a whole number >= 0, got {self.rounds!r}")
+        if not 0 < self.fraction <= 1:
+            raise ValueError(f"fraction C must be in (0, 1], got {self.fraction}")
+        if not 0 <= self.stragglers <= 1:
+            raise ValueError(f"stragglers is a share of the clients, in [0, 1]; got "
+                             f"{self.stragglers}")
 
 
 def _as_tuple(round_) -> tuple:
@@ -105,100 +98,94 @@ def sample_clients(clients: int, fraction: float, seed: int, round_) -> list[int
     return sorted(np.random.default_rng(key).choice(clients, m, replace=False).tolist())
 
 
-def fedavg_round(w, x, y, parts, chosen, local: LocalTraining, *, seed, round_, budgets=None,
+def fedavg_round(w, clients: Clients, chosen, local: LocalTraining, *, seed, round_,
+                 budgets=None,
                  control: ControlVariates | None = None, model=DIGITS_MLP, group=None,
                  batched: bool = True):
-    """One round of FedAvg: each client k in ``chosen`` trains from w on its rows ``parts[k]``
-    (at most ``budgets[k]`` steps when given); returns the average of their models weighted by
-    their number of rows -- FedAvg's new global model -- or None if nobody reported (every
-    chosen client dropped). On ranks, this rank trains the clients k % p == its rank, one after
-    the other, and the weighted sums are all-reduced; in one process (``batched``) all clients
-    train at once (``client_batch.train_clients``: the same models, faster)."""
-    rank, p = ((dist.get_rank(group), dist.get_world_size(group))
-               if dist.is_available() and dist.is_initialized() else (0, 1))
+    """One round of FedAvg: each client k in ``chosen`` trains from w on its rows (at most
+    ``budgets[k]`` steps when given); returns the average of their
+    models weighted by their number of rows -- FedAvg's new global model -- or None if nobody
+    reported (every chosen client dropped). On ranks, this rank trains the clients k % p == its
+    rank, one after the other, and the weighted sums are all-reduced; in one process
+    (``batched``) all clients train at once (``local_training.train_clients``: the same models,
+    faster)."""
+    rank, p = rank_and_size(group)
     dev = device(group)
-    w, x, y = w.to(dev), x.to(dev), y.to(dev)
+    w = w.to(dev)
     total = torch.zeros(len(w) + 1, dtype=w.dtype, device=dev)  # sum n_k w_k, and n_k
     mine = [k for k in chosen if k % p == rank]  # the other clients are other ranks'
     seeds = [[seed, *_as_tuple(round_), k] for k in mine]
     if batched and p == 1 and hasattr(model, "loss_and_gradient_batched"):
         V, steps = train_clients(
-            w, [(x[parts[k].to(dev)], y[parts[k].to(dev)]) for k in mine], local, seeds,
+            w, [clients.data(k, dev) for k in mine], local, seeds,
             budgets=None if budgets is None else [budgets.get(k) for k in mine],
             corrections=None if control is None else [control.correction(k) for k in mine],
             model=model)
         trained = zip(mine, V, steps, strict=True)
     else:  # one client after the other; a generator, so each reads its correction in turn
         trained = ((k, *client_update(
-            w, x[parts[k].to(dev)], y[parts[k].to(dev)], local, s, model=model,
+            w, *clients.data(k, dev), local, s, model=model,
             correction=None if control is None else control.correction(k),
             max_steps=None if budgets is None else budgets.get(k)))
             for k, s in zip(mine, seeds, strict=True))
     for k, v, steps in trained:
-        rows = parts[k]
         if control is not None:
             control.update(k, w, v, steps, local.lr)
-        total[:-1] += len(rows) * v
-        total[-1] += len(rows)
+        total[:-1] += clients.rows(k) * v
+        total[-1] += clients.rows(k)
     total = sum_over_ranks(total, group)
     if control is not None:
         control.end_round(group)
     return total[:-1] / total[-1] if total[-1] > 0 else None
 
 
-def straggler_budgets(chosen, parts, local: LocalTraining, share: float, seed: int, round_):
+def straggler_budgets(chosen, clients: Clients, local: LocalTraining, share: float, seed: int,
+                      round_):
     """A random ``share`` of the chosen clients are stragglers: each finishes a random number of
     its local steps (at least one). Returns {client: steps it manages}."""
     slow = np.random.default_rng([seed, round_, 1]).choice(chosen, round(share * len(chosen)),
-                                                           replace=False).tolist()
+                                                    replace=False).tolist()
     return {k: int(np.random.default_rng([seed, round_, k]).integers(
-        1, local.steps(len(parts[k])) + 1)) for k in slow}
+        1, local.steps(clients.rows(k)) + 1)) for k in slow}
 
 
-def federated(split, parts, local: LocalTraining, *, rounds: int, fraction: float = 0.1,
-              server=None, scaffold: bool = False, stragglers: float = 0.0,
-              keep_partial: bool = False, target: float | None = None, seed: int = 0,
+def federated(split, parts, local: LocalTraining, federation: Federation, *,
               model=DIGITS_MLP, group=None, batched: bool = True) -> dict:
-    """Federated training of ``model`` on ``split``; client k holds the training rows
-    ``parts[k]``. ``server(w, average, state)`` is the server's step (default
-    :func:`fedavg_server`). A share
-    ``stragglers`` of each round's clients manage only part of their steps: they are dropped,
-    or with ``keep_partial`` their partial work is averaged in (as FedProx does). Stops early
-    once test accuracy reaches ``target``. ``batched``: see :func:`fedavg_round`.
+    """Federated training of ``model`` on ``split``: client k holds the training rows
+    ``parts[k]`` and trains as ``local`` says; the server runs the rounds as ``federation``
+    says. ``batched``: see :func:`fedavg_round`.
 
     Returns the test ``accuracy`` after every round (index 0: before training), ``best`` (the
     best-so-far curve), ``rounds_to_target``, ``bytes_per_round``, ``seconds`` per round and the
     final model ``params``.
     """
-    if not 0 < fraction <= 1:
-        raise ValueError(f"fraction C must be in (0, 1], got {fraction}")
-    dev = device(group)
-    x, y = split.x_train.to(dev, torch.float64), split.y_train.to(dev)
+    f, dev = federation, device(group)
+    clients = Clients.of(split, parts)
     x_test, y_test = split.x_test.to(dev), split.y_test.to(dev)
-    w, server, server_state = model.init(seed).to(dev), server or fedavg_server(), {}
-    control = ControlVariates(len(w), len(parts), dev) if scaffold else None
+    w, server, server_state = model.init(f.seed).to(dev), f.server or fedavg_server(), {}
+    control = ControlVariates(len(w), len(parts), dev) if f.scaffold else None
     log = dict(accuracy=[model.accuracy(w, x_test, y_test)], bytes_per_round=[], seconds=[])
-    for r in range(rounds):
+    for r in range(f.rounds):
         start = time.perf_counter()
-        sampled = sample_clients(len(parts), fraction, seed, r)
-        budgets = straggler_budgets(sampled, parts, local, stragglers, seed, r)
+        sampled = sample_clients(len(clients), f.fraction, f.seed, r)
+        budgets = straggler_budgets(sampled, clients, local, f.stragglers, f.seed, r)
         chosen = sampled
-        if not keep_partial:  # dropped: the server does not wait for them
+        if not f.keep_partial:  # dropped: the server does not wait for them
             chosen, budgets = [k for k in sampled if k not in budgets], None
-        average = fedavg_round(w, x, y, parts, chosen, local, seed=seed, round_=r,
+        average = fedavg_round(w, clients, chosen, local, seed=f.seed, round_=r,
                                budgets=budgets, control=control, model=model, group=group,
                                batched=batched)
         if average is not None:  # else every chosen client dropped: keep w
-            w = server(w, average, server_state)
+            w = server(w, average - w, server_state)
         log["accuracy"].append(model.accuracy(w, x_test, y_test))
         log["bytes_per_round"].append(federated_bytes_per_round(  # w went to every sampled one
-            len(sampled), len(w), messages=2 if scaffold else 1))
+            len(sampled), len(w), messages=2 if f.scaffold else 1))
         log["seconds"].append(time.perf_counter() - start)
-        if target is not None and log["accuracy"][-1] >= target:
+        if f.target is not None and log["accuracy"][-1] >= f.target:
             break
     log["best"] = np.maximum.accumulate(log["accuracy"]).tolist()
-    log["rounds_to_target"] = (rounds_to_target(log["accuracy"], target)
-                               if target is not None else None)
+    log["rounds_to_target"] = (rounds_to_target(log["accuracy"], f.target)
+                               if f.target is not None else None)
     return log | dict(params=w)
 
 
@@ -226,8 +213,7 @@ def hierarchical(split, parts, edges, local: LocalTraining, *, cloud_rounds: int
     round); the cloud then averages the edge models, weighted by their data. Returns the test
     ``accuracy`` after every cloud round and the bytes that crossed the ``edge_to_cloud`` and
     the ``client_to_edge`` links in all."""
-    x, y = split.x_train.double(), split.y_train
-    w, d = model.init(seed), model.num_parameters
+    clients, w, d = Clients.of(split, parts), model.init(seed), model.num_parameters
     log = dict(accuracy=[model.accuracy(w, split.x_test, split.y_test)], edge_to_cloud=0,
                client_to_edge=0)
     for r in range(cloud_rounds):
@@ -235,10 +221,10 @@ def hierarchical(split, parts, edges, local: LocalTraining, *, cloud_rounds: int
         for e, members in enumerate(edges):
             w_e = w
             for q in range(edge_rounds):
-                chosen = [members[i] for i in
+                chosen = [members[i] for i in  # cloud round r, edge e, its round q
                           sample_clients(len(members), fraction, seed, (r, e, q))]
-                w_e = fedavg_round(w_e, x, y, parts, chosen, local, seed=seed,
-                                   round_=(r, e, q), model=model, batched=batched)
+                w_e = fedavg_round(w_e, clients, chosen, local, seed=seed, round_=(r, e, q),
+                                   model=model, batched=batched)
                 log["client_to_edge"] += federated_bytes_per_round(len(chosen), d)
             edge_models.append(w_e)
             edge_sizes.append(sum(len(parts[k]) for k in members))
@@ -266,8 +252,8 @@ def fedavg_on_ranks(rounds: int = 5, fraction: float = 0.2, epochs: int = 5, bat
     """Run on every rank of ``group``: :func:`federated` with the clients shared out over the
     ranks. Returns the final model ``params`` and the test ``accuracy`` per round."""
     digits, parts = lesson_setup(clients)
-    log = federated(digits, parts, LocalTraining(epochs, batch, lr), rounds=rounds,
-                    fraction=fraction, seed=seed, group=group)
+    log = federated(digits, parts, LocalTraining(epochs, batch, lr),
+                    Federation(rounds, fraction, seed=seed), group=group)
     return dict(params=log["params"], accuracy=log["accuracy"])
 
 
@@ -280,7 +266,7 @@ def main(argv=None):
     if results is not None:  # the launcher, or rank 0 under torchrun
         digits, parts = lesson_setup(args.clients)
         one = federated(digits, parts, LocalTraining(args.epochs, args.batch, args.lr),
-                        rounds=args.rounds, fraction=args.fraction, seed=args.seed)
+                        Federation(args.rounds, args.fraction, seed=args.seed))
         gap = max((r["params"] - one["params"]).abs().max().item() for r in results)
         print(f"FedAvg, K = {args.clients} clients (label shards), C = {args.fraction:g}, E = "
               f"{args.epochs}, B = {args.batch}, lr {args.lr:g}, clients on {len(results)} ranks")

@@ -1,10 +1,12 @@
 """Federated learning's remedies outside the clients' SGD: server optimisers and SCAFFOLD.
 
-Lecture: slides part 4 and the reference numbers on heterogeneity. The server's step is a
-function of the current model, the clients' average and its own state: :func:`fedavg_server`
-(the average itself), :func:`fedavgm_server` and :func:`fedadam_server` (Hsu et al. 2019;
-Reddi et al. 2021). :class:`ControlVariates` are SCAFFOLD's (Karimireddy et al. 2020).
-:mod:`course_lib.federated` uses them (and re-exports these names).
+Lecture: slides part 4 and the papers on heterogeneity. The server's step is a function
+``server(w, update, state) -> new model`` of the current model, the round's aggregated update
+(Reddi et al. 2021's Delta: the clients' weighted average minus w in FedAvg, a robust rule's
+output in lesson 9) and its own state: :func:`fedavg_server` (w + update: the average itself),
+:func:`fedavgm_server` and :func:`fedadam_server` (Hsu et al. 2019; Reddi et al. 2021).
+:class:`ControlVariates` are SCAFFOLD's (Karimireddy et al. 2020). :mod:`course_lib.federated`
+uses them (and re-exports these names).
 """
 
 from __future__ import annotations
@@ -12,33 +14,32 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-# -- the server's step: a function of the current model, the clients' average and its state ----
+# -- the server's step: a function of the current model, the round's update and its state -------
 # (the state, e.g. momentum, is a dict the training loop owns: a step function can be reused)
 
 
 def fedavg_server():
-    """FedAvg: the new global model is the clients' weighted average."""
-    return lambda w, average, state: average
+    """FedAvg: the new global model is w plus the round's update (in FedAvg: the average)."""
+    return lambda w, update, state: w + update
 
 
 def fedavgm_server(lr: float = 1.0, momentum: float = 0.9):
-    """FedAvgM: heavy-ball momentum on the pseudo-gradient delta = w - average."""
+    """FedAvgM: heavy-ball momentum on the round's update (the pseudo-gradient is -update)."""
 
-    def step(w, average, state):
-        state["m"] = momentum * state.get("m", torch.zeros_like(w)) + (w - average)
-        return w - lr * state["m"]
+    def step(w, update, state):
+        state["m"] = momentum * state.get("m", torch.zeros_like(w)) + update
+        return w + lr * state["m"]
 
     return step
 
 
 def fedadam_server(lr: float = 0.01, betas=(0.9, 0.99), tau: float = 1e-3):
-    """FedAdam: Adam on the pseudo-gradient delta = w - average (tau plays Adam's epsilon)."""
+    """FedAdam: Adam on the round's update Delta (tau plays Adam's epsilon)."""
 
-    def step(w, average, state):
-        delta = w - average
-        state["m"] = betas[0] * state.get("m", torch.zeros_like(w)) + (1 - betas[0]) * delta
-        state["v"] = betas[1] * state.get("v", torch.zeros_like(w)) + (1 - betas[1]) * delta ** 2
-        return w - lr * state["m"] / (state["v"].sqrt() + tau)
+    def step(w, update, state):
+        state["m"] = betas[0] * state.get("m", torch.zeros_like(w)) + (1 - betas[0]) * update
+        state["v"] = betas[1] * state.get("v", torch.zeros_like(w)) + (1 - betas[1]) * update ** 2
+        return w + lr * state["m"] / (state["v"].sqrt() + tau)
 
     return step
 

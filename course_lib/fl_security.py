@@ -9,21 +9,25 @@ al. 2019), DP-FedAvg (McMahan et al. 2018), coordinate-wise median and trimmed m
 2018), Krum (Blanchard et al. 2017); secure aggregation with pairwise masks (Bonawitz et al.
 2017, without its dropout handling).
 
-An aggregator is a function ``aggregate(updates, w, state) -> step`` of the chosen clients'
-updates (rows w_k - w), the current model and a dict the federation loop owns for it (DP's
-noise generator); an attack is a function too. :func:`simulate_federation`
-is an in-process **simulator** of the federation (the aggregation rules need every update at
-the server, not only their sum); lesson 8 checks the same FedAvg clients against real
-processes.
+An aggregator (an aggregation rule) is a function ``aggregate(updates, w, state) -> update``
+of the chosen clients' updates (rows w_k - w), the current model and a dict the federation loop
+owns for it (DP's noise generator): it replaces FedAvg's weighted average, and its output goes
+to the server's step ``server(w, update, state)``, lesson 8's. An :class:`Attack` names the
+attackers and their poison. :func:`simulate_federation` is an in-process **simulator** of
+lesson 8's FedAvg (the rules need every update at the server, not only their sum); lesson 8
+checks the same clients against real processes, and a test checks the simulator against
+lesson 8's ``federated``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from course_lib import federated as fl
-from course_lib.client_batch import train_clients
 from course_lib.models import DIGITS_MLP
 
 # -- privacy: what a gradient reveals --------------------------------------------------------------
@@ -195,34 +199,52 @@ def sign_flip(update: torch.Tensor, factor: float = 10.0) -> torch.Tensor:
 # -- the federation, simulated ----------------------------------------------------------------
 
 
-def client_updates(w, x, y, parts, chosen, local: fl.LocalTraining, seed, round_,
-                   attackers=(), poison_labels=None, poison_update=None) -> torch.Tensor:
-    """Each chosen client's update w_k - w after its local SGD (``fl.client_update``; all
-    clients at once, ``client_batch.train_clients``), as rows. Clients in ``attackers`` train
-    on ``poison_labels(y)`` and send ``poison_update(update)`` (when those are given)."""
-    data = [(x[parts[k]], poison_labels(y[parts[k]]) if k in attackers and poison_labels
-             else y[parts[k]]) for k in chosen]
-    models, _ = train_clients(w, data, local, [[seed, round_, k] for k in chosen])
-    return torch.stack([poison_update(v - w) if k in attackers and poison_update else v - w
-                        for k, v in zip(chosen, models, strict=True)])
+@dataclass(frozen=True)
+class Attack:
+    """Who attacks and how: the clients in ``attackers`` train on ``poison_labels(y)`` (data
+    poisoning) and send ``poison_update(update)`` (model poisoning), each when given."""
+
+    attackers: tuple = ()
+    poison_labels: Callable | None = None
+    poison_update: Callable | None = None
+
+    def labels(self, k, y):
+        return self.poison_labels(y) if k in self.attackers and self.poison_labels else y
+
+    def update(self, k, u):
+        return self.poison_update(u) if k in self.attackers and self.poison_update else u
 
 
-def simulate_federation(split, parts, *, rounds: int, aggregator=mean, attackers=(),
-                        poison_labels=None, poison_update=None, fraction: float = 0.5,
-                        local: fl.LocalTraining | None = None, seed: int = 0) -> dict:
-    """FedAvg in one process (a simulator) where the server combines the chosen clients' updates
-    with ``aggregator(updates, w, state)`` and clients in ``attackers`` poison their labels or their
-    update. ``local`` defaults to E = 2, B = 10. Returns the test ``accuracy`` per round (index
-    0: before training) and ``params``."""
-    local = local or fl.LocalTraining(epochs=2)
-    x, y = split.x_train.double(), split.y_train
-    w, attackers, state = DIGITS_MLP.init(seed), set(attackers), {}
+def client_updates(w, clients: fl.Clients, chosen, local: fl.LocalTraining, seed: int, round_,
+                   attack: Attack = Attack()) -> torch.Tensor:
+    """Each chosen client's update w_k - w after its local SGD (lesson 8's, all clients at once:
+    ``local_training.train_clients``), as rows, with the ``attack``'s poison applied."""
+    data = [(clients.data(k)[0], attack.labels(k, clients.data(k)[1])) for k in chosen]
+    models, _ = fl.train_clients(w, data, local, [[seed, round_, k] for k in chosen])
+    return torch.stack([attack.update(k, v - w) for k, v in zip(chosen, models, strict=True)])
+
+
+def simulate_federation(split, parts, local: fl.LocalTraining, federation: fl.Federation, *,
+                        aggregator=mean, attack: Attack = Attack()) -> dict:
+    """Lesson 8's FedAvg in one process (a simulator: the rules need every update at the
+    server, not only their sum), with two changes: the server combines the chosen clients'
+    updates with ``aggregator(updates, w, state)`` instead of averaging them, and the
+    ``attack``'s clients poison their labels or their update. Clients train as ``local`` says;
+    the rounds, sampling, seed and server step (``federation.server``: the same steps as lesson
+    8's) are the ``federation``'s. Returns the test ``accuracy`` per round (index 0: before
+    training) and ``params``."""
+    f = federation
+    if f.scaffold or f.stragglers or f.target is not None:
+        raise ValueError("the simulator runs plain rounds: SCAFFOLD, stragglers and a target "
+                         "are lesson 8's federated()'s")
+    clients = fl.Clients.of(split, parts)
+    w, rule_state, server_state = DIGITS_MLP.init(f.seed), {}, {}
+    server = f.server or fl.fedavg_server()
     accuracy = [DIGITS_MLP.accuracy(w, split.x_test, split.y_test)]
-    for r in range(rounds):
-        chosen = fl.sample_clients(len(parts), fraction, seed, r)
-        updates = client_updates(w, x, y, parts, chosen, local, seed, r, attackers,
-                                 poison_labels, poison_update)
-        w = w + aggregator(updates, w, state)
+    for r in range(f.rounds):
+        chosen = fl.sample_clients(len(clients), f.fraction, f.seed, r)
+        updates = client_updates(w, clients, chosen, local, f.seed, r, attack)
+        w = server(w, aggregator(updates, w, rule_state), server_state)
         accuracy.append(DIGITS_MLP.accuracy(w, split.x_test, split.y_test))
     return dict(accuracy=accuracy, params=w)
 

@@ -24,14 +24,14 @@ def shards(digits):
 
 
 def test_fedavg_with_one_epoch_and_infinite_batch_equals_fedsgd(digits, shards):
-    log = fl.federated(digits, shards, FEDSGD, rounds=1, fraction=1.0)
+    log = fl.federated(digits, shards, FEDSGD, fl.Federation(rounds=1, fraction=1.0))
     want = fl.fedsgd_step(digits, shards, DIGITS_MLP.init(), lr=0.3)
     torch.testing.assert_close(log["params"], want, atol=1e-6, rtol=0)
 
 
 def test_averaging_is_weighted_by_client_size(digits):
     parts = [torch.arange(0, 10), torch.arange(10, 400)]  # very unequal clients
-    log = fl.federated(digits, parts, FEDSGD, rounds=1, fraction=1.0)
+    log = fl.federated(digits, parts, FEDSGD, fl.Federation(rounds=1, fraction=1.0))
     w0, x, y = DIGITS_MLP.init(), digits.x_train.double(), digits.y_train
     locals_ = [w0 - 0.3 * DIGITS_MLP.loss_and_gradient(w0, x[p], y[p])[1] for p in parts]
     torch.testing.assert_close(log["params"], (10 * locals_[0] + 390 * locals_[1]) / 400)
@@ -39,10 +39,9 @@ def test_averaging_is_weighted_by_client_size(digits):
 
 
 def test_real_processes_and_one_process_give_the_same_model(digits, shards):
-    local, settings = fl.LocalTraining(epochs=2, batch=10, lr=0.1), dict(rounds=3, fraction=0.5,
-                                                                          seed=4)
-    alone = fl.federated(digits, shards, local, **settings)
-    ranks = launch(fl.federated, 2, args=(digits, shards, local), kwargs=settings)
+    local, plan = fl.LocalTraining(epochs=2, batch=10, lr=0.1), fl.Federation(3, 0.5, seed=4)
+    alone = fl.federated(digits, shards, local, plan)
+    ranks = launch(fl.federated, 2, args=(digits, shards, local, plan))
     for result in ranks:
         torch.testing.assert_close(result["params"], alone["params"], atol=1e-6, rtol=0)
     assert ranks[0]["accuracy"] == pytest.approx(alone["accuracy"])
@@ -50,17 +49,17 @@ def test_real_processes_and_one_process_give_the_same_model(digits, shards):
 
 def test_scaffold_and_server_optimisers_agree_across_processes_too(digits, shards):
     local = fl.LocalTraining(epochs=1, batch=10, lr=0.1)
-    settings = dict(rounds=2, fraction=0.5, seed=1, scaffold=True,
-                    server=fl.fedadam_server(lr=0.01))
-    alone = fl.federated(digits, shards, local, **settings)
-    ranks = launch(fl.federated, 2, args=(digits, shards, local), kwargs=settings)
+    plan = fl.Federation(rounds=2, fraction=0.5, seed=1, scaffold=True,
+                         server=fl.fedadam_server(lr=0.01))
+    alone = fl.federated(digits, shards, local, plan)
+    ranks = launch(fl.federated, 2, args=(digits, shards, local, plan))
     torch.testing.assert_close(ranks[1]["params"], alone["params"], atol=1e-6, rtol=0)
 
 
 def test_fedavg_learns_and_reports_rounds_to_target(digits):
     parts = pt.iid(digits.y_train.numpy(), 20)
-    log = fl.federated(digits, parts, fl.LocalTraining(epochs=2, batch=10, lr=0.1), rounds=40,
-                       fraction=0.2, target=0.85)
+    log = fl.federated(digits, parts, fl.LocalTraining(epochs=2, batch=10, lr=0.1),
+                       fl.Federation(rounds=40, fraction=0.2, target=0.85))
     assert log["accuracy"][0] < 0.3 and log["best"][-1] >= 0.85
     assert log["rounds_to_target"] == len(log["accuracy"]) - 1  # it stopped at the target
     assert log["bytes_per_round"][0] == 2 * 4 * D * 4  # 4 clients, both ways
@@ -73,10 +72,11 @@ def test_rounds_to_target_reads_the_best_so_far_curve():
 
 def test_dropped_stragglers_do_no_work_and_kept_ones_do_part(digits, shards):
     base = dict(rounds=1, fraction=1.0)
-    all_slow_dropped = fl.federated(digits, shards, FEDSGD, stragglers=1.0, **base)
+    all_slow_dropped = fl.federated(digits, shards, FEDSGD, fl.Federation(stragglers=1.0, **base))
     torch.testing.assert_close(all_slow_dropped["params"], DIGITS_MLP.init())  # nobody reported
-    kept = fl.federated(digits, shards, FEDSGD, stragglers=1.0, keep_partial=True, **base)
-    normal = fl.federated(digits, shards, FEDSGD, **base)
+    kept = fl.federated(digits, shards, FEDSGD,
+                        fl.Federation(stragglers=1.0, keep_partial=True, **base))
+    normal = fl.federated(digits, shards, FEDSGD, fl.Federation(**base))
     # one step is all a B=inf epoch has
     torch.testing.assert_close(kept["params"], normal["params"])
 
@@ -84,11 +84,12 @@ def test_dropped_stragglers_do_no_work_and_kept_ones_do_part(digits, shards):
 def test_straggler_budgets_are_seeded_and_within_the_local_steps(digits, shards):
     local = fl.LocalTraining(epochs=2, batch=10)
     chosen = list(range(10))
-    budgets = fl.straggler_budgets(chosen, shards, local, 0.3, seed=5, round_=2)
+    clients = fl.Clients.of(digits, shards)
+    budgets = fl.straggler_budgets(chosen, clients, local, 0.3, seed=5, round_=2)
     assert len(budgets) == 3 and set(budgets) <= set(chosen)
     assert all(1 <= steps <= local.steps(len(shards[k])) for k, steps in budgets.items())
-    assert budgets == fl.straggler_budgets(chosen, shards, local, 0.3, seed=5, round_=2)
-    assert fl.straggler_budgets(chosen, shards, local, 0.0, seed=5, round_=2) == {}
+    assert budgets == fl.straggler_budgets(chosen, clients, local, 0.3, seed=5, round_=2)
+    assert fl.straggler_budgets(chosen, clients, local, 0.0, seed=5, round_=2) == {}
 
 
 def test_fedprox_pulls_local_models_towards_the_global_one(digits):
@@ -103,16 +104,16 @@ def test_fedprox_pulls_local_models_towards_the_global_one(digits):
     assert fl.LocalTraining(epochs=3, batch=None).steps(200) == 3
 
 
-def test_server_optimisers_move_along_the_average_update():
+def test_server_optimisers_move_along_the_round_update():
     w, avg = torch.ones(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
-    torch.testing.assert_close(fl.fedavg_server()(w, avg, {}), avg, rtol=0, atol=1e-12)
+    torch.testing.assert_close(fl.fedavg_server()(w, avg - w, {}), avg, rtol=0, atol=1e-12)
     momentum, state = fl.fedavgm_server(lr=0.5), {}
-    first = momentum(w, avg, state)
+    first = momentum(w, avg - w, state)
     torch.testing.assert_close(first, w - 0.5 * (w - avg))
-    second = momentum(first, avg, state)  # momentum: a bigger step
+    second = momentum(first, avg - first, state)  # momentum: a bigger step
     assert (first - second).norm() > 0.5 * (first - avg).norm()
-    torch.testing.assert_close(momentum(w, avg, {}), first)  # a fresh state: the same first step
-    adam = fl.fedadam_server(lr=0.1)(w, avg, {})
+    torch.testing.assert_close(momentum(w, avg - w, {}), first)  # fresh state: same first step
+    adam = fl.fedadam_server(lr=0.1)(w, avg - w, {})
     torch.testing.assert_close(adam, w - 0.1 * 0.1 / (0.1 + 1e-3), rtol=0, atol=1e-3)
 
 
@@ -128,9 +129,36 @@ def test_scaffold_control_variates_follow_option_two():
     torch.testing.assert_close(cv.correction(3), (w - v) / 4 - (w - v))
 
 
-def test_bad_settings_are_rejected(digits, shards):
-    with pytest.raises(ValueError, match="fraction"):
-        fl.federated(digits, shards, FEDSGD, rounds=1, fraction=0)
+@pytest.mark.parametrize("settings, problem", [
+    (dict(rounds=1, fraction=0), "fraction"), (dict(rounds=1, fraction=1.5), "fraction"),
+    (dict(rounds=-1), "rounds"), (dict(rounds=2.5), "rounds"),
+    (dict(rounds=1, stragglers=-0.1), "stragglers"), (dict(rounds=1, stragglers=2), "stragglers")])
+def test_bad_federations_are_refused_naming_the_setting(settings, problem):
+    with pytest.raises(ValueError, match=problem):
+        fl.Federation(**settings)
+
+
+@pytest.mark.parametrize("settings, problem", [
+    (dict(epochs=0), "epochs"), (dict(epochs=1.5), "epochs"), (dict(batch=0), "batch"),
+    (dict(batch=-3), "batch")])
+def test_bad_local_training_is_refused_naming_the_setting(settings, problem):
+    with pytest.raises(ValueError, match=problem):
+        fl.LocalTraining(**settings)
+
+
+def test_a_client_without_rows_is_refused_by_both_engines(digits):
+    parts = [torch.arange(0, 10), torch.arange(10, 10)]
+    for batched in (True, False):
+        with pytest.raises(ValueError, match="holds no rows"):
+            fl.federated(digits, parts, FEDSGD, fl.Federation(1, 1.0), batched=batched)
+
+
+def test_clients_hand_out_each_clients_rows(digits, shards):
+    clients = fl.Clients.of(digits, shards)
+    assert len(clients) == len(shards) and clients.rows(3) == len(shards[3])
+    x3, y3 = clients.data(3)
+    torch.testing.assert_close(x3, digits.x_train[shards[3]].double())
+    assert x3.dtype == torch.float64 and torch.equal(y3, digits.y_train[shards[3]])
 
 
 def test_hierarchical_fedavg_learns_and_counts_both_kinds_of_links(digits):
@@ -146,16 +174,16 @@ def test_hierarchical_fedavg_learns_and_counts_both_kinds_of_links(digits):
 
 def test_a_round_on_ranks_equals_the_round_in_one_process(digits, shards):
     local, chosen = fl.LocalTraining(epochs=1, batch=10, lr=0.1), [0, 3, 4, 9, 12]
-    x, y = digits.x_train.double(), digits.y_train
+    clients = fl.Clients.of(digits, shards)
 
     def one_round(w):
-        return fl.fedavg_round(w, x, y, shards, chosen, local, seed=2, round_=0)
+        return fl.fedavg_round(w, clients, chosen, local, seed=2, round_=0)
 
     alone = one_round(DIGITS_MLP.init())
     ranks = launch(one_round, 2, args=(DIGITS_MLP.init(),))
     for result in ranks:
         torch.testing.assert_close(result, alone, atol=1e-10, rtol=0)
-    assert fl.fedavg_round(DIGITS_MLP.init(), x, y, shards, [], local, seed=2, round_=0) is None
+    assert fl.fedavg_round(DIGITS_MLP.init(), clients, [], local, seed=2, round_=0) is None
 
 
 def test_sampled_clients_are_seeded_and_at_least_one():

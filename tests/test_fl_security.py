@@ -11,6 +11,8 @@ from course_lib import partitions as pt
 from course_lib.data import load_digits
 from course_lib.models import DIGITS_MLP, mlp
 
+LOCAL = fl.LocalTraining(epochs=2, batch=10)
+
 
 @pytest.fixture(scope="module")
 def digits():
@@ -93,10 +95,11 @@ def test_attacks_scale_or_flip_the_update():
 def test_median_resists_sign_flipping_attackers_that_break_the_mean(digits):
     parts = pt.iid(digits.y_train.numpy(), 20)
     attackers = sec.fraction_attackers(parts, 0.2)
-    common = dict(rounds=8, attackers=attackers, poison_update=sec.sign_flip, fraction=0.5)
-    mean = sec.simulate_federation(digits, parts, aggregator=sec.mean, **common)
-    median = sec.simulate_federation(digits, parts, aggregator=sec.coordinate_median, **common)
-    clean = sec.simulate_federation(digits, parts, rounds=8, fraction=0.5)
+    attack, plan = sec.Attack(attackers, poison_update=sec.sign_flip), fl.Federation(8, 0.5)
+    mean = sec.simulate_federation(digits, parts, LOCAL, plan, aggregator=sec.mean, attack=attack)
+    median = sec.simulate_federation(digits, parts, LOCAL, plan, aggregator=sec.coordinate_median,
+                                     attack=attack)
+    clean = sec.simulate_federation(digits, parts, LOCAL, plan)
     assert mean["accuracy"][-1] < 0.5 < median["accuracy"][-1]
     assert median["accuracy"][-1] > clean["accuracy"][-1] - 0.15
 
@@ -105,20 +108,22 @@ def test_label_flippers_train_on_flipped_labels_and_the_validation_check_runs(di
     parts = pt.iid(digits.y_train.numpy(), 10)
     validation = (digits.x_test[:100], digits.y_test[:100])
     check = functools.partial(sec.validation_check, validation=validation)
-    log = sec.simulate_federation(digits, parts, rounds=2, aggregator=check,
-                                  attackers=[0, 1, 2], poison_labels=sec.flip_labels)
+    log = sec.simulate_federation(digits, parts, LOCAL, fl.Federation(2, 0.5), aggregator=check,
+                                  attack=sec.Attack((0, 1, 2), poison_labels=sec.flip_labels))
     assert len(log["accuracy"]) == 3 and log["params"].shape == (DIGITS_MLP.num_parameters,)
     w, local = DIGITS_MLP.init(), fl.LocalTraining(epochs=1)
     x, y = digits.x_train.double(), digits.y_train
-    flipped = sec.client_updates(w, x, y, parts, [0], local, 0, 0, {0}, sec.flip_labels)
+    flipped = sec.client_updates(w, fl.Clients.of(digits, parts), [0], local, 0, 0,
+                                 sec.Attack((0,), poison_labels=sec.flip_labels))
     by_hand = fl.client_update(w, x[parts[0]], 9 - y[parts[0]], local, [0, 0, 0])[0] - w
     torch.testing.assert_close(flipped[0], by_hand)
 
 
 def test_dp_federated_trades_accuracy_for_noise(digits):
     parts = pt.iid(digits.y_train.numpy(), 20)
-    quiet = sec.simulate_federation(digits, parts, rounds=10, aggregator=sec.dp_mean(1.0, 0.0))
-    loud = sec.simulate_federation(digits, parts, rounds=10, aggregator=sec.dp_mean(1.0, 20.0))
+    plan = fl.Federation(rounds=10, fraction=0.5)
+    quiet = sec.simulate_federation(digits, parts, LOCAL, plan, aggregator=sec.dp_mean(1.0, 0.0))
+    loud = sec.simulate_federation(digits, parts, LOCAL, plan, aggregator=sec.dp_mean(1.0, 20.0))
     assert quiet["accuracy"][-1] > loud["accuracy"][-1] + 0.2
 
 
@@ -145,3 +150,30 @@ def test_validation_check_drops_the_update_that_ruins_the_validation_accuracy(di
     validation = (digits.x_test[:200], digits.y_test[:200])
     torch.testing.assert_close(sec.validation_check(updates, w, validation=validation),
                                torch.stack(honest).mean(dim=0))
+
+
+@pytest.mark.parametrize("server", [None, fl.fedavgm_server(lr=0.5, momentum=0.9)],
+                         ids=["FedAvg", "FedAvgM"])
+def test_the_simulator_with_the_mean_is_lesson_8s_fedavg(digits, server):
+    parts = list(torch.arange(600).split(30))  # equal sizes: FedAvg's weighted mean is the mean
+    plan = fl.Federation(rounds=3, fraction=0.25, seed=7, server=server)
+    simulated = sec.simulate_federation(digits, parts, LOCAL, plan)
+    federated = fl.federated(digits, parts, LOCAL, plan)
+    torch.testing.assert_close(simulated["params"], federated["params"], rtol=0, atol=1e-10)
+    assert simulated["accuracy"] == pytest.approx(federated["accuracy"], abs=1e-12)
+
+
+@pytest.mark.parametrize("setting", [dict(scaffold=True), dict(stragglers=0.5),
+                                     dict(target=0.9)])
+def test_the_simulator_refuses_what_only_lesson_8s_loop_does(digits, setting):
+    parts = pt.iid(digits.y_train.numpy(), 10)
+    with pytest.raises(ValueError, match="simulator runs plain rounds"):
+        sec.simulate_federation(digits, parts, LOCAL, fl.Federation(rounds=1, **setting))
+
+
+def test_an_attack_poisons_only_its_attackers():
+    attack = sec.Attack((2,), poison_labels=sec.flip_labels, poison_update=sec.boost)
+    y, u = torch.tensor([1, 8]), torch.tensor([1.0, -1.0])
+    assert attack.labels(2, y).tolist() == [8, 1] and attack.labels(0, y) is y
+    torch.testing.assert_close(attack.update(2, u), 10 * u)
+    assert attack.update(1, u) is u and sec.Attack().labels(2, y) is y

@@ -65,10 +65,10 @@ def cases():
         "compressed_all_reduce": lambda rank: qz.compressed_all_reduce(vector(rank),
                                                                        "fp16")["sum"],
         "fedavg_round": lambda rank: fl.fedavg_round(
-            DIGITS_MLP.init(), flat.x_train.double(), flat.y_train, parts, [0, 1, 2, 5], local,
-            seed=0, round_=0),
-        "federated": lambda rank: fl.federated(flat, parts, local, rounds=1, fraction=0.5,
-                                               scaffold=True)["params"],
+            DIGITS_MLP.init(), fl.Clients.of(flat, parts), [0, 1, 2, 5], local, seed=0,
+            round_=0),
+        "federated": lambda rank: fl.federated(
+            flat, parts, local, fl.Federation(rounds=1, fraction=0.5, scaffold=True))["params"],
         "hello_all_reduce": lambda rank: hello.hello_all_reduce()["all_reduce_sum"],
     }
 

@@ -43,8 +43,8 @@ def inputs(g: int) -> dict:
         tokens=(torch.randn(5, 8, generator=gen, dtype=torch.float64),
                 torch.randn(5, 8, generator=gen, dtype=torch.float64)),
         problem=erm.breast_cancer_problem() if g == 0 else erm.diabetes_problem(),
-        digits=(flat.x_train.double(), flat.y_train),
-        parts=list(torch.randperm(len(flat.y_train), generator=gen)[:240].split(30)),
+        clients=fl.Clients.of(flat, torch.randperm(len(flat.y_train), generator=gen)[:240]
+                              .split(30)),
     )
 
 
@@ -68,9 +68,8 @@ def algorithms(data, group):
                                                   dec.mixing_matrix(GOSSIP_GRAPH), group),
         "parameter-server round": lambda: ps.parameter_server(
             data["problem"], ps.sgd(0.5), gradients=3, seed=None, group=group),
-        "FedAvg round": lambda: fl.fedavg_round(DIGITS_MLP.init(), *data["digits"],
-                                                data["parts"], CHOSEN, LOCAL, seed=0, round_=0,
-                                                group=group),
+        "FedAvg round": lambda: fl.fedavg_round(DIGITS_MLP.init(), data["clients"], CHOSEN,
+                                                LOCAL, seed=0, round_=0, group=group),
     }
 
 
@@ -156,8 +155,7 @@ def test_parameter_server_round_in_a_subgroup(runs, g):
 @pytest.mark.parametrize("g", [0, 1])
 def test_fedavg_round_in_a_subgroup(runs, g):
     data = inputs(g)
-    want = fl.fedavg_round(DIGITS_MLP.init(), *data["digits"], data["parts"], CHOSEN, LOCAL,
-                           seed=0, round_=0)
+    want = fl.fedavg_round(DIGITS_MLP.init(), data["clients"], CHOSEN, LOCAL, seed=0, round_=0)
     for me in (0, 1):
         torch.testing.assert_close(runs[g, me]["FedAvg round"], want, atol=1e-10, rtol=0)
 

@@ -142,7 +142,8 @@ def _federated():
     split = load_digits()
     parts = pt.iid(split.y_train.numpy(), 8)
     local = fl.LocalTraining(epochs=1, batch=10, lr=0.1)
-    log = fl.federated(split, parts, local, rounds=2, fraction=0.5, scaffold=True)
+    log = fl.federated(split, parts, local,
+                       fl.Federation(rounds=2, fraction=0.5, scaffold=True))
     return log["params"], f"FedAvg + SCAFFOLD on ranks, accuracy {log['accuracy'][-1]:.2f}"
 
 

@@ -32,7 +32,7 @@ def federated_rounds(repeats: int = 5, rounds: int = 5) -> dict[str, Timing]:
     parts = pt.label_shards(digits.y_train.numpy(), CLIENTS)
 
     def runner(batched):
-        return lambda: fl.federated(digits, parts, LOCAL, rounds=rounds, fraction=1.0,
+        return lambda: fl.federated(digits, parts, LOCAL, fl.Federation(rounds, fraction=1.0),
                                     batched=batched)
 
     timings = measure_interleaved({"batched": runner(True), "loop": runner(False)},

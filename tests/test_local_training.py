@@ -1,13 +1,14 @@
-"""The batched federated engine (course_lib.client_batch) against the per-client loop."""
+"""Clients' local training (course_lib.local_training): the lecture's loop, its two parts, and
+the batched engine built from the same parts."""
 
 import pytest
 import torch
 
 from course_lib import federated as fl
 from course_lib import partitions as pt
-from course_lib.client_batch import train_clients
 from course_lib.data import load_digits
 from course_lib.federated import LocalTraining
+from course_lib.local_training import local_step, mini_batches, train_clients
 from course_lib.models import DIGITS_MLP
 
 DIGITS = load_digits()
@@ -46,17 +47,18 @@ def test_train_clients_equals_client_update_for_each_client():
         torch.testing.assert_close(V[k], v, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("method", [
-    dict(local=LocalTraining(epochs=5, batch=10, lr=0.1)),                        # FedAvg
-    dict(local=LocalTraining(epochs=5, batch=10, lr=0.1, mu=0.1), stragglers=0.5,
-         keep_partial=True),                                                      # FedProx
-    dict(local=LocalTraining(epochs=5, batch=10, lr=0.1), scaffold=True),         # SCAFFOLD
-    dict(local=LocalTraining(epochs=5, batch=None, lr=0.1)),                      # B = infinity
+@pytest.mark.parametrize("local, method", [
+    (LocalTraining(epochs=5, batch=10, lr=0.1), {}),                                  # FedAvg
+    (LocalTraining(epochs=5, batch=10, lr=0.1, mu=0.1),
+     dict(stragglers=0.5, keep_partial=True)),                                        # FedProx
+    (LocalTraining(epochs=5, batch=10, lr=0.1), dict(scaffold=True)),                 # SCAFFOLD
+    (LocalTraining(epochs=5, batch=None, lr=0.1), {}),                                # B = inf
 ], ids=["FedAvg", "FedProx", "SCAFFOLD", "B=inf"])
-def test_batched_rounds_equal_the_per_client_loop(method):
+def test_batched_rounds_equal_the_per_client_loop(local, method):
     parts = pt.label_shards(LABELS, 20)
-    batched = fl.federated(DIGITS, parts, rounds=4, fraction=0.3, batched=True, **method)
-    loop = fl.federated(DIGITS, parts, rounds=4, fraction=0.3, batched=False, **method)
+    plan = fl.Federation(rounds=4, fraction=0.3, **method)
+    batched = fl.federated(DIGITS, parts, local, plan, batched=True)
+    loop = fl.federated(DIGITS, parts, local, plan, batched=False)
     torch.testing.assert_close(batched["params"], loop["params"], rtol=0, atol=1e-10)
     assert batched["accuracy"] == pytest.approx(loop["accuracy"], abs=1e-12)
 
@@ -68,3 +70,25 @@ def test_no_clients_and_empty_clients():
     empty = (DIGITS.x_train[:0].double(), DIGITS.y_train[:0])
     with pytest.raises(ValueError, match="holds no rows"):
         train_clients(w, [empty], LocalTraining(), [[0]])
+
+
+def test_mini_batches_are_each_epochs_fresh_order_cut_into_batches():
+    table = mini_batches(23, LocalTraining(epochs=3, batch=10), seed=[4, 1])
+    assert table.shape == (9, 10)  # 3 batches per epoch: 10, 10 and 3 rows
+    for epoch in range(3):
+        rows = table[3 * epoch:3 * epoch + 3].flatten()
+        assert sorted(rows[rows >= 0].tolist()) == list(range(23))  # every row once per epoch
+        assert (table[3 * epoch + 2, 3:] == -1).all()  # the short batch is padded
+    assert not torch.equal(table[:3], table[3:6])  # a fresh order per epoch
+    assert torch.equal(table, mini_batches(23, LocalTraining(epochs=3, batch=10), [4, 1]))
+    assert torch.equal(mini_batches(23, LocalTraining(epochs=3, batch=10), [4, 1], 4), table[:4])
+    assert mini_batches(5, LocalTraining(epochs=2, batch=None), 0).shape == (2, 5)
+    assert mini_batches(5, LocalTraining(epochs=1, batch=50), 0).shape == (1, 5)
+
+
+def test_local_step_is_sgd_with_fedprox_and_scaffolds_terms():
+    v, w, g = (torch.tensor([1.0, 2.0]), torch.tensor([0.0, 1.0]), torch.tensor([0.5, -0.5]))
+    c = torch.tensor([0.1, 0.2])
+    torch.testing.assert_close(local_step(v, w, g, LocalTraining(lr=0.1)), v - 0.1 * g)
+    torch.testing.assert_close(local_step(v, w, g, LocalTraining(lr=0.1, mu=2.0), c),
+                               v - 0.1 * (g + 2.0 * (v - w) + c))
