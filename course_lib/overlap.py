@@ -194,16 +194,19 @@ def synchronizer(model, sync: str, bucket_mb: float = 25.0, group=None,
 
 def train(model_fn, x, y, global_batch: int, steps: int, lr: float, sync: str = "buckets",
           bucket_mb: float = 25.0, seed: int = 0, group=None, find_unused: bool = False,
-          optimizer=None) -> dict:
+          optimizer=None, emulated=None, on_step=None) -> dict:
     """Data parallelism synchronised by ``sync`` (:func:`synchronizer`), in the one step loop
     (:func:`course_lib.training.step_loop`): each step every rank takes every world_size-th
     row of the step's global batch (which must divide evenly). All replicas start from the same
     ``model_fn()``. ``optimizer(model)`` makes the optimizer (its parameter groups, say; default:
-    SGD with ``lr``). Returns the final ``params`` and this rank's ``losses``."""
+    SGD with ``lr``). ``emulated``: compute at an emulated device's pace (``runtime.emulation``);
+    ``on_step(step, seconds)``: called after each step. Returns the final ``params`` and this
+    rank's ``losses``."""
     inner = model_fn().to(device(group))
     model, wait = synchronizer(inner, sync, bucket_mb, group, find_unused)
     opt = (optimizer or default_sgd(lr))(inner)
-    losses = step_loop(model, opt, x, y, global_batch, steps, wait, seed, group)
+    losses = step_loop(model, opt, x, y, global_batch, steps, wait, seed, group, on_step,
+                       emulated)
     return dict(params=parameters_vector(inner), losses=losses)
 
 

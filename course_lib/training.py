@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.runtime.devices import device
+from course_lib.runtime.emulation import catch_up, paced_step
 
 
 def loss_fn(model, x, y):
@@ -99,14 +100,17 @@ def parameters_to_average(model, group=None, find_unused: bool = False) -> list:
 
 
 def step_loop(model, optimizer, x, y, global_batch: int, steps: int, sync=None, seed: int = 0,
-              group=None, on_step=None) -> list[float]:
+              group=None, on_step=None, emulated=None) -> list[float]:
     """Train ``model`` for ``steps`` steps; return this rank's losses.
 
     Each step this rank takes every world_size-th row of the step's global batch, computes its
     loss and ``backward()``, then ``sync()`` (a gradient synchroniser that leaves the mean of
     the ranks' gradients in ``.grad``; None: the optimizer averages them itself, or there is one
     process) and ``optimizer.step()``. ``on_step(step, seconds)``, if given, is called after
-    each step (timing, logging). ``x`` and ``y`` go to the rank's device."""
+    each step (timing, logging). ``x`` and ``y`` go to the rank's device. ``emulated``: an
+    ``runtime.emulation.EmulatedDevice`` whose modelled time the compute takes (paced after
+    forward, at each gradient, after backward and after the optimizer step; the first step
+    counts the FLOPs unless the device has counted them); None: as it is."""
     import time
 
     rank, world_size = rank_and_size(group)
@@ -114,16 +118,26 @@ def step_loop(model, optimizer, x, y, global_batch: int, steps: int, sync=None, 
     dev = device(group) if dist.is_initialized() else x.device
     x, y = x.to(dev), y.to(dev)
     losses = []
-    for step, idx in enumerate(global_batches(len(y), global_batch, steps, seed)):
-        mine = idx[rank::world_size].to(dev)
-        start = time.perf_counter()
-        optimizer.zero_grad()
-        loss = loss_fn(model, x[mine], y[mine])
-        loss.backward()
-        if sync is not None:
-            sync()
-        optimizer.step()
-        losses.append(loss.item())
-        if on_step is not None:
-            on_step(step, time.perf_counter() - start)
+    paced = emulated.pace_gradients(model) if emulated is not None else []
+    try:
+        for step, idx in enumerate(global_batches(len(y), global_batch, steps, seed)):
+            mine = idx[rank::world_size].to(dev)
+            start = time.perf_counter()
+            with paced_step(emulated):
+                optimizer.zero_grad()
+                loss = loss_fn(model, x[mine], y[mine])
+                catch_up(emulated)
+                loss.backward()
+                catch_up(emulated)  # the device finishes backward before a blocking collective
+                if sync is not None:
+                    sync()
+                    catch_up(emulated)
+                optimizer.step()
+                losses.append(loss.item())
+                catch_up(emulated)
+            if on_step is not None:
+                on_step(step, time.perf_counter() - start)
+    finally:
+        for handle in paced:
+            handle.remove()
     return losses

@@ -1,12 +1,17 @@
 """What a step spends its time on (course_lib.runtime.profiling), the overlap model
 (course_lib.cost_models) and lesson 10's benchmark run (course_lib.benchmarks.overlap)."""
 
+import functools
+
 import pytest
 import torch
 
 from course_lib import cost_models
 from course_lib.benchmarks import overlap as bench
-from course_lib.runtime import launch, profiling
+from course_lib.data import stdlib_text, text_batch
+from course_lib.models import tiny_gpt
+from course_lib.runtime import WorkerError, launch, profiling
+from course_lib.runtime.emulation import flops_of
 from course_lib.runtime.timing import Span
 
 
@@ -69,3 +74,22 @@ def test_the_benchmark_run_profiles_all_reduces_on_both_ranks():
     assert s["alpha"] > 0 and s["beta"] > 0
     assert len(s["ready"]) == len(s["gradient_bytes"]) == 54
     assert sum(s["gradient_bytes"]) == 4 * sum(p.numel() for p in bench.model_fn().parameters())
+
+
+SMALL_GPT = functools.partial(tiny_gpt, vocab=96, d_model=64, layers=2, heads=2, context=8)
+
+
+def test_the_benchmark_runs_on_an_emulated_device_chosen_by_the_ratio():
+    runs = launch(bench.run, 2, kwargs=dict(configs=(("buckets", 1.0),), steps=1, warmup=1,
+                                            repeats=1, model=SMALL_GPT, local_batch=1,
+                                            context=8, ratio=0.01, stands_for="a test"))
+    e = bench.summarise(runs)["emulated"]
+    flops, _ = flops_of(bench.one_step, SMALL_GPT(), lambda: None,
+                        *text_batch(stdlib_text(), 1, 8, torch.Generator().manual_seed(0)), 1e-3)
+    assert e["ratio"] == 0.01 and e["flops"] == flops  # every rank's step: the same FLOPs
+    # the rate makes the step's all-gradient all-reduce 1% of the device's compute
+    assert e["flops"] / e["flops_per_second"] == pytest.approx(e["communication"] / 0.01)
+    assert e["lag"] >= 0
+    with pytest.raises(WorkerError, match="too busy to stand for a device"):
+        launch(bench.run, 2, kwargs=dict(configs=(), steps=1, warmup=0, repeats=1,
+                                         model=SMALL_GPT, local_batch=1, context=8, ratio=100.0))

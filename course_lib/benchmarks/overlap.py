@@ -26,6 +26,14 @@ from course_lib.data import stdlib_text, text_batch
 from course_lib.models import tiny_gpt
 from course_lib.runtime import profiling
 from course_lib.runtime.devices import device
+from course_lib.runtime.emulation import (
+    EmulatedDevice,
+    catch_up,
+    check_cpu_rank,
+    flops_of,
+    paced_step,
+    rate_for,
+)
 from course_lib.runtime.timing import synchronize
 from course_lib.runtime.torchrun import experiment_parser, run_experiment
 
@@ -40,35 +48,45 @@ def label(config) -> str:
     return sync if mb is None else f"{sync} {mb:g} MB"
 
 
-def one_step(model, wait, x, y, lr=None, dev=None):
+def one_step(model, wait, x, y, lr=None, dev=None, emulated=None):
     """One data-parallel step in profiler phases: forward, backward, ``wait`` (the
-    synchroniser), and with ``lr`` an SGD step; with ``dev`` it waits for the device after."""
-    with profiling.phase("forward"):
-        loss = ov.loss_fn(model, x, y)
-    with profiling.phase("backward"):
-        loss.backward()
-    with profiling.phase("wait"):
-        wait()
-    if lr is not None:
-        with profiling.phase("optimizer"), torch.no_grad():
-            for p in model.parameters():
-                if p.grad is not None:
-                    p -= lr * p.grad
+    synchroniser), and with ``lr`` an SGD step; with ``dev`` it waits for the device after.
+    ``emulated``: the compute takes an emulated device's time (its gradients must be paced:
+    ``emulated.pace_gradients(model)``; its first step counts the FLOPs)."""
+    with paced_step(emulated):
+        with profiling.phase("forward"):
+            loss = ov.loss_fn(model, x, y)
+            catch_up(emulated)
+        with profiling.phase("backward"):
+            loss.backward()
+            catch_up(emulated)
+        with profiling.phase("wait"):
+            wait()
+            catch_up(emulated)
+        if lr is not None:
+            with profiling.phase("optimizer"), torch.no_grad():
+                for p in model.parameters():
+                    if p.grad is not None:
+                        p -= lr * p.grad
+                catch_up(emulated)
     if dev is not None:
         synchronize(dev)
 
 
-def _gradient_ready_times(model, x, y):
+def _gradient_ready_times(model, x, y, emulated=None):
     """Seconds after backward starts at which each parameter's gradient is written (no
-    communication), and how long backward takes."""
+    communication), and how long backward takes (on the ``emulated`` device when given)."""
     ready = {}
     params = [p for p in model.parameters() if p.requires_grad]
     handles = [p.register_post_accumulate_grad_hook(
         lambda p, i=i: ready.__setitem__(i, time.perf_counter())) for i, p in enumerate(params)]
-    loss = ov.loss_fn(model, x, y)
-    start = time.perf_counter()
-    loss.backward()
-    end = time.perf_counter()
+    with paced_step(emulated):
+        loss = ov.loss_fn(model, x, y)
+        catch_up(emulated)
+        start = time.perf_counter()
+        loss.backward()
+        catch_up(emulated)
+        end = time.perf_counter()
     for h in handles:
         h.remove()
     return [ready[i] - start for i in range(len(params))], end - start
@@ -90,42 +108,80 @@ def _message_times(sizes, repeats, group, dev):
     return out
 
 
+def calibrate(model, x, y, group, dev, repeats: int = 5) -> dict:
+    """This machine's side of the similarity: the FLOPs of a step, the CPU time of its forward
+    and backward (its thread's, median of ``repeats``: the work the device models) and an
+    all-reduce of all the gradients (median), the larger over the ranks."""
+    flops, _ = flops_of(one_step, model, lambda: None, x, y, 1e-3)
+    cpu, comm = [], []
+    grads = torch.zeros(sum(p.numel() for p in model.parameters()), device=dev)
+    for i in range(repeats + 1):  # the first is a warm-up
+        start = time.thread_time()
+        ov.loss_fn(model, x, y).backward()  # what the device models; the SGD update is not
+        spent = time.thread_time() - start
+        dist.barrier(group=group)
+        wall = time.perf_counter()
+        dist.all_reduce(grads, group=group)
+        if i:
+            cpu.append(spent)
+            comm.append(time.perf_counter() - wall)
+    worst = torch.tensor([statistics.median(cpu), statistics.median(comm)], dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+    return dict(flops=flops, compute_cpu=worst[0].item(), communication=worst[1].item())
+
+
 def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
         local_batch: int = 2, steps: int = 15, warmup: int = 3, repeats: int = 7,
-        seed: int = 0, group=None) -> dict:
+        seed: int = 0, group=None, model=None, context: int = 64, ratio: float | None = None,
+        stands_for: str = "") -> dict:
     """On every rank: per-step seconds of each synchronisation in ``configs`` and of a step
     without communication ("none"), alternating step by step; then one profiled step of each;
-    gradient ready times and sizes; all-reduce times of several sizes (for alpha and beta)."""
+    gradient ready times and sizes; all-reduce times of several sizes (for alpha and beta).
+    ``model``: the model's constructor (default lesson 10's GPT), trained on ``local_batch``
+    windows of ``context`` characters per rank. ``ratio``: run on an emulated device whose
+    compute makes the whole gradient's all-reduce take ``ratio`` x a step's compute
+    (``stands_for``: the system that ratio stands for); None: this CPU as it is."""
     rank, dev = dist.get_rank(group), device(group)
+    model = model or model_fn
     tokens = stdlib_text()
     g = torch.Generator().manual_seed(seed * 1000 + rank)  # each rank its own data
+
+    def batch():
+        return (t.to(dev) for t in text_batch(tokens, local_batch, context, g))
+
     configs = [("none", None), *configs]
-    models = {}
-    for config in configs:
-        sync, mb = config
-        models[config] = ov.synchronizer(model_fn().to(dev), sync, mb or 25.0, group)
+    models = {config: ov.synchronizer(model().to(dev), config[0], config[1] or 25.0, group)
+              for config in configs}
+    plain = models[("none", None)][0]
+    emulated, similarity = None, {}
+    if ratio is not None:
+        check_cpu_rank(dev)
+        similarity = calibrate(plain, *batch(), group, dev)
+        emulated = EmulatedDevice(rate_for(ratio, **similarity), stands_for)
+        for inner, _ in models.values():
+            emulated.pace_gradients(inner)
     times = {label(c): [] for c in configs}
     for step in range(warmup + steps):
         for config in configs:
-            x, y = (t.to(dev) for t in text_batch(tokens, local_batch, 64, g))
+            x, y = batch()
             dist.barrier(group=group)
             start = time.perf_counter()
-            one_step(*models[config], x, y, 1e-3, dev)
+            one_step(*models[config], x, y, 1e-3, dev, emulated)
             if step >= warmup:
                 times[label(config)].append(time.perf_counter() - start)
     profiles = {}
     for config in configs:
-        x, y = (t.to(dev) for t in text_batch(tokens, local_batch, 64, g))
+        x, y = batch()
         dist.barrier(group=group)
         prof, _ = profiling.profile(
-            lambda c=config, x=x, y=y: one_step(*models[c], x, y, 1e-3, dev))
+            lambda c=config, x=x, y=y: one_step(*models[c], x, y, 1e-3, dev, emulated))
         profiles[label(config)] = profiling.step_spans(prof, lane=rank)
-    plain = models[("none", None)][0]
-    x, y = (t.to(dev) for t in text_batch(tokens, local_batch, 64, g))
-    ready, backward = _gradient_ready_times(plain, x, y)
+    ready, backward = _gradient_ready_times(plain, *batch(), emulated)
     sizes = [p.numel() * p.element_size() for p in plain.parameters()]
     return dict(times=times, spans=profiles, ready=ready, backward=backward, sizes=sizes,
-                messages=_message_times(MESSAGE_BYTES, repeats, group, dev))
+                messages=_message_times(MESSAGE_BYTES, repeats, group, dev), ratio=ratio,
+                flops_per_second=emulated and emulated.flops_per_second, **similarity,
+                lag=emulated and emulated.lag, device_seconds=emulated and emulated.device_seconds)
 
 
 def summarise(runs) -> dict:
@@ -151,7 +207,13 @@ def summarise(runs) -> dict:
             [t for t, _ in msgs], [sum(ns) for _, ns in msgs], alpha, beta, backward)
         measured[name] = profiling.hidden_fraction(runs[0]["spans"][name], lane=0)
     spans = {k: [s for r in runs for s in r["spans"][k]] for k in runs[0]["spans"]}
+    emulated = None
+    if runs[0]["ratio"] is not None:  # the share of device time the ranks ran late, at worst
+        emulated = {k: runs[0][k] for k in ("ratio", "flops_per_second", "flops", "compute_cpu",
+                                            "communication")}
+        emulated["lag"] = max(r["lag"] / r["device_seconds"] for r in runs)
     return dict(times=times, medians={k: statistics.median(v) for k, v in times.items()},
+                emulated=emulated,
                 spans=spans, alpha=alpha, beta=beta, message_sizes=sizes,
                 message_seconds=seconds, predicted=predicted, measured=measured,
                 ready=ready, gradient_bytes=n_bytes, backward=backward)

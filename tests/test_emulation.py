@@ -1,0 +1,190 @@
+"""The emulated accelerator (course_lib.runtime.emulation): compute paced, messages real."""
+
+import functools
+import time
+
+import pytest
+import torch
+
+from course_lib import launch, training
+from course_lib import overlap as ov
+from course_lib.data import load_digits
+from course_lib.models import mlp
+from course_lib.runtime import emulation
+from course_lib.runtime.emulation import EmulatedDevice, flops_of, rate_for
+
+DIGITS = load_digits()
+X, Y = DIGITS.x_train[:64], DIGITS.y_train[:64]
+MODEL = functools.partial(mlp, (64, 32, 10), seed=0)
+
+
+class FakeClock:
+    """time.perf_counter, time.thread_time and time.sleep of a pretend machine."""
+
+    def __init__(self, monkeypatch):
+        self.wall = self.cpu = 0.0
+        self.slept = []
+        monkeypatch.setattr(emulation.time, "perf_counter", lambda: self.wall)
+        monkeypatch.setattr(emulation.time, "thread_time", lambda: self.cpu)
+        monkeypatch.setattr(emulation.time, "sleep", self.sleep)
+
+    def compute(self, cpu, wall=None):
+        self.cpu += cpu
+        self.wall += cpu if wall is None else wall
+
+    def sleep(self, seconds):
+        self.slept.append(seconds)
+        self.wall += seconds
+
+
+def test_each_piece_takes_its_flops_at_the_devices_rate(monkeypatch):
+    clock, device = FakeClock(monkeypatch), EmulatedDevice(1e9)
+    device.pieces = [40e6, 0, 40e6, 0]         # as counting() would leave them
+    device.start()
+    clock.compute(0.010)                       # 40 MFLOP in 10 ms of CPU: 40 ms on the device
+    assert device.catch_up() == pytest.approx(0.030)
+    assert clock.wall == pytest.approx(0.040) and device.device_seconds == pytest.approx(0.040)
+    clock.compute(0.0, wall=0.025)             # waiting 25 ms for a message: as it is
+    assert device.catch_up() == 0.0 and clock.wall == pytest.approx(0.065)
+    clock.compute(0.010, wall=0.050)           # a busy core stretched 10 ms to 50: late by 10
+    assert device.catch_up() == 0.0
+    assert device.lag == pytest.approx(0.010) and device.device_seconds == pytest.approx(0.080)
+    assert clock.slept == [pytest.approx(0.030)]
+    with pytest.raises(RuntimeError, match="more pacing points than the one counted"):
+        device.catch_up()
+
+
+def _matrix_products(a, n=20):
+    for _ in range(n):
+        a = torch.tanh(a @ a / len(a))
+    return a
+
+
+def test_counting_records_the_flops_between_pacing_points():
+    device, a = EmulatedDevice(1e9), torch.randn(100, 100)
+    with device.counting():
+        _matrix_products(a, 3)
+        device.catch_up()
+        _matrix_products(a, 1)
+    assert device.pieces == [3 * 2 * 100 ** 3, 2 * 100 ** 3] and device.step_flops == 8 * 10 ** 6
+
+
+def test_a_rank_step_takes_the_modelled_time():
+    a = torch.randn(300, 300, generator=torch.Generator().manual_seed(0))
+    cpu = time.thread_time()
+    _matrix_products(a)
+    cpu = time.thread_time() - cpu
+    device = EmulatedDevice(1.0)
+    with device.counting():
+        _matrix_products(a)
+        device.catch_up()
+    device.flops_per_second = device.step_flops / (4 * cpu)  # 4x this CPU's time
+    device.start()
+    wall = time.perf_counter()
+    _matrix_products(a)
+    device.catch_up()
+    wall = time.perf_counter() - wall
+    modelled = device.step_flops / device.flops_per_second
+    assert modelled <= wall + 1e-3            # the sleep makes up the modelled time
+    assert wall <= modelled * 1.10            # and adds no more than 10% (an idle machine)
+
+
+def test_nothing_waits_when_it_is_off(monkeypatch):
+    def no_sleep(seconds):
+        raise AssertionError("slept with no emulated device")
+
+    monkeypatch.setattr(emulation.time, "sleep", no_sleep)
+    losses = training.step_loop(MODEL(), torch.optim.SGD(MODEL().parameters(), lr=0.1), X, Y,
+                                16, 3)
+    assert len(losses) == 3
+
+
+def _train_with(emulated):
+    return ov.train(MODEL, X, Y, 16, 4, 0.1, sync="buckets", bucket_mb=0.001,
+                    emulated=emulated)["params"]
+
+
+def test_exact_results_are_unchanged_with_it_on():
+    off = launch(_train_with, 2, args=(None,))
+    on = launch(_train_with, 2, args=(EmulatedDevice(1e8, "a test"),))
+    for a, b in zip(off, on, strict=True):
+        assert torch.equal(a, b)  # the same operations in the same order: bit for bit
+
+
+def _message_during_compute():
+    import torch.distributed as dist
+
+    a = torch.randn(200, 200, generator=torch.Generator().manual_seed(0))
+    device = EmulatedDevice(20 * 2 * 200 ** 3 / 0.2)  # 20 products in 200 ms
+    with device.counting():
+        _matrix_products(a)
+        device.catch_up()
+    buf = torch.ones(2**16)
+    device.start()
+    work = dist.all_reduce(buf, async_op=True)   # started before the compute
+    _matrix_products(a)
+    device.catch_up()                             # the device is still computing until here
+    done = work.is_completed()
+    work.wait()
+    return done, buf[0].item()
+
+
+def test_a_message_started_before_the_modelled_compute_finishes_within_it():
+    for done, total in launch(_message_during_compute, 2):
+        assert done and total == 2.0  # 256 kB travelled while the device computed for 200 ms
+
+
+def test_gradient_pacing_runs_before_a_synchronisers_hook():
+    model, order = MODEL(), []
+    device = EmulatedDevice(1e9)
+    device.catch_up = lambda: order.append("pace")
+    handles = device.pace_gradients(model)
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda p: order.append("sync"))
+    training.loss_fn(model, X, Y).backward()
+    assert order == ["pace", "sync"] * 4       # 4 parameters: each paced, then sent
+    for h in handles:
+        h.remove()
+
+
+def test_the_flops_of_a_step_counted_by_hand():
+    model, b = MODEL(), 8
+
+    def step():
+        training.loss_fn(model, X[:b], Y[:b]).backward()
+
+    flops, _ = flops_of(step)
+    forward = 2 * b * 64 * 32 + 2 * b * 32 * 10
+    weight_grads = forward                      # dL/dW of each layer: one product each
+    input_grads = 2 * b * 32 * 10               # dL/dx of the second layer (the data needs none)
+    assert flops == forward + weight_grads + input_grads
+    conv = torch.nn.Conv2d(3, 5, 3, padding=1)
+    flops, _ = flops_of(conv, torch.randn(2, 3, 8, 8))
+    assert flops == 2 * 2 * 5 * 8 * 8 * 3 * 3 * 3  # 2 b c_out H W c_in k k
+
+
+def test_rate_for_gives_the_ratio_and_refuses_what_this_cpu_cannot_stand_for():
+    rate = rate_for(0.5, communication=0.02, flops=4e8, compute_cpu=0.01)
+    assert rate == pytest.approx(1e10)  # the device computes the step in 0.02 / 0.5 = 40 ms
+    with pytest.raises(ValueError, match=r"ratio of 2 .* 10\.00 ms .* at most 1"):
+        rate_for(2.0, communication=0.02, flops=4e8, compute_cpu=0.01)
+    with pytest.raises(ValueError, match="ratio must be positive"):
+        rate_for(0.0, 0.02, 4e8, 0.01)
+
+
+def test_bad_settings_are_refused_by_name(monkeypatch):
+    with pytest.raises(ValueError, match="flops_per_second must be positive"):
+        EmulatedDevice(0)
+    with pytest.raises(RuntimeError, match=r"counting\(\) first"):
+        EmulatedDevice(1e9).start()
+    device = EmulatedDevice(1e9)
+    device.pieces = [1, 0]
+    with pytest.raises(RuntimeError, match="call start"):
+        device.catch_up()
+    with pytest.raises(ValueError, match="cuda:0: .* CPU ranks"):
+        emulation.check_cpu_rank("cuda:0")
+    emulation.check_cpu_rank("cpu")
+    monkeypatch.setattr(emulation.torch, "get_num_threads", lambda: 2)
+    with pytest.raises(RuntimeError, match="one thread's CPU time"), EmulatedDevice(1e9).counting():
+        pass
+    assert EmulatedDevice(1e9, "8 GPUs").label == "emulated device (8 GPUs)"
