@@ -98,7 +98,8 @@ def start_bucket(grads, group=None):
     """One bucket's message: its gradients flattened into one buffer and divided by the world
     size (the sum is then the mean, as DDP does), all-reduced asynchronously. Returns the
     buffer and the work to wait for."""
-    buffer = torch.cat([g.reshape(-1) for g in grads]) / dist.get_world_size(group)
+    buffer = torch.cat([g.reshape(-1) for g in grads])
+    buffer /= dist.get_world_size(group)  # in place: no second copy of the bucket
     return buffer, dist.all_reduce(buffer, group=group, async_op=True)
 
 

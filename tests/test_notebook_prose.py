@@ -60,6 +60,8 @@ ALLOWED = {
            "97%": "the threshold the cell's own check asserts",
            "25%": "the bound the cell's own check asserts (the issue's acceptance)",
            "50%": "the kernel speed sections 1 and 2 assume, a parameter (a100_cluster's mfu)"},
+    "10": {"2x": "the threshold the bucket-size cell's own check asserts (the issue's acceptance)",
+           "5%": "the threshold the bucket-size cell's own check asserts"},
     "09": {"30%": "the attacker shares, parameters (10-30%)",
            "20%": "the trimmed mean's trim, a parameter",
            "10\\times$": "the boost factor of the attack, a parameter"},

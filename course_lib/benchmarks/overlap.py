@@ -2,7 +2,7 @@
 
 DDP paper (Li et al., VLDB 2020), section 3.2. Prints, asserts nothing:
 
-    python -m course_lib.benchmarks.overlap [--steps 15]
+    python -m course_lib.benchmarks.overlap [--steps 15] [--emulated]
     torchrun --nproc-per-node 2 -m course_lib.benchmarks.overlap
 
 On two ranks (one thread each) training lesson 10's small GPT on the standard library's source:
@@ -41,6 +41,28 @@ MAIN = (("after backward", None), ("per parameter", None), ("buckets", 1.0), ("D
 SWEEP_MB = (0.05, 0.15, 0.5, 1.0, 2.0, 4.0)  # 4 MB: one bucket for the 3.3 MB model
 MESSAGE_BYTES = (2**10, 2**14, 2**17, 2**19, 2**21, 2**22)
 model_fn = functools.partial(tiny_gpt, vocab=96, d_model=128, layers=4, heads=4, context=64)
+# on the emulated device: a wider, shorter GPT, 8 characters per rank -- more gradient bytes per
+# FLOP, so a system's ratio of communication to compute is reachable with the cores mostly idle
+EMULATED = dict(model=functools.partial(tiny_gpt, vocab=96, d_model=256, layers=4, heads=4,
+                                        context=8), local_batch=1, context=8)
+
+
+def reference_system() -> dict:
+    """The system the emulated runs stand for, by the planner's ``step_time``: GPT-3 XL (1.3B
+    parameters; Brown et al. 2020) trained data-parallel on 32 A100s (4 DGX nodes over
+    InfiniBand), 8 sequences of 2048 tokens per GPU and step, the gradients all-reduced after
+    backward. Returns its ``compute`` and ``communication`` seconds, their ``ratio`` and a
+    ``name``."""
+    from course_lib import published
+    from course_lib.plans import Plan
+    from course_lib.step_time import step_time
+
+    model = published.gpt(layers=24, hidden=2048, heads=16, batch=256)
+    t = step_time(model, published.a100_cluster(32), Plan(dp=32, tp=1, pp=1, micro_batches=8),
+                  overlap=False)
+    return dict(compute=t["compute"], communication=t["data_parallel"],
+                ratio=t["data_parallel"] / t["compute"],
+                name="GPT-3 XL (1.3B) on 32 A100s over InfiniBand")
 
 
 def label(config) -> str:
@@ -92,12 +114,15 @@ def _gradient_ready_times(model, x, y, emulated=None):
     return [ready[i] - start for i in range(len(params))], end - start
 
 
-def _message_times(sizes, repeats, group, dev):
+def _message_times(sizes, repeats, group, dev, idle: float = 0.0):
+    """All-reduce seconds of each size in ``sizes``; each after ``idle`` seconds of sleep (an
+    emulated device's step: its host idles, then sends), and a barrier."""
     out = {}
     for n in sizes:
         buf = torch.zeros(n // 4, device=dev)
         times = []
         for i in range(repeats + 1):  # the first is a warm-up
+            time.sleep(idle)
             dist.barrier(group=group)
             start = time.perf_counter()
             dist.all_reduce(buf, group=group)
@@ -133,14 +158,15 @@ def calibrate(model, x, y, group, dev, repeats: int = 5) -> dict:
 def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
         local_batch: int = 2, steps: int = 15, warmup: int = 3, repeats: int = 7,
         seed: int = 0, group=None, model=None, context: int = 64, ratio: float | None = None,
-        stands_for: str = "") -> dict:
+        stands_for: str = "", profiled: bool = True) -> dict:
     """On every rank: per-step seconds of each synchronisation in ``configs`` and of a step
     without communication ("none"), alternating step by step; then one profiled step of each;
     gradient ready times and sizes; all-reduce times of several sizes (for alpha and beta).
     ``model``: the model's constructor (default lesson 10's GPT), trained on ``local_batch``
     windows of ``context`` characters per rank. ``ratio``: run on an emulated device whose
     compute makes the whole gradient's all-reduce take ``ratio`` x a step's compute
-    (``stands_for``: the system that ratio stands for); None: this CPU as it is."""
+    (``stands_for``: the system that ratio stands for); None: this CPU as it is. ``profiled``:
+    False skips the profiled steps (``spans`` is then empty)."""
     rank, dev = dist.get_rank(group), device(group)
     model = model or model_fn
     tokens = stdlib_text()
@@ -170,7 +196,7 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
             if step >= warmup:
                 times[label(config)].append(time.perf_counter() - start)
     profiles = {}
-    for config in configs:
+    for config in configs if profiled else ():
         x, y = batch()
         dist.barrier(group=group)
         prof, _ = profiling.profile(
@@ -179,7 +205,9 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
     ready, backward = _gradient_ready_times(plain, *batch(), emulated)
     sizes = [p.numel() * p.element_size() for p in plain.parameters()]
     return dict(times=times, spans=profiles, ready=ready, backward=backward, sizes=sizes,
-                messages=_message_times(MESSAGE_BYTES, repeats, group, dev), ratio=ratio,
+                messages=_message_times(MESSAGE_BYTES, repeats, group, dev, idle=0.0 if
+                                        emulated is None else emulated.step_flops /
+                                        emulated.flops_per_second), ratio=ratio,
                 flops_per_second=emulated and emulated.flops_per_second, **similarity,
                 lag=emulated and emulated.lag, device_seconds=emulated and emulated.device_seconds)
 
@@ -195,6 +223,7 @@ def summarise(runs) -> dict:
                                                        strict=True)) for n in sizes]
     alpha, beta = cost_models.fit_alpha_beta(sizes, seconds)
     ready, n_bytes, backward = runs[0]["ready"], runs[0]["sizes"], runs[0]["backward"]
+    profiled = bool(runs[0]["spans"])
     predicted, measured = {}, {}
     for name in times:
         if name == "none" or name.startswith("after"):
@@ -205,7 +234,8 @@ def summarise(runs) -> dict:
                  for b in ov.assign_buckets([torch.empty(n // 4) for n in n_bytes], mb)])
         predicted[name] = cost_models.hidden_fraction_model(
             [t for t, _ in msgs], [sum(ns) for _, ns in msgs], alpha, beta, backward)
-        measured[name] = profiling.hidden_fraction(runs[0]["spans"][name], lane=0)
+        if profiled:
+            measured[name] = profiling.hidden_fraction(runs[0]["spans"][name], lane=0)
     spans = {k: [s for r in runs for s in r["spans"][k]] for k in runs[0]["spans"]}
     emulated = None
     if runs[0]["ratio"] is not None:  # the share of device time the ranks ran late, at worst
@@ -222,12 +252,22 @@ def summarise(runs) -> dict:
 def main(argv=None):
     parser = experiment_parser(__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--emulated", action="store_true",
+                        help="on an emulated device with the ratio of reference_system()")
     args = parser.parse_args(argv)
-    runs = run_experiment(run, world_size=2, kwargs=dict(steps=args.steps))
+    kwargs = dict(steps=args.steps)
+    if args.emulated:
+        system = reference_system()
+        kwargs |= EMULATED | dict(ratio=system["ratio"], stands_for=system["name"])
+    runs = run_experiment(run, world_size=2, kwargs=kwargs)
     if runs is None:  # torchrun: rank 0 prints
         return None
     s = summarise(runs)
     med = s["medians"]
+    if s["emulated"]:
+        print(f"emulated device (not a GPU measurement): communication / compute = "
+              f"{s['emulated']['ratio']:.3f}, as {reference_system()['name']}; late by "
+              f"{s['emulated']['lag']:.1%} of its time")
     print(f"alpha {s['alpha'] * 1e6:.0f} us, beta {1 / s['beta'] / 1e9:.2f} GB/s (fitted); "
           f"gradients {sum(s['gradient_bytes']) / 1e6:.2f} MB")
     for name, t in med.items():
