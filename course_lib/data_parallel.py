@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from course_lib.runtime.devices import device
+from course_lib.runtime.emulation import catch_up, paced_step
 from course_lib.runtime.timing import synchronize
 from course_lib.runtime.torchrun import run_command, run_main
 from course_lib.training import loss_fn, parameters_to_average
@@ -153,18 +154,18 @@ def train_ddp(model_fn, x, y, local_batch: int, lr: float, epochs: int = 1, seed
 
 
 def time_ddp_steps(model_fn, x, y, local_batch: int, steps: int = 10, warmup: int = 2,
-                   threads: int = 1, bucket_cap_mb: float | None = None, group=None) -> dict:
-    """Per-step wall times of DDP training on every rank, with and without communication.
-
-    ``with_sync``: normal steps (forward, backward with all-reduce overlapped, optimizer);
-    ``no_sync``: the same steps inside ``no_sync`` (no all-reduce), so the difference estimates
-    what synchronising adds. The two kinds alternate step by step, so that a machine getting
-    slower or faster during the run does not show up as a difference. Each rank uses
-    ``threads`` CPU threads (m workers use m cores).
-    """
+                   threads: int = 1, bucket_cap_mb: float | None = None, group=None,
+                   emulated=None) -> dict:
+    """Per-step wall times of DDP training on every rank, ``with_sync`` (forward, backward with
+    the all-reduce overlapped, optimizer) and ``no_sync`` (the same inside ``no_sync``: the
+    difference estimates what synchronising adds), alternating step by step so that a machine
+    getting slower shows up in neither. Each rank uses ``threads`` CPU threads. ``emulated``:
+    compute at an emulated device's pace (``runtime.emulation``; the first step counts FLOPs)."""
     torch.set_num_threads(threads)
     options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
     model = ddp_model(model_fn(), group, **options)
+    if emulated is not None:
+        emulated.pace_gradients(model)
     dev = device(group)
     x, y = x.to(dev), y.to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -176,11 +177,16 @@ def time_ddp_steps(model_fn, x, y, local_batch: int, steps: int = 10, warmup: in
             dist.barrier(group=group)
             synchronize(dev)
             start = time.perf_counter()
-            opt.zero_grad()
-            context = model.no_sync() if mode == "no_sync" else contextlib.nullcontext()
-            with context:
-                loss_fn(model, x[idx], y[idx]).backward()
-            opt.step()
+            with paced_step(emulated):
+                opt.zero_grad()
+                context = model.no_sync() if mode == "no_sync" else contextlib.nullcontext()
+                with context:
+                    loss = loss_fn(model, x[idx], y[idx])
+                    catch_up(emulated)
+                    loss.backward()
+                    catch_up(emulated)
+                opt.step()
+                catch_up(emulated)
             synchronize(dev)
             if step >= warmup:
                 times.append(time.perf_counter() - start)
@@ -189,13 +195,10 @@ def time_ddp_steps(model_fn, x, y, local_batch: int, steps: int = 10, warmup: in
 
 def compression_hook(dtype, log: list | None = None):
     """A DDP communication hook that all-reduces each gradient bucket in ``dtype`` (e.g.
-    torch.float16 or torch.bfloat16; None sends float32 as is) and records the bytes it sends.
-    DDP passes the hook the state it was registered with: here the process group (None: all
-    ranks), as torch's own hooks expect.
-
+    torch.float16; None: float32 as is) and records the bytes it sends; DDP passes it the
+    state it was registered with, the process group (None: all ranks), as torch's hooks expect.
     What torch's ``fp16_compress_hook`` does, written out: cast the bucket down, divide by the
-    world size (so the sum cannot overflow as easily), all-reduce, cast back into the bucket.
-    """
+    world size (so the sum cannot overflow as easily), all-reduce, cast back into the bucket."""
 
     def hook(group, bucket):
         buffer = bucket.buffer()

@@ -83,9 +83,10 @@ def plot_speedup(workers, times, *, title: str = "Speedup", label: str = "measur
     grows with p; speedup = p T(1) / T(p)). ``times[i]`` is the time with ``workers[i]`` workers
     (a Timing, a list of runs or a number); ``workers`` must include 1, the baseline.
 
-    The law's one parameter f is fitted to every measured p > 1, and only when there are at
-    least two of them (a point more than the parameters). Counts above ``cores`` are drawn
-    hollow and shaded as oversubscribed: they measure processes sharing cores.
+    The law's one parameter f is fitted to every measured p > 1 that has its own cores, and
+    only when there are at least two of them (a point more than the parameters). Counts above
+    ``cores`` are drawn hollow and shaded as oversubscribed, and left out of the fit: they
+    measure processes sharing cores, not the law.
     """
     p = np.asarray(workers, dtype=float)
     if 1 not in list(workers):
@@ -100,16 +101,17 @@ def plot_speedup(workers, times, *, title: str = "Speedup", label: str = "measur
     err = np.abs(np.vstack([speedup - work * t1 / high, work * t1 / low - speedup]))
     law, fit_f, model = (("Amdahl", fit_amdahl, amdahl_speedup) if scaling == "strong" else
                          ("Gustafson", fit_gustafson, gustafson_speedup))
-    informative = p > 1  # S(1) = 1 whatever f is
-    f = fit_f(p[informative], speedup[informative]) if informative.sum() >= 2 else None
     over = p > cores if cores is not None else np.zeros_like(p, dtype=bool)
+    informative = (p > 1) & ~over  # S(1) = 1 whatever f is; oversubscribed: not the law
+    f = fit_f(p[informative], speedup[informative]) if informative.sum() >= 2 else None
     grid = np.linspace(1, p.max(), 100)
     with course_style():
         fig, (ax_s, ax_e) = plt.subplots(1, 2)
         ax_s.plot(grid, grid, label="ideal (S = p)", **THEORY)
         ax_e.axhline(1.0, label="ideal", **THEORY)
         fit_label = (f"{law} fit, f = {f:.2f} ({informative.sum()} points)" if f is not None
-                     else f"no {law} fit: needs 2 points with p > 1")
+                     else f"no {law} fit: needs 2 points with p > 1"
+                     + (f" and p <= {cores} cores" if cores is not None else ""))
         if f is not None:
             ax_s.plot(grid, model(grid, f), label=fit_label, color="0.2", linestyle=":")
             ax_e.plot(grid, model(grid, f) / grid, color="0.2", linestyle=":", label=f"{law} fit")

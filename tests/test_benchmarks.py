@@ -67,3 +67,37 @@ def test_speed_benchmark_times_both_federated_engines():
     rounds = speed.federated_rounds(repeats=1, rounds=1)
     assert set(rounds) == {"batched", "loop"} and all(t.median > 0 for t in rounds.values())
     assert "batched / loop" in speed.format_rounds(rounds)
+
+
+def test_emulated_strong_scaling_paces_every_world_size_by_one_device():
+    import functools
+
+    import torch
+
+    from course_lib.data import load_digits
+    from course_lib.models import digits_cnn
+    from course_lib.runtime.devices import usable_cores
+
+    digits = load_digits(images=True)
+    model_fn = functools.partial(digits_cnn, seed=0, width=2)
+    x, y = digits.x_train[:32], digits.y_train[:32]
+    out = dp_benchmark.emulated_strong_scaling(model_fn, x, y, workers=(1, 2), ratio=0.001,
+                                               steps=1, warmup=1)
+    sim = out["similarity"]
+    # one worker's whole-batch step takes communication / ratio on the device
+    assert sim["flops"] / out["rate"] == pytest.approx(sim["communication"] / 0.001)
+    assert out["achieved"] == pytest.approx(0.001) and out["ratio"] == 0.001
+    assert set(out["times"]) == {1, 2}
+    assert all(len(t) == 1 for m in (1, 2) for t in out["times"][m].values())
+    assert torch.get_num_threads() == 1
+    fast = dp_benchmark.emulated_strong_scaling(model_fn, x, y, workers=(1, 2), ratio=50.0,
+                                                steps=1, warmup=0)
+    # no faster than 4 x 2 workers / the cores x this CPU: the ratio achieved is below the one asked
+    least = max(2.0, 4 * 2 / usable_cores())
+    assert fast["similarity"]["flops"] / fast["rate"] == pytest.approx(
+        least * fast["similarity"]["compute_cpu"])
+    assert fast["achieved"] < 50.0
+    with pytest.raises(ValueError, match="ratio must be positive"):
+        dp_benchmark.emulated_strong_scaling(model_fn, x, y, ratio=0)
+    system = dp_benchmark.lesson_system()
+    assert system["ratio"] == pytest.approx(system["communication"] / system["compute"])

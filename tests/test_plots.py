@@ -79,13 +79,16 @@ def test_plot_gantt_draws_one_row_per_worker_and_a_legend_per_kind():
         plots.plot_gantt([])
 
 
-def test_the_fit_uses_every_measured_p_and_marks_the_oversubscribed_ones():
-    p = [1, 2, 3]
-    times = [1.0] + [1.0 / amdahl_speedup(q, 0.9) for q in p[1:]]
+def test_the_fit_leaves_out_the_oversubscribed_points_and_marks_them():
+    p = [1, 2, 3, 4]
+    times = [1.0] + [1.0 / amdahl_speedup(q, 0.9) for q in p[1:3]] + [5.0]  # 4: cores shared
     legend = [t.get_text() for t in
-              plots.plot_speedup(p, times, cores=2).axes[0].get_legend().get_texts()]
+              plots.plot_speedup(p, times, cores=3).axes[0].get_legend().get_texts()]
     assert any("Amdahl fit, f = 0.90 (2 points)" in x for x in legend)
-    assert any("oversubscribed (> 2 cores)" in x for x in legend)
+    assert any("oversubscribed (> 3 cores)" in x for x in legend)
+    legend = [t.get_text() for t in
+              plots.plot_speedup(p[:3], times[:3], cores=2).axes[0].get_legend().get_texts()]
+    assert any("no Amdahl fit: needs 2 points with p > 1 and p <= 2 cores" in x for x in legend)
 
 
 def test_no_fit_from_a_single_informative_point():

@@ -18,10 +18,13 @@ import statistics
 
 from course_lib import collectives as C
 from course_lib import data_parallel as dp
+from course_lib.benchmarks import overlap as overlap_bench
 from course_lib.cost_models import bus_bandwidth
 from course_lib.data import load_digits
 from course_lib.models import digits_cnn
-from course_lib.runtime import launch
+from course_lib.runtime import device, launch
+from course_lib.runtime.devices import usable_cores
+from course_lib.runtime.emulation import EmulatedDevice
 from course_lib.runtime.timing import median_of_slowest
 
 MIB = 2**20
@@ -53,6 +56,58 @@ def ddp_step_times(world_sizes=(1, 2), global_batch: int = 256, width: int = 32,
         times[world_size] = [max(step) for step in zip(*(r["with_sync"] for r in runs),
                                                        strict=True)]
     return times
+
+
+def lesson_system() -> dict:
+    """What lesson 4's emulated device stands for, by the planner's ``step_time``: GPT-3 XL (1.3B
+    parameters; Brown et al. 2020) data-parallel on one DGX A100 (8 GPUs on NVLink), 16
+    sequences of 2048 tokens per GPU and step, the gradients all-reduced after backward. Returns
+    its ``compute`` and ``communication`` seconds, their ``ratio`` and a ``name``."""
+    from course_lib import published
+    from course_lib.plans import Plan
+    from course_lib.step_time import step_time
+
+    model = published.gpt(layers=24, hidden=2048, heads=16, batch=128)
+    t = step_time(model, published.a100_cluster(8), Plan(dp=8, tp=1, pp=1, micro_batches=16),
+                  overlap=False)
+    return dict(compute=t["compute"], communication=t["data_parallel"],
+                ratio=t["data_parallel"] / t["compute"],
+                name="GPT-3 XL (1.3B) on 8 A100s over NVLink")
+
+
+def _similarity(model_fn, x, y):
+    return overlap_bench.calibrate(model_fn().to(device()), x.to(device()), y.to(device()), None,
+                                   device())
+
+
+def emulated_strong_scaling(model_fn, x, y, workers=(1, 2, 3, 4), ratio: float | None = None,
+                            steps: int = 6, warmup: int = 2) -> dict:
+    """Strong scaling on an emulated device (``runtime.emulation``): the global batch (x, y)
+    split over each number of ``workers``, every rank's compute paced by one device whose rate
+    gives one worker's whole-batch step the ``ratio`` (default :func:`lesson_system`'s) of
+    communication -- the gradients' all-reduce on two ranks, measured here -- to compute. The
+    ranks share this machine's cores, which is allowed when the device leaves them mostly
+    idle: the device is never faster than the busiest count allows with 3/4 of the cores free,
+    so a small model's fast all-reduce can give a smaller ratio than asked (``achieved``).
+    Returns the per-step seconds ``times[m]`` (the slowest rank's, with and without
+    synchronising, as ``data_parallel.time_ddp_steps`` gives them), the ``rate``, the
+    ``ratio`` asked and ``achieved``, and the ``similarity``."""
+    ratio = lesson_system()["ratio"] if ratio is None else ratio
+    if isinstance(ratio, bool) or not ratio > 0:
+        raise ValueError(f"ratio must be positive, got {ratio!r}")
+    similarity = launch(_similarity, 2, args=(model_fn, x, y), backend="gloo")[0]
+    least = max(2.0, 4 * max(workers) / usable_cores())  # the busiest count: a quarter busy
+    seconds = max(similarity["communication"] / ratio, least * similarity["compute_cpu"])
+    rate = similarity["flops"] / seconds
+    times = {}
+    for m in workers:
+        runs = launch(dp.time_ddp_steps, world_size=m, backend="gloo",
+                      args=(model_fn, x, y, len(y) // m),
+                      kwargs=dict(steps=steps, warmup=warmup, emulated=EmulatedDevice(rate)))
+        times[m] = {mode: [max(step) for step in zip(*(r[mode] for r in runs), strict=True)]
+                    for mode in ("with_sync", "no_sync")}
+    return dict(times=times, rate=rate, ratio=ratio, similarity=similarity,
+                achieved=similarity["communication"] / seconds)
 
 
 def main(argv=None):
