@@ -101,3 +101,16 @@ def test_emulated_strong_scaling_paces_every_world_size_by_one_device():
         dp_benchmark.emulated_strong_scaling(model_fn, x, y, ratio=0)
     system = dp_benchmark.lesson_system()
     assert system["ratio"] == pytest.approx(system["communication"] / system["compute"])
+
+
+def test_the_systems_an_emulated_device_stands_for():
+    from course_lib.benchmarks import overlap
+
+    node, cluster = overlap.gpt3_xl_data_parallel(8, 16), overlap.gpt3_xl_data_parallel(32, 8)
+    assert node["name"] == "GPT-3 XL (1.3B) on 8 A100s over NVLink"
+    assert cluster["name"] == "GPT-3 XL (1.3B) on 32 A100s over InfiniBand"
+    assert cluster["ratio"] == pytest.approx(cluster["communication"] / cluster["compute"])
+    # twice the sequences per GPU: twice the compute, the same all-reduce
+    double = overlap.gpt3_xl_data_parallel(32, 16)
+    assert double["ratio"] == pytest.approx(cluster["ratio"] / 2)
+    assert overlap.reference_system() == cluster

@@ -59,20 +59,9 @@ def ddp_step_times(world_sizes=(1, 2), global_batch: int = 256, width: int = 32,
 
 
 def lesson_system() -> dict:
-    """What lesson 4's emulated device stands for, by the planner's ``step_time``: GPT-3 XL (1.3B
-    parameters; Brown et al. 2020) data-parallel on one DGX A100 (8 GPUs on NVLink), 16
-    sequences of 2048 tokens per GPU and step, the gradients all-reduced after backward. Returns
-    its ``compute`` and ``communication`` seconds, their ``ratio`` and a ``name``."""
-    from course_lib import published
-    from course_lib.plans import Plan
-    from course_lib.step_time import step_time
-
-    model = published.gpt(layers=24, hidden=2048, heads=16, batch=128)
-    t = step_time(model, published.a100_cluster(8), Plan(dp=8, tp=1, pp=1, micro_batches=16),
-                  overlap=False)
-    return dict(compute=t["compute"], communication=t["data_parallel"],
-                ratio=t["data_parallel"] / t["compute"],
-                name="GPT-3 XL (1.3B) on 8 A100s over NVLink")
+    """What lesson 4's emulated device stands for: GPT-3 XL on one DGX A100 (8 GPUs on NVLink),
+    16 sequences per GPU (``benchmarks.overlap.gpt3_xl_data_parallel``)."""
+    return overlap_bench.gpt3_xl_data_parallel(8, 16)
 
 
 def _similarity(model_fn, x, y):
