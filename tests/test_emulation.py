@@ -39,16 +39,18 @@ class FakeClock:
 
 def test_each_piece_takes_its_flops_at_the_devices_rate(monkeypatch):
     clock, device = FakeClock(monkeypatch), EmulatedDevice(1e9)
-    device.pieces = [40e6, 0, 40e6, 0]         # as counting() would leave them
+    device.pieces = [40e6, 0, 40e6, 0, 0]      # as counting() would leave them
     device.start()
     clock.compute(0.010)                       # 40 MFLOP in 10 ms of CPU: 40 ms on the device
     assert device.catch_up() == pytest.approx(0.030)
     assert clock.wall == pytest.approx(0.040) and device.device_seconds == pytest.approx(0.040)
     clock.compute(0.0, wall=0.025)             # waiting 25 ms for a message: as it is
     assert device.catch_up() == 0.0 and clock.wall == pytest.approx(0.065)
-    clock.compute(0.010, wall=0.050)           # a busy core stretched 10 ms to 50: late by 10
+    clock.compute(0.050)                       # 50 ms of CPU for a 40 ms piece: late by 10
     assert device.catch_up() == 0.0
     assert device.lag == pytest.approx(0.010) and device.device_seconds == pytest.approx(0.080)
+    clock.compute(0.005)                       # an optimizer's update: no FLOPs, as it is
+    assert device.catch_up() == 0.0 and device.unmodelled == pytest.approx(0.005)
     assert clock.slept == [pytest.approx(0.030)]
     with pytest.raises(RuntimeError, match="more pacing points than the one counted"):
         device.catch_up()

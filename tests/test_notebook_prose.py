@@ -62,7 +62,7 @@ ALLOWED = {
            "25%": "the bound the cell's own check asserts (the issue's acceptance)",
            "50%": "the kernel speed sections 1 and 2 assume, a parameter (a100_cluster's mfu)"},
     "10": {"2x": "the threshold the bucket-size cell's own check asserts (the issue's acceptance)",
-           "5%": "the threshold the bucket-size cell's own check asserts"},
+           "10%": "the threshold the bucket-size cell's own check asserts"},
     "09": {"30%": "the attacker shares, parameters (10-30%)",
            "20%": "the trimmed mean's trim, a parameter",
            "10\\times$": "the boost factor of the attack, a parameter"},

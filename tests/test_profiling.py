@@ -71,7 +71,9 @@ def test_the_benchmark_run_profiles_all_reduces_on_both_ranks():
         assert lanes == {1, 3}, name  # both ranks' gloo threads were seen
     assert not any(sp.kind == "all-reduce" for sp in s["spans"]["none"])
     assert 0 <= s["measured"]["buckets 1 MB"] <= 1 and 0 <= s["predicted"]["buckets 1 MB"] <= 1
-    assert s["alpha"] > 0 and s["beta"] > 0
+    # fitted to one timing per size: its values depend on the machine's load, not on the code
+    assert s["alpha"] >= 0 and s["beta"] >= 0
+    assert s["message_sizes"] == sorted(bench.MESSAGE_BYTES) and len(s["message_seconds"]) == 6
     assert len(s["ready"]) == len(s["gradient_bytes"]) == 54
     assert sum(s["gradient_bytes"]) == 4 * sum(p.numel() for p in bench.model_fn().parameters())
 
@@ -89,7 +91,7 @@ def test_the_benchmark_runs_on_an_emulated_device_chosen_by_the_ratio():
     assert e["ratio"] == 0.01 and e["flops"] == flops  # every rank's step: the same FLOPs
     # the rate makes the step's all-gradient all-reduce 1% of the device's compute
     assert e["flops"] / e["flops_per_second"] == pytest.approx(e["communication"] / 0.01)
-    assert e["lag"] >= 0
+    assert e["lag"] >= 0 and e["unmodelled"] > 0  # the SGD update has no FLOPs
     with pytest.raises(WorkerError, match="too busy to stand for a device"):
         launch(bench.run, 2, kwargs=dict(configs=(), steps=1, warmup=0, repeats=1,
                                          model=SMALL_GPT, local_batch=1, context=8, ratio=100.0))

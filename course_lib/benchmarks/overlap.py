@@ -215,7 +215,8 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
                                         emulated is None else emulated.step_flops /
                                         emulated.flops_per_second), ratio=ratio,
                 flops_per_second=emulated and emulated.flops_per_second, **similarity,
-                lag=emulated and emulated.lag, device_seconds=emulated and emulated.device_seconds)
+                lag=emulated and emulated.lag, unmodelled=emulated and emulated.unmodelled,
+                device_seconds=emulated and emulated.device_seconds)
 
 
 def summarise(runs) -> dict:
@@ -244,10 +245,11 @@ def summarise(runs) -> dict:
             measured[name] = profiling.hidden_fraction(runs[0]["spans"][name], lane=0)
     spans = {k: [s for r in runs for s in r["spans"][k]] for k in runs[0]["spans"]}
     emulated = None
-    if runs[0]["ratio"] is not None:  # the share of device time the ranks ran late, at worst
+    if runs[0]["ratio"] is not None:  # as shares of the device's time, the worst rank's
         emulated = {k: runs[0][k] for k in ("ratio", "flops_per_second", "flops", "compute_cpu",
                                             "communication")}
         emulated["lag"] = max(r["lag"] / r["device_seconds"] for r in runs)
+        emulated["unmodelled"] = max(r["unmodelled"] / r["device_seconds"] for r in runs)
     return dict(times=times, medians={k: statistics.median(v) for k, v in times.items()},
                 emulated=emulated,
                 spans=spans, alpha=alpha, beta=beta, message_sizes=sizes,

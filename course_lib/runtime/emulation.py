@@ -15,8 +15,10 @@ modelled time. Sleeping leaves the cores to gloo's threads, as a GPU leaves its 
 same modelled time on every rank and every step keeps the ranks in step, as GPUs are. Time
 spent waiting for a message passes as it is, so a blocking collective after backward costs its
 real time, as on a device. A piece whose CPU work took longer than its modelled time (the rate
-is too high for this CPU, or a core was busy) is late: :attr:`EmulatedDevice.lag` sums that,
-and the emulation is faithful while it stays small against :attr:`EmulatedDevice.device_seconds`.
+is too high for this CPU) is late: :attr:`EmulatedDevice.lag` sums by how much, and the
+emulation is faithful while it stays small against :attr:`EmulatedDevice.device_seconds`.
+Work without FLOPs (an optimizer's update, copying gradients into buckets) is not modelled: it
+takes this CPU's time, summed in :attr:`EmulatedDevice.unmodelled`.
 
 Choosing the rate by similarity. What decides whether communication can hide is the *ratio* of
 communication to compute time. :func:`rate_for` picks the rate that gives this machine's step
@@ -52,10 +54,10 @@ class EmulatedDevice:
         if isinstance(flops_per_second, bool) or not flops_per_second > 0:
             raise ValueError(f"flops_per_second must be positive, got {flops_per_second!r}")
         self.flops_per_second, self.stands_for = float(flops_per_second), stands_for
-        self.device_seconds = self.lag = 0.0
+        self.device_seconds = self.lag = self.unmodelled = 0.0
         self.pieces = None     # FLOPs between consecutive pacing points of one step
         self._counter = self._counted = None
-        self._wall, self._next = None, 0
+        self._wall, self._cpu, self._next = None, None, 0
 
     def __repr__(self) -> str:
         return (f"EmulatedDevice(flops_per_second={self.flops_per_second:.3g}, "
@@ -90,7 +92,7 @@ class EmulatedDevice:
         """Begin a paced step: the next piece of compute starts now."""
         if self._counter is None:
             self._check_counted()
-            self._wall, self._next = time.perf_counter(), 0
+            self._wall, self._cpu, self._next = time.perf_counter(), time.thread_time(), 0
 
     def catch_up(self) -> float:
         """A pacing point: sleep until the piece since the last point has taken its modelled
@@ -106,14 +108,16 @@ class EmulatedDevice:
                                f"({len(self.pieces) - 1}): pace every step the same way")
         modelled = self.pieces[self._next] / self.flops_per_second
         self._next += 1
-        elapsed = time.perf_counter() - self._wall
-        wait = modelled - elapsed
+        cpu = time.thread_time() - self._cpu
+        wait = modelled - (time.perf_counter() - self._wall)
         self.device_seconds += modelled
+        if modelled > 0:
+            self.lag += max(0.0, cpu - modelled)  # the CPU's work did not fit the device's time
+        else:
+            self.unmodelled += cpu
         if wait > 0:
             time.sleep(wait)
-        elif modelled >= 0.5 * elapsed:  # a piece that computed, yet overran its model
-            self.lag -= wait
-        self._wall = time.perf_counter()
+        self._wall, self._cpu = time.perf_counter(), time.thread_time()
         return max(wait, 0.0)
 
     def pace_gradients(self, model) -> list:
@@ -154,10 +158,11 @@ def paced_step(emulated: EmulatedDevice | None):
 
 
 def check_one_thread() -> None:
-    """The emulated device counts its thread's CPU time, so the compute must run in that one
-    thread (the lessons' default: ``launch`` gives each worker one thread)."""
+    """The emulated device checks its pieces against one thread's CPU time (and the similarity
+    measures one), so the compute must run in that one thread (the lessons' default: ``launch``
+    gives each worker one thread)."""
     if torch.get_num_threads() != 1:
-        raise RuntimeError(f"the emulated device counts one thread's CPU time, but torch uses "
+        raise RuntimeError(f"the emulated device measures one thread's CPU time, but torch uses "
                            f"{torch.get_num_threads()} threads here; set torch.set_num_threads(1)"
                            f" (COURSE_LIB_THREADS=1)")
 
