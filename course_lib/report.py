@@ -50,6 +50,36 @@ def mean_spread(values, fmt: str = "{:.3g}", *, count: bool = True) -> str:
     return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}{seeds}"
 
 
+def rank_correlation(a, b) -> float:
+    """Spearman's rank correlation of two equally long sequences: the correlation of their
+    ranks (ties share the mean rank). 1: the same order; -1: reversed."""
+    a, b = [float(v) for v in a], [float(v) for v in b]
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(f"need two sequences of the same length >= 2, got {len(a)} and "
+                         f"{len(b)}")
+
+    def ranks(values):
+        order = sorted(range(len(values)), key=values.__getitem__)
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):  # a run of ties gets the mean of its positions
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.mean(ra), statistics.mean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    spread = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    if spread == 0:
+        raise ValueError("a sequence whose values are all equal has no order to correlate")
+    return cov / spread
+
+
 def interactive_figure(draw, note: str = "", **controls):
     """Show ``draw(**values)`` -- a function returning a matplotlib Figure -- as one figure with
     the ipywidgets ``controls`` (name -> widget, labelled with its name unless it has a

@@ -34,6 +34,7 @@ from course_lib.models import tiny_gpt
 from course_lib.overlap import all_reduce_as_one_bucket
 from course_lib.plan_checks import PLAN_FIELDS, check_plan, check_run
 from course_lib.runtime.devices import device
+from course_lib.runtime.emulation import check_cpu_rank, queued, summary
 from course_lib.runtime.timing import synchronize
 from course_lib.sharding import fully_shard_blocks, local_bytes
 from course_lib.tensor_parallel import ParallelBlock
@@ -80,7 +81,7 @@ def global_batch_of(tokens, step: int, global_batch: int, context: int, seed: in
 
 
 def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, seed: int = 0,
-          dtype=torch.float32, group=None, **options) -> dict:
+          dtype=torch.float32, group=None, emulated=None, **options) -> dict:
     """Train :func:`course_lib.models.tiny_gpt` for ``steps`` Adam steps under ``plan`` (a
     :class:`course_lib.plans.Plan`, or its fields among ``options``: dp, tp, pp, zero,
     micro_batches, recompute), on every rank. The other ``options`` are the model's shape:
@@ -90,7 +91,9 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
     together). Returns this rank's coordinates, the global mean ``losses`` (every rank has
     them), ``seconds`` per step and ``threads`` (its CPU threads), and the bytes it held:
     ``state`` (parameters, gradients, optimizer state) and ``activations`` (the peak saved for
-    backward)."""
+    backward). ``emulated``: a ``runtime.emulation.EmulatedDevice`` whose queue computes each
+    step (:meth:`~course_lib.runtime.emulation.EmulatedDevice.queued`; its ``emulated`` summary
+    is returned); None: this machine as it is."""
     from torch.distributed.device_mesh import DeviceMesh
 
     fields = {k: options.pop(k) for k in PLAN_FIELDS if k in options}
@@ -105,6 +108,8 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
     dp, tp, pp, zero, micro_batches = plan.dp, plan.tp, plan.pp, plan.zero, plan.micro_batches
     recompute = plan.recompute
     dev = device(group)
+    if emulated is not None:
+        check_cpu_rank(dev)
     ranks = torch.tensor(dist.get_process_group_ranks(group or dist.group.WORLD))
     mesh = DeviceMesh(dev.type, ranks.view(dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
     d, s, t = (mesh.get_local_rank(n) for n in ("dp", "pp", "tp"))
@@ -144,21 +149,23 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
         x, y = x[d * rows:(d + 1) * rows].to(dev), y[d * rows:(d + 1) * rows].to(dev)
         synchronize(dev)
         start = time.perf_counter()
-        opt.zero_grad()
-        saved.peak, micro = saved.now, []
-        with saved.hooks():
-            if runner is None:  # micro-batches are gradient accumulation
-                for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True):
-                    loss = loss_fn(stage(xm), ym)
-                    (loss / micro_batches).backward()
-                    micro.append(loss.detach())
-            elif s == 0:
-                runner.step(x)
-            else:
-                runner.step(target=y, losses=micro) if s == pp - 1 else runner.step()
-        if zero == 0 and dp > 1:  # one message of every gradient, after backward (lesson 10)
-            all_reduce_as_one_bucket(stage.parameters(), dp_group)
-        opt.step()
+        with queued(emulated):
+            opt.zero_grad()
+            saved.peak, micro = saved.now, []
+            with saved.hooks():
+                if runner is None:  # micro-batches are gradient accumulation
+                    for xm, ym in zip(x.chunk(micro_batches), y.chunk(micro_batches),
+                                      strict=True):
+                        loss = loss_fn(stage(xm), ym)
+                        (loss / micro_batches).backward()
+                        micro.append(loss.detach())
+                elif s == 0:
+                    runner.step(x)
+                else:
+                    runner.step(target=y, losses=micro) if s == pp - 1 else runner.step()
+            if zero == 0 and dp > 1:  # one message of every gradient, after backward (lesson 10)
+                all_reduce_as_one_bucket(stage.parameters(), dp_group)
+            opt.step()
         synchronize(dev)
         seconds.append(time.perf_counter() - start)
         peaks.append(saved.peak)
@@ -171,12 +178,15 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
                  optimizer=opt.state_bytes() if zero in (1, 2) else local_bytes(
                      v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)))
     return dict(rank=dist.get_rank(group), dp=d, pp=s, tp=t, losses=losses, seconds=seconds,
-                threads=torch.get_num_threads(), state=state, activations=peaks[-1], peaks=peaks)
+                threads=torch.get_num_threads(), state=state, activations=peaks[-1], peaks=peaks,
+                emulated=summary(emulated))
 
 
 def train_one_process(steps: int = 10, global_batch: int = 16, lr: float = 3e-3, seed: int = 0,
-                      dtype=torch.float32, recompute: bool = False, **model) -> dict:
-    """The baseline: the whole model, the whole global batch, Adam, in this process."""
+                      dtype=torch.float32, recompute: bool = False, emulated=None,
+                      **model) -> dict:
+    """The baseline: the whole model, the whole global batch, Adam, in this process (on
+    ``emulated``'s queue if given, as :func:`train`)."""
     shape = {**MODEL, **model}
     check_run(steps, global_batch)
     gpt = tiny_gpt(**shape, seed=seed, dtype=dtype)
@@ -188,18 +198,19 @@ def train_one_process(steps: int = 10, global_batch: int = 16, lr: float = 3e-3,
     for step in range(steps):
         x, y = global_batch_of(tokens, step, global_batch, shape["context"], seed)
         start = time.perf_counter()
-        opt.zero_grad()
-        with saved.hooks():
-            loss = loss_fn(gpt(x), y)
-            loss.backward()
-        opt.step()
+        with queued(emulated):
+            opt.zero_grad()
+            with saved.hooks():
+                loss = loss_fn(gpt(x), y)
+                loss.backward()
+            opt.step()
         seconds.append(time.perf_counter() - start)
         losses.append(loss.item())
     params = list(gpt.parameters())
     state = dict(params=local_bytes(params), grads=local_bytes(p.grad for p in params),
                  optimizer=adam_state_bytes(opt))
     return dict(losses=losses, seconds=seconds, threads=torch.get_num_threads(), state=state,
-                activations=saved.peak)
+                activations=saved.peak, emulated=summary(emulated))
 
 
 def main(argv=None) -> list | None:

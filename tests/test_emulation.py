@@ -188,3 +188,56 @@ def test_bad_settings_are_refused_by_name(monkeypatch):
     with pytest.raises(RuntimeError, match="one thread's CPU time"), EmulatedDevice(1e9).counting():
         pass
     assert EmulatedDevice(1e9, "8 GPUs").label == "emulated device (8 GPUs)"
+
+
+def test_a_queued_operation_starts_when_issued_or_when_the_device_is_free(monkeypatch):
+    clock, device = FakeClock(monkeypatch), EmulatedDevice(1e9)
+    with device.queued():
+        device.issue(40e6, issued=0.0, cpu=0.010)   # 40 ms on the device, issued at 0
+        clock.compute(0.010)
+        device.issue(40e6, issued=0.010, cpu=0.050)  # queued behind it: done at 80 ms
+        clock.compute(0.050)                         # 50 ms of CPU for a 40 ms operation
+        device.issue(0, issued=0.060, cpu=0.005)     # no FLOPs: this CPU's time, as it is
+        clock.compute(0.005)
+        assert device.synchronize() == pytest.approx(0.080 - 0.065)
+        clock.compute(0.0, wall=0.100)               # the host waits on something else
+        device.issue(40e6, issued=clock.wall, cpu=0.0)  # an idle device starts at once
+    assert clock.wall == pytest.approx(0.220)        # the block's end waited for the device
+    assert device.device_seconds == pytest.approx(0.120)
+    assert device.lag == pytest.approx(0.010) and device.unmodelled == pytest.approx(0.005)
+    assert emulation.summary(device)["device_seconds"] == pytest.approx(0.120)
+    assert emulation.summary(None) is None
+
+
+def _queued_messages():
+    import torch.distributed as dist
+
+    device, seen = EmulatedDevice(1e12), []
+    wait = device.synchronize
+    device.synchronize = lambda: seen.append(device.device_seconds) or wait()
+    a = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    with device.queued():
+        b = a @ a                       # queued: 2 * 64^3 FLOPs
+        dist.all_reduce(b)              # the message needs b: the host waits for the device
+        total = b.sum().item()          # the host reads a value: it waits again
+    return seen, total, b, 2 * (a @ a)
+
+
+def test_a_message_or_a_read_waits_for_the_queued_work_before_it():
+    for seen, total, summed, expected in launch(_queued_messages, 2):
+        product = 2 * 64 ** 3 / 1e12
+        assert seen[0] == pytest.approx(product)   # the all-reduce waited for the product
+        assert len(seen) == 3                      # the all-reduce, .item() and the block's end
+        torch.testing.assert_close(summed, expected)  # the results are the same as off
+        assert total == pytest.approx(expected.sum().item(), rel=1e-4)
+
+
+def test_queued_blocks_do_not_nest_and_off_is_nothing():
+    device = EmulatedDevice(1e12)
+    with device.queued(), pytest.raises(RuntimeError, match="do not nest"), device.queued():
+        pass
+    with emulation.queued(None) as nothing:
+        assert nothing is None
+    assert device.queued  # the device is usable again after a refused nesting
+    with device.queued():
+        torch.ones(3).sum()

@@ -33,6 +33,22 @@ def test_mean_spread_over_seeds():
         report.mean_spread([])
 
 
+def test_rank_correlation_is_spearmans_with_ties_sharing_their_mean_rank():
+    from scipy.stats import spearmanr  # scikit-learn's dependency: the reference
+
+    from course_lib.report import rank_correlation
+
+    assert rank_correlation([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert rank_correlation([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    for a, b in (([3.1, 1.0, 2.2, 5.0, 4.4], [2, 1, 4, 3, 5]),
+                 ([1, 2, 2, 3, 7, 7], [0.5, 0.1, 0.3, 0.9, 0.2, 0.8])):
+        assert rank_correlation(a, b) == pytest.approx(spearmanr(a, b).statistic)
+    with pytest.raises(ValueError, match="same length"):
+        rank_correlation([1, 2], [1, 2, 3])
+    with pytest.raises(ValueError, match="all equal"):
+        rank_correlation([1, 1, 1], [1, 2, 3])
+
+
 def test_interactive_figure_saves_one_picture_and_redraws_it_in_place(monkeypatch):
     shown, updated, drawn = [], [], []
 

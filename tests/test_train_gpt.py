@@ -172,3 +172,24 @@ def test_train_gpt_is_assembled_from_the_lessons_own_parts():
     assert T.all_reduce_as_one_bucket is overlap.all_reduce_as_one_bucket  # lesson 10
     assert T.ShardedAdam is zero.ShardedAdam and T.fully_shard_blocks is sharding.fully_shard_blocks
     assert T.SavedBytes is memory.SavedBytes  # lesson 11's counter of saved activations
+
+
+def _off_and_on(plan):
+    from course_lib.runtime.emulation import EmulatedDevice
+
+    off = T.train(**plan, **KW)
+    on = T.train(**plan, **KW, emulated=EmulatedDevice(1e12, "a test"))
+    return off, on
+
+
+@pytest.mark.parametrize("plan", [dict(tp=2), dict(pp=2, micro_batches=2), dict(dp=2, zero=3)],
+                         ids=["tensor", "pipeline", "FSDP"])
+def test_on_an_emulated_device_every_plan_gives_the_same_numbers(plan, one_process):
+    from course_lib.runtime.emulation import EmulatedDevice
+
+    for off, on in launch(_off_and_on, world_size=2, args=(plan,)):
+        assert on["losses"] == off["losses"]  # the same operations in the same order
+        assert on["emulated"]["device_seconds"] > 0 and off["emulated"] is None
+    alone = T.train_one_process(**KW, emulated=EmulatedDevice(1e12))
+    assert alone["losses"] == one_process[False]["losses"]
+    assert alone["emulated"]["label"] == "emulated device"

@@ -25,6 +25,14 @@ communication to compute time. :func:`rate_for` picks the rate that gives this m
 the ratio of the system it stands for (the planner's ``step_time`` says a system's ratio), and
 refuses one that would leave this CPU too busy to stand for a device.
 
+Any code, without pacing points. :meth:`EmulatedDevice.queued` runs a block as a device with a
+queue of its own runs it (a CUDA stream): each operation is computed at once on the CPU, and the
+device's clock advances by its FLOPs / rate from when it was issued or when the device was free,
+whichever is later. The host waits for the device only where it must: before a message (the
+message needs its data), when it reads a value (``.item()``) and at the end of the block. Code
+whose messages are inside other libraries (torch's pipelining schedules, FSDP2, tensor-parallel
+layers) runs on it as it is.
+
 Off by default: code that is not handed an :class:`EmulatedDevice` paces nothing and never
 sleeps. Every figure and sentence made from an emulated run says "emulated device"; it is not a
 GPU measurement.
@@ -37,6 +45,8 @@ import itertools
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 LABEL = "emulated device"
 
@@ -58,6 +68,7 @@ class EmulatedDevice:
         self.pieces = None     # FLOPs between consecutive pacing points of one step
         self._counter = self._counted = None
         self._wall, self._cpu, self._next = None, None, 0
+        self._free = None      # queued(): when the device finishes the work queued so far
 
     def __repr__(self) -> str:
         return (f"EmulatedDevice(flops_per_second={self.flops_per_second:.3g}, "
@@ -131,16 +142,91 @@ class EmulatedDevice:
 
         return [p.register_hook(pace) for p in model.parameters() if p.requires_grad]
 
+    @contextlib.contextmanager
+    def queued(self):
+        """Run the block as a device with a queue of its own runs it: every operation computes
+        at once on the CPU (results stay exact); the device takes its FLOPs / rate, starting
+        when it is issued or when the device is free, whichever is later; the host sleeps until
+        the device is done before a message (``c10d`` operations), before reading a value
+        and at the end of the block. No step needs counting first."""
+        check_one_thread()
+        if self._free is not None:
+            raise RuntimeError("queued() blocks do not nest")
+        self._free = time.perf_counter()
+        try:
+            with _DeviceQueue(self):
+                yield self
+            self.synchronize()
+        finally:
+            self._free = None
+
+    def issue(self, flops: float, issued: float, cpu: float) -> None:
+        """Queue an operation of ``flops`` issued at wall time ``issued`` that took ``cpu``
+        seconds on this CPU (inside :meth:`queued`)."""
+        if not flops:
+            self.unmodelled += cpu  # no FLOPs, no device time: this CPU's time, as it is
+            return
+        seconds = flops / self.flops_per_second
+        self._free = max(issued, self._free) + seconds
+        self.device_seconds += seconds
+        self.lag += max(0.0, cpu - seconds)  # the CPU's work did not fit the device's time
+
+    def synchronize(self) -> float:
+        """Sleep until the device has done the work queued so far; returns the seconds slept."""
+        wait = self._free - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        return max(wait, 0.0)
+
     def _check_counted(self) -> None:
         if self.pieces is None:
             raise RuntimeError("run one step inside EmulatedDevice.counting() first: the device "
                                "paces a step by the FLOPs counted in it")
 
 
+class _DeviceQueue(TorchDispatchMode):
+    """Every operation of a :meth:`EmulatedDevice.queued` block: messages and reads wait for the
+    device; the rest is queued with its FLOPs (torch's FlopCounterMode's formulas)."""
+
+    def __init__(self, device: EmulatedDevice):
+        super().__init__()
+        self.device = device
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "c10d" or func in _READS:
+            self.device.synchronize()
+            return func(*args, **kwargs)
+        issued, cpu = time.perf_counter(), time.thread_time()
+        out = func(*args, **kwargs)
+        count = flop_registry.get(func._overloadpacket)
+        self.device.issue(count(*args, **kwargs, out_val=out) if count else 0, issued,
+                          time.thread_time() - cpu)
+        return out
+
+
+_READS = {torch.ops.aten._local_scalar_dense.default}  # .item(): the host reads a result
+
+
 def catch_up(emulated: EmulatedDevice | None) -> None:
     """A pacing point for code that may or may not run on an emulated device (None: off)."""
     if emulated is not None:
         emulated.catch_up()
+
+
+def queued(emulated: EmulatedDevice | None):
+    """``emulated.queued()``, or nothing when ``emulated`` is None (off)."""
+    return contextlib.nullcontext() if emulated is None else emulated.queued()
+
+
+def summary(emulated: EmulatedDevice | None) -> dict | None:
+    """What a run reports of its emulated device: the modelled seconds of compute, the lag and
+    the unmodelled seconds (None when off)."""
+    if emulated is None:
+        return None
+    return dict(device_seconds=emulated.device_seconds, lag=emulated.lag,
+                unmodelled=emulated.unmodelled, flops_per_second=emulated.flops_per_second,
+                label=emulated.label)
 
 
 @contextlib.contextmanager
