@@ -93,7 +93,8 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
     ``state`` (parameters, gradients, optimizer state) and ``activations`` (the peak saved for
     backward). ``emulated``: a ``runtime.emulation.EmulatedDevice`` whose queue computes each
     step (:meth:`~course_lib.runtime.emulation.EmulatedDevice.queued`; its ``emulated`` summary
-    is returned); None: this machine as it is."""
+    is returned, and ``waited``, the seconds of each step it waited for the host); None: this
+    machine as it is."""
     from torch.distributed.device_mesh import DeviceMesh
 
     fields = {k: options.pop(k) for k in PLAN_FIELDS if k in options}
@@ -142,13 +143,13 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
         runner = Schedule1F1B(piped, micro_batches, loss_fn=loss_fn)
     tokens = stdlib_text()
     saved = SavedBytes()
-    losses, seconds, peaks = [], [], []
+    losses, seconds, peaks, waited = [], [], [], []
     rows = global_batch // dp
     for step in range(steps):
         x, y = global_batch_of(tokens, step, global_batch, shape["context"], seed)
         x, y = x[d * rows:(d + 1) * rows].to(dev), y[d * rows:(d + 1) * rows].to(dev)
         synchronize(dev)
-        start = time.perf_counter()
+        start, lag = time.perf_counter(), emulated.lag if emulated else 0.0
         with queued(emulated):
             opt.zero_grad()
             saved.peak, micro = saved.now, []
@@ -168,6 +169,7 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
             opt.step()
         synchronize(dev)
         seconds.append(time.perf_counter() - start)
+        waited.append((emulated.lag if emulated else 0.0) - lag)
         peaks.append(saved.peak)
         mean = torch.stack(micro).mean() if micro else torch.zeros((), dtype=dtype, device=dev)
         dist.all_reduce(mean, group=pp_group)  # only the last stage holds losses
@@ -179,7 +181,7 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
                      v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)))
     return dict(rank=dist.get_rank(group), dp=d, pp=s, tp=t, losses=losses, seconds=seconds,
                 threads=torch.get_num_threads(), state=state, activations=peaks[-1], peaks=peaks,
-                emulated=summary(emulated))
+                emulated=summary(emulated), waited=waited)
 
 
 def train_one_process(steps: int = 10, global_batch: int = 16, lr: float = 3e-3, seed: int = 0,
@@ -194,10 +196,10 @@ def train_one_process(steps: int = 10, global_batch: int = 16, lr: float = 3e-3,
     opt = torch.optim.Adam(gpt.parameters(), lr=lr, foreach=False)
     tokens = stdlib_text()
     saved = SavedBytes()
-    losses, seconds = [], []
+    losses, seconds, waited = [], [], []
     for step in range(steps):
         x, y = global_batch_of(tokens, step, global_batch, shape["context"], seed)
-        start = time.perf_counter()
+        start, lag = time.perf_counter(), emulated.lag if emulated else 0.0
         with queued(emulated):
             opt.zero_grad()
             with saved.hooks():
@@ -205,12 +207,13 @@ def train_one_process(steps: int = 10, global_batch: int = 16, lr: float = 3e-3,
                 loss.backward()
             opt.step()
         seconds.append(time.perf_counter() - start)
+        waited.append((emulated.lag if emulated else 0.0) - lag)
         losses.append(loss.item())
     params = list(gpt.parameters())
     state = dict(params=local_bytes(params), grads=local_bytes(p.grad for p in params),
                  optimizer=adam_state_bytes(opt))
     return dict(losses=losses, seconds=seconds, threads=torch.get_num_threads(), state=state,
-                activations=saved.peak, emulated=summary(emulated))
+                activations=saved.peak, emulated=summary(emulated), waited=waited)
 
 
 def main(argv=None) -> list | None:

@@ -190,21 +190,25 @@ def test_bad_settings_are_refused_by_name(monkeypatch):
     assert EmulatedDevice(1e9, "8 GPUs").label == "emulated device (8 GPUs)"
 
 
-def test_a_queued_operation_starts_when_issued_or_when_the_device_is_free(monkeypatch):
+def test_queued_operations_take_their_flops_one_after_another(monkeypatch):
     clock, device = FakeClock(monkeypatch), EmulatedDevice(1e9)
     with device.queued():
-        device.issue(40e6, issued=0.0, cpu=0.010)   # 40 ms on the device, issued at 0
+        device.issue(40e6, cpu=0.010)              # 40 ms on the device from 0
         clock.compute(0.010)
-        device.issue(40e6, issued=0.010, cpu=0.050)  # queued behind it: done at 80 ms
-        clock.compute(0.050)                         # 50 ms of CPU for a 40 ms operation
-        device.issue(0, issued=0.060, cpu=0.005)     # no FLOPs: this CPU's time, as it is
+        device.issue(40e6, cpu=0.010)              # queued behind it: done at 80 ms
+        clock.compute(0.010)
+        device.issue(0, cpu=0.005)                 # no FLOPs: no device time
         clock.compute(0.005)
-        assert device.synchronize() == pytest.approx(0.080 - 0.065)
-        clock.compute(0.0, wall=0.100)               # the host waits on something else
-        device.issue(40e6, issued=clock.wall, cpu=0.0)  # an idle device starts at once
-    assert clock.wall == pytest.approx(0.220)        # the block's end waited for the device
+        assert device.synchronize() == pytest.approx(0.080 - 0.025)
+        clock.compute(0.0, wall=0.100)             # a message: the device is idle meanwhile
+        device.resume()
+        device.issue(40e6, cpu=0.010)              # from the message's end: done at 220 ms
+        clock.compute(0.030)                       # work without FLOPs after it, 30 ms
+        clock.compute(0.050)
+    assert clock.wall == pytest.approx(0.260)      # the device waited 40 ms for the host
     assert device.device_seconds == pytest.approx(0.120)
-    assert device.lag == pytest.approx(0.010) and device.unmodelled == pytest.approx(0.005)
+    assert device.lag == pytest.approx(0.040) and device.unmodelled == pytest.approx(0.005)
+    assert clock.slept == [pytest.approx(0.055)]
     assert emulation.summary(device)["device_seconds"] == pytest.approx(0.120)
     assert emulation.summary(None) is None
 

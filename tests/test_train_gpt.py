@@ -190,6 +190,7 @@ def test_on_an_emulated_device_every_plan_gives_the_same_numbers(plan, one_proce
     for off, on in launch(_off_and_on, world_size=2, args=(plan,)):
         assert on["losses"] == off["losses"]  # the same operations in the same order
         assert on["emulated"]["device_seconds"] > 0 and off["emulated"] is None
+        assert sum(on["waited"]) == pytest.approx(on["emulated"]["lag"]) and not any(off["waited"])
     alone = T.train_one_process(**KW, emulated=EmulatedDevice(1e12))
     assert alone["losses"] == one_process[False]["losses"]
     assert alone["emulated"]["label"] == "emulated device"

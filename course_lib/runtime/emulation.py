@@ -25,13 +25,14 @@ communication to compute time. :func:`rate_for` picks the rate that gives this m
 the ratio of the system it stands for (the planner's ``step_time`` says a system's ratio), and
 refuses one that would leave this CPU too busy to stand for a device.
 
-Any code, without pacing points. :meth:`EmulatedDevice.queued` runs a block as a device with a
-queue of its own runs it (a CUDA stream): each operation is computed at once on the CPU, and the
-device's clock advances by its FLOPs / rate from when it was issued or when the device was free,
-whichever is later. The host waits for the device only where it must: before a message (the
-message needs its data), when it reads a value (``.item()``) and at the end of the block. Code
-whose messages are inside other libraries (torch's pipelining schedules, FSDP2, tensor-parallel
-layers) runs on it as it is.
+Any code, without pacing points. :meth:`EmulatedDevice.queued` runs a block as a GPU's stream
+runs it: each operation is computed at once on the CPU (results stay exact) and queued on the
+device, which takes its FLOPs / rate after the work before it. Work without FLOPs (norms, copies,
+the optimizer's update) takes no device time. The host is taken to keep ahead of the device, as
+it does for a large model; where it does not, the device waits and ``lag`` counts it. The host
+waits for the device only where it must: before a message (the message needs its data), when it
+reads a value (``.item()``) and at the end of the block. Code whose messages are inside other
+libraries (torch's pipelining schedules, FSDP2, tensor-parallel layers) runs on it as it is.
 
 Off by default: code that is not handed an :class:`EmulatedDevice` paces nothing and never
 sleeps. Every figure and sentence made from an emulated run says "emulated device"; it is not a
@@ -144,11 +145,8 @@ class EmulatedDevice:
 
     @contextlib.contextmanager
     def queued(self):
-        """Run the block as a device with a queue of its own runs it: every operation computes
-        at once on the CPU (results stay exact); the device takes its FLOPs / rate, starting
-        when it is issued or when the device is free, whichever is later; the host sleeps until
-        the device is done before a message (``c10d`` operations), before reading a value
-        and at the end of the block. No step needs counting first."""
+        """Run the block as a GPU's stream runs it (the module's docstring says how); no step
+        needs counting first."""
         check_one_thread()
         if self._free is not None:
             raise RuntimeError("queued() blocks do not nest")
@@ -160,23 +158,30 @@ class EmulatedDevice:
         finally:
             self._free = None
 
-    def issue(self, flops: float, issued: float, cpu: float) -> None:
-        """Queue an operation of ``flops`` issued at wall time ``issued`` that took ``cpu``
-        seconds on this CPU (inside :meth:`queued`)."""
+    def issue(self, flops: float, cpu: float) -> None:
+        """Queue an operation of ``flops`` that took ``cpu`` seconds on this CPU (inside
+        :meth:`queued`): the device runs it after the work queued before it, in FLOPs / rate
+        seconds; work without FLOPs takes no device time (``unmodelled`` counts its CPU time)."""
         if not flops:
-            self.unmodelled += cpu  # no FLOPs, no device time: this CPU's time, as it is
+            self.unmodelled += cpu
             return
         seconds = flops / self.flops_per_second
-        self._free = max(issued, self._free) + seconds
+        self._free += seconds
         self.device_seconds += seconds
-        self.lag += max(0.0, cpu - seconds)  # the CPU's work did not fit the device's time
 
     def synchronize(self) -> float:
-        """Sleep until the device has done the work queued so far; returns the seconds slept."""
+        """Sleep until the device has done the work queued so far; returns the seconds slept.
+        A host that arrives after that kept the device waiting: ``lag`` counts it."""
         wait = self._free - time.perf_counter()
         if wait > 0:
             time.sleep(wait)
+        else:
+            self.lag -= wait
         return max(wait, 0.0)
+
+    def resume(self) -> None:
+        """After a message or a read: the device goes on from now with what the host queues."""
+        self._free = max(self._free, time.perf_counter())
 
     def _check_counted(self) -> None:
         if self.pieces is None:
@@ -196,11 +201,13 @@ class _DeviceQueue(TorchDispatchMode):
         kwargs = kwargs or {}
         if func.namespace == "c10d" or func in _READS:
             self.device.synchronize()
-            return func(*args, **kwargs)
-        issued, cpu = time.perf_counter(), time.thread_time()
+            out = func(*args, **kwargs)
+            self.device.resume()
+            return out
+        cpu = time.thread_time()
         out = func(*args, **kwargs)
         count = flop_registry.get(func._overloadpacket)
-        self.device.issue(count(*args, **kwargs, out_val=out) if count else 0, issued,
+        self.device.issue(count(*args, **kwargs, out_val=out) if count else 0,
                           time.thread_time() - cpu)
         return out
 
