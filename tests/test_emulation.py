@@ -201,13 +201,16 @@ def test_queued_operations_take_their_flops_one_after_another(monkeypatch):
         clock.compute(0.005)
         assert device.synchronize() == pytest.approx(0.080 - 0.025)
         clock.compute(0.0, wall=0.100)             # a message: the device is idle meanwhile
-        device.resume()
-        device.issue(40e6, cpu=0.010)              # from the message's end: done at 220 ms
-        clock.compute(0.030)                       # work without FLOPs after it, 30 ms
-        clock.compute(0.050)
-    assert clock.wall == pytest.approx(0.260)      # the device waited 40 ms for the host
+        device.resume()                            # from 180 ms
+        clock.compute(0.0, wall=0.020)             # the host waits 20 ms for another message
+        clock.compute(0.005)                       # and works 5 ms (counted as instant)
+        assert device.ready(clock.wall, clock.cpu) == pytest.approx(0.200)
+        device.issue(40e6, cpu=0.010, ready=device.ready(clock.wall, clock.cpu))
+        clock.compute(0.010)                       # done at 240 ms on the device
+        clock.compute(0.050)                       # work without FLOPs after it, 50 ms
+    assert clock.wall == pytest.approx(0.265)      # the device waited 25 ms for the host
     assert device.device_seconds == pytest.approx(0.120)
-    assert device.lag == pytest.approx(0.040) and device.unmodelled == pytest.approx(0.005)
+    assert device.lag == pytest.approx(0.025) and device.unmodelled == pytest.approx(0.005)
     assert clock.slept == [pytest.approx(0.055)]
     assert emulation.summary(device)["device_seconds"] == pytest.approx(0.120)
     assert emulation.summary(None) is None

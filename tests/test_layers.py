@@ -63,3 +63,9 @@ def test_the_walk_sees_what_a_lesson_module_imports():
     assert on_a_floor("course_lib.runtime.launching") and on_a_floor("course_lib")
     assert "course_lib.runtime.worker" in imported(PACKAGE / "runtime" / "forkserver.py")
     assert len(FLOOR_FILES) >= 15
+
+
+def test_every_module_is_at_most_300_lines():
+    long = {module_name(p): n for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 300}
+    assert long == {}, f"modules over 300 lines (split them by role): {long}"

@@ -15,10 +15,8 @@ modelled time. Sleeping leaves the cores to gloo's threads, as a GPU leaves its 
 same modelled time on every rank and every step keeps the ranks in step, as GPUs are. Time
 spent waiting for a message passes as it is, so a blocking collective after backward costs its
 real time, as on a device. A piece whose CPU work took longer than its modelled time (the rate
-is too high for this CPU) is late: :attr:`EmulatedDevice.lag` sums by how much, and the
-emulation is faithful while it stays small against :attr:`EmulatedDevice.device_seconds`.
-Work without FLOPs (an optimizer's update, copying gradients into buckets) is not modelled: it
-takes this CPU's time, summed in :attr:`EmulatedDevice.unmodelled`.
+is too high for this CPU) is late: :attr:`EmulatedDevice.lag` sums by how much. Work without
+FLOPs (an optimizer's update, copies) is not modelled: :attr:`EmulatedDevice.unmodelled`.
 
 Choosing the rate by similarity. What decides whether communication can hide is the *ratio* of
 communication to compute time. :func:`rate_for` picks the rate that gives this machine's step
@@ -26,13 +24,12 @@ the ratio of the system it stands for (the planner's ``step_time`` says a system
 refuses one that would leave this CPU too busy to stand for a device.
 
 Any code, without pacing points. :meth:`EmulatedDevice.queued` runs a block as a GPU's stream
-runs it: each operation is computed at once on the CPU (results stay exact) and queued on the
-device, which takes its FLOPs / rate after the work before it. Work without FLOPs (norms, copies,
-the optimizer's update) takes no device time. The host is taken to keep ahead of the device, as
-it does for a large model; where it does not, the device waits and ``lag`` counts it. The host
-waits for the device only where it must: before a message (the message needs its data), when it
-reads a value (``.item()``) and at the end of the block. Code whose messages are inside other
-libraries (torch's pipelining schedules, FSDP2, tensor-parallel layers) runs on it as it is.
+runs it: each operation computes at once on the CPU and is queued on the device, which takes its
+FLOPs / rate after the work before it; work without FLOPs takes no device time. The host's CPU
+work counts as instant (a GPU's host only launches kernels), its waits for messages do not. The
+host waits for the device only before a message, when it reads a value and at the block's end;
+``lag`` counts the device waiting for the host. Code whose messages are inside other libraries
+(torch's pipelining, FSDP2, tensor-parallel layers) runs on it as it is.
 
 Off by default: code that is not handed an :class:`EmulatedDevice` paces nothing and never
 sleeps. Every figure and sentence made from an emulated run says "emulated device"; it is not a
@@ -46,8 +43,8 @@ import itertools
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
+
+from course_lib.runtime.device_queue import DeviceQueue
 
 LABEL = "emulated device"
 
@@ -69,7 +66,7 @@ class EmulatedDevice:
         self.pieces = None     # FLOPs between consecutive pacing points of one step
         self._counter = self._counted = None
         self._wall, self._cpu, self._next = None, None, 0
-        self._free = None      # queued(): when the device finishes the work queued so far
+        self._free = self._mark = None  # queued(): the device's queue ends; the host's CPU
 
     def __repr__(self) -> str:
         return (f"EmulatedDevice(flops_per_second={self.flops_per_second:.3g}, "
@@ -150,23 +147,25 @@ class EmulatedDevice:
         check_one_thread()
         if self._free is not None:
             raise RuntimeError("queued() blocks do not nest")
-        self._free = time.perf_counter()
+        self._free = 0.0
+        self.resume()
         try:
-            with _DeviceQueue(self):
+            with DeviceQueue(self):
                 yield self
             self.synchronize()
         finally:
             self._free = None
 
-    def issue(self, flops: float, cpu: float) -> None:
+    def issue(self, flops: float, cpu: float, ready: float = 0.0) -> None:
         """Queue an operation of ``flops`` that took ``cpu`` seconds on this CPU (inside
-        :meth:`queued`): the device runs it after the work queued before it, in FLOPs / rate
-        seconds; work without FLOPs takes no device time (``unmodelled`` counts its CPU time)."""
+        :meth:`queued`): the device runs it after the work queued before it and not before
+        ``ready`` (a wall time), in FLOPs / rate seconds; work without FLOPs takes no device
+        time (``unmodelled`` counts its CPU time)."""
         if not flops:
             self.unmodelled += cpu
             return
         seconds = flops / self.flops_per_second
-        self._free += seconds
+        self._free = max(self._free, ready) + seconds
         self.device_seconds += seconds
 
     def synchronize(self) -> float:
@@ -181,38 +180,18 @@ class EmulatedDevice:
 
     def resume(self) -> None:
         """After a message or a read: the device goes on from now with what the host queues."""
-        self._free = max(self._free, time.perf_counter())
+        self._free, self._mark = max(self._free, time.perf_counter()), time.thread_time()
+
+    def ready(self, wall: float, cpu: float) -> float:
+        """When an operation issued at ``wall`` (this thread's clock at ``cpu``) can start: the
+        host's CPU work since the last message is taken as instant, as a GPU's host launches
+        work at once; only its waits (a message's ``wait()``) count."""
+        return wall - (cpu - self._mark)
 
     def _check_counted(self) -> None:
         if self.pieces is None:
             raise RuntimeError("run one step inside EmulatedDevice.counting() first: the device "
                                "paces a step by the FLOPs counted in it")
-
-
-class _DeviceQueue(TorchDispatchMode):
-    """Every operation of a :meth:`EmulatedDevice.queued` block: messages and reads wait for the
-    device; the rest is queued with its FLOPs (torch's FlopCounterMode's formulas)."""
-
-    def __init__(self, device: EmulatedDevice):
-        super().__init__()
-        self.device = device
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func.namespace == "c10d" or func in _READS:
-            self.device.synchronize()
-            out = func(*args, **kwargs)
-            self.device.resume()
-            return out
-        cpu = time.thread_time()
-        out = func(*args, **kwargs)
-        count = flop_registry.get(func._overloadpacket)
-        self.device.issue(count(*args, **kwargs, out_val=out) if count else 0,
-                          time.thread_time() - cpu)
-        return out
-
-
-_READS = {torch.ops.aten._local_scalar_dense.default}  # .item(): the host reads a result
 
 
 def catch_up(emulated: EmulatedDevice | None) -> None:
