@@ -207,10 +207,14 @@ def test_queued_operations_take_their_flops_one_after_another(monkeypatch):
         assert device.ready(clock.wall, clock.cpu) == pytest.approx(0.200)
         device.issue(40e6, cpu=0.010, ready=device.ready(clock.wall, clock.cpu))
         clock.compute(0.010)                       # done at 240 ms on the device
-        clock.compute(0.050)                       # work without FLOPs after it, 50 ms
-    assert clock.wall == pytest.approx(0.265)      # the device waited 25 ms for the host
+        device.resume()                            # an async message posted at 215 ms
+        clock.compute(0.0, wall=0.040)             # its wait(): in at 255 ms
+        clock.compute(0.005)
+        device.issue(0, cpu=0.005, ready=device.ready(clock.wall, clock.cpu))  # unpacking it
+        clock.compute(0.010)                       # more work without FLOPs
+    assert clock.wall == pytest.approx(0.270)      # the device waited 15 ms for the host's CPU
     assert device.device_seconds == pytest.approx(0.120)
-    assert device.lag == pytest.approx(0.025) and device.unmodelled == pytest.approx(0.005)
+    assert device.lag == pytest.approx(0.015) and device.unmodelled == pytest.approx(0.010)
     assert clock.slept == [pytest.approx(0.055)]
     assert emulation.summary(device)["device_seconds"] == pytest.approx(0.120)
     assert emulation.summary(None) is None
@@ -248,3 +252,25 @@ def test_queued_blocks_do_not_nest_and_off_is_nothing():
     assert device.queued  # the device is usable again after a refused nesting
     with device.queued():
         torch.ones(3).sum()
+
+
+def _send_and_receive():
+    import torch.distributed as dist
+
+    device, seen = EmulatedDevice(1e12), []
+    wait = device.synchronize
+    device.synchronize = lambda: seen.append("wait") or wait()
+    buf = torch.zeros(4)
+    with device.queued():
+        if dist.get_rank() == 0:
+            dist.send(torch.ones(4), dst=1)
+        else:
+            dist.recv(buf, src=0)
+    return seen, buf
+
+
+def test_a_send_waits_for_the_device_and_posting_a_receive_does_not():
+    (sent, _), (received, buf) = launch(_send_and_receive, 2)
+    assert sent == ["wait", "wait"]    # before the send (it needs its data), at the block's end
+    assert received == ["wait"]        # only at the block's end
+    torch.testing.assert_close(buf, torch.ones(4))

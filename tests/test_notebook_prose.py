@@ -60,6 +60,7 @@ ALLOWED = {
            "40%": "Lee et al. 2025's worst measured slowdown, a paper's number",
            "97%": "the threshold the cell's own check asserts",
            "25%": "the bound the cell's own check asserts (the issue's acceptance)",
+           "15%": "the bound section 7's own check asserts for plans with few messages",
            "50%": "the kernel speed sections 1 and 2 assume, a parameter (a100_cluster's mfu)"},
     "10": {"2x": "the threshold the bucket-size cell's own check asserts (the issue's acceptance)",
            "10%": "the threshold the bucket-size cell's own check asserts"},

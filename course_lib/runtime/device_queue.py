@@ -21,7 +21,8 @@ class DeviceQueue(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.namespace == "c10d" or func in READS:
-            self.device.synchronize()
+            if func not in RECEIVES:  # a send needs its data; posting a receive needs nothing
+                self.device.synchronize()
             out = func(*args, **kwargs)
             self.device.resume()
             return out
@@ -34,3 +35,4 @@ class DeviceQueue(TorchDispatchMode):
 
 
 READS = {torch.ops.aten._local_scalar_dense.default}  # .item(): the host reads a result
+RECEIVES = {torch.ops.c10d.recv_.default, torch.ops.c10d.recv_any_source_.default}

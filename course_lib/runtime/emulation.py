@@ -161,11 +161,11 @@ class EmulatedDevice:
         :meth:`queued`): the device runs it after the work queued before it and not before
         ``ready`` (a wall time), in FLOPs / rate seconds; work without FLOPs takes no device
         time (``unmodelled`` counts its CPU time)."""
+        seconds = flops / self.flops_per_second
+        self._free = max(self._free, ready) + seconds  # after a message's wait, not before
         if not flops:
             self.unmodelled += cpu
             return
-        seconds = flops / self.flops_per_second
-        self._free = max(self._free, ready) + seconds
         self.device_seconds += seconds
 
     def synchronize(self) -> float:
