@@ -97,16 +97,21 @@ def alpha_beta_time(n_bytes, alpha: float, beta: float):
     return alpha + beta * torch.as_tensor(n_bytes, dtype=torch.float64)
 
 
-def fit_alpha_beta(n_bytes, seconds) -> tuple[float, float]:
-    """Fit t = alpha + beta n to measured times, in relative terms (each point's error divided
-    by its time), so that the small messages fix alpha and the large ones fix beta."""
+def fit_alpha_beta(n_bytes, seconds, relative: bool = True) -> tuple[float, float]:
+    """Fit t = alpha + beta n to measured times. ``relative``: each point's error divided by
+    its time, so that the small messages fix alpha and the large ones fix beta (for one size's
+    time). False: plain least squares in seconds, one point per message sent, so that the fitted
+    times of those messages add up to their measured total (for a step's many messages, where a
+    few slow ones cost as much as the rest)."""
     n = torch.as_tensor(n_bytes, dtype=torch.float64)
     t = torch.as_tensor(seconds, dtype=torch.float64)
-    if len(n) < 3:
-        raise ValueError(f"fitting alpha and beta needs at least 3 sizes, got {len(n)}")
-    design = torch.stack([1 / t, n / t], dim=1)
-    solution = torch.linalg.lstsq(design, torch.ones_like(t).unsqueeze(1)).solution.squeeze(1)
-    alpha, beta = solution.tolist()
+    if len(set(n.tolist())) < 3 or len(n) != len(t):
+        raise ValueError(f"fitting alpha and beta needs a time for each size and at least 3 sizes, "
+                         f"got {len(t)} times of {len(set(n.tolist()))} sizes")
+    weight = 1 / t if relative else torch.ones_like(t)
+    design = torch.stack([weight, n * weight], dim=1)
+    target = (t * weight).unsqueeze(1)
+    alpha, beta = torch.linalg.lstsq(design, target).solution.squeeze(1).tolist()
     return max(alpha, 0.0), max(beta, 0.0)
 
 

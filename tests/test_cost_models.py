@@ -43,6 +43,19 @@ def test_alpha_beta_fit_recovers_a_linear_cost_and_needs_three_points():
     assert alpha == pytest.approx(5e-4, rel=1e-6) and beta == pytest.approx(1e-9, rel=1e-6)
     with pytest.raises(ValueError, match="at least 3"):
         M.fit_alpha_beta([1.0, 2.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="a time for each size"):
+        M.fit_alpha_beta([1.0, 2.0, 3.0], [1.0, 2.0])
+
+
+def test_alpha_beta_fit_in_seconds_adds_up_to_the_messages_measured_total():
+    # a stream of messages: most take alpha + beta n, one in eight ten times as long
+    n = torch.tensor([1e3, 1e4, 1e5, 1e6] * 8, dtype=torch.float64)
+    t = M.alpha_beta_time(n, 5e-4, 1e-9) * torch.where(torch.arange(32) % 8 == 3, 10.0, 1.0)
+    alpha, beta = M.fit_alpha_beta(n, t, relative=False)
+    assert (alpha * len(n) + beta * n.sum()).item() == pytest.approx(t.sum().item(), rel=1e-9)
+    # the relative fit follows the typical message instead, and falls short of the total
+    alpha_r, beta_r = M.fit_alpha_beta(n, t)
+    assert (alpha_r * len(n) + beta_r * n.sum()).item() < 0.9 * t.sum().item()
 
 
 def test_all_reduce_bytes_per_algorithm():

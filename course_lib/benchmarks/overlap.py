@@ -120,22 +120,22 @@ def _gradient_ready_times(model, x, y, emulated=None):
     return [ready[i] - start for i in range(len(params))], end - start
 
 
-def _message_times(sizes, repeats, group, dev, idle: float = 0.0):
-    """All-reduce seconds of each size in ``sizes``; each after ``idle`` seconds of sleep (an
-    emulated device's step: its host idles, then sends), and a barrier."""
-    out = {}
-    for n in sizes:
-        buf = torch.zeros(n // 4, device=dev)
-        times = []
-        for i in range(repeats + 1):  # the first is a warm-up
-            time.sleep(idle)
-            dist.barrier(group=group)
+def _message_times(sizes, repeats, group, dev, before=None):
+    """{bytes: seconds of each all-reduce that size}: messages of ``sizes`` bytes back to back,
+    after ``before()`` (a step's compute) and a barrier, timed as a step sends them (here one
+    can take twice as long so as alone after an idle spell)."""
+    bufs = {n: torch.zeros(n // 4, device=dev) for n in set(sizes)}
+    out = {n: [] for n in bufs}
+    for i in range(repeats + 1):  # the first is a warm-up
+        if before is not None:
+            before()
+        dist.barrier(group=group)
+        for n in sizes:
             start = time.perf_counter()
-            dist.all_reduce(buf, group=group)
+            dist.all_reduce(bufs[n], group=group)
             synchronize(dev)
             if i:
-                times.append(time.perf_counter() - start)
-        out[n] = times
+                out[n].append(time.perf_counter() - start)
     return out
 
 
@@ -164,7 +164,7 @@ def calibrate(model, x, y, group, dev, repeats: int = 5) -> dict:
 def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
         local_batch: int = 2, steps: int = 15, warmup: int = 3, repeats: int = 7,
         seed: int = 0, group=None, model=None, context: int = 64, ratio: float | None = None,
-        stands_for: str = "", profiled: bool = True) -> dict:
+        stands_for: str = "", profiled: bool = True, message_repeats: int | None = None) -> dict:
     """On every rank: per-step seconds of each synchronisation in ``configs`` and of a step
     without communication ("none"), alternating step by step; then one profiled step of each;
     gradient ready times and sizes; all-reduce times of several sizes (for alpha and beta).
@@ -172,7 +172,8 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
     windows of ``context`` characters per rank. ``ratio``: run on an emulated device whose
     compute makes the whole gradient's all-reduce take ``ratio`` x a step's compute
     (``stands_for``: the system that ratio stands for); None: this CPU as it is. ``profiled``:
-    False skips the profiled steps (``spans`` is then empty)."""
+    False skips the profiled steps (``spans`` is then empty). ``message_repeats``: how many
+    streams of messages to time for alpha and beta (default ``repeats``)."""
     rank, dev = dist.get_rank(group), device(group)
     model = model or model_fn
     tokens = stdlib_text()
@@ -201,6 +202,8 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
             one_step(*models[config], x, y, 1e-3, dev, emulated)
             if step >= warmup:
                 times[label(config)].append(time.perf_counter() - start)
+    # how the device kept to its model in the timed steps (the profiler's own work comes after)
+    kept = {k: emulated and getattr(emulated, k) for k in ("lag", "unmodelled", "device_seconds")}
     profiles = {}
     for config in configs if profiled else ():
         x, y = batch()
@@ -210,13 +213,12 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
         profiles[label(config)] = profiling.step_spans(prof, lane=rank)
     ready, backward = _gradient_ready_times(plain, *batch(), emulated)
     sizes = [p.numel() * p.element_size() for p in plain.parameters()]
+    messages = _message_times(sizes[::-1] + list(MESSAGE_BYTES), message_repeats or repeats, group,
+                              dev, lambda: one_step(plain, lambda: None, *batch(), dev=dev,
+                                                    emulated=emulated))
     return dict(times=times, spans=profiles, ready=ready, backward=backward, sizes=sizes,
-                messages=_message_times(MESSAGE_BYTES, repeats, group, dev, idle=0.0 if
-                                        emulated is None else emulated.step_flops /
-                                        emulated.flops_per_second), ratio=ratio,
-                flops_per_second=emulated and emulated.flops_per_second, **similarity,
-                lag=emulated and emulated.lag, unmodelled=emulated and emulated.unmodelled,
-                device_seconds=emulated and emulated.device_seconds)
+                messages=messages, ratio=ratio,
+                flops_per_second=emulated and emulated.flops_per_second, **similarity, **kept)
 
 
 def summarise(runs) -> dict:
@@ -226,9 +228,13 @@ def summarise(runs) -> dict:
     times = {k: [max(ts) for ts in zip(*(r["times"][k] for r in runs), strict=True)]
              for k in runs[0]["times"]}
     sizes = sorted(runs[0]["messages"])
-    seconds = [statistics.median(max(ts) for ts in zip(*(r["messages"][n] for r in runs),
-                                                       strict=True)) for n in sizes]
-    alpha, beta = cost_models.fit_alpha_beta(sizes, seconds)
+    sent = {n: [max(ts) for ts in zip(*(r["messages"][n] for r in runs), strict=True)]
+            for n in sizes}  # each message as the slower rank saw it
+    # least squares in seconds over every message, not a fit to each size's median: a few
+    # messages in a stream take ten times the median, and a step pays for them too
+    alpha, beta = cost_models.fit_alpha_beta([n for n in sizes for _ in sent[n]],
+                                             [t for n in sizes for t in sent[n]], relative=False)
+    seconds = [statistics.mean(sent[n]) for n in sizes]
     ready, n_bytes, backward = runs[0]["ready"], runs[0]["sizes"], runs[0]["backward"]
     profiled = bool(runs[0]["spans"])
     predicted, measured = {}, {}
