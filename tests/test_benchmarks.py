@@ -89,6 +89,9 @@ def test_emulated_strong_scaling_paces_every_world_size_by_one_device():
     assert out["achieved"] == pytest.approx(0.001) and out["ratio"] == 0.001
     assert set(out["times"]) == {1, 2}
     assert all(len(t) == 1 for m in (1, 2) for t in out["times"][m].values())
+    # the link's alpha and beta, fitted to two ranks' all-reduces, and the bytes DDP sends
+    assert sim["gradient_bytes"] == 4 * sum(p.numel() for p in model_fn().parameters())
+    assert out["alpha"] >= 0 and out["beta"] >= 0 and out["alpha"] + out["beta"] > 0
     assert torch.get_num_threads() == 1
     fast = dp_benchmark.emulated_strong_scaling(model_fn, x, y, workers=(1, 2), ratio=50.0,
                                                 steps=1, warmup=0)

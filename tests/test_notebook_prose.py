@@ -41,7 +41,7 @@ ALLOWED = {
     "04": {"8×": "256 / 32, the batch ratio of the experiment's parameters",
            "0.6%": "Goyal et al.: 8192 / 1.28 M images",
            "38%": "512 / 1,347: the batch against the digits' training set",
-           "10%": "the bound section 3b's own check asserts"},
+           "20%": "the bound section 3b's own check asserts"},
     "05": {"20 ms": "the padded forward step, a parameter of the cell",
            "40 ms": "the padded backward step, a parameter of the cell",
            "10%": "a question's target bubble"},

@@ -83,6 +83,21 @@ def test_the_benchmark_run_profiles_all_reduces_on_both_ranks():
 SMALL_GPT = functools.partial(tiny_gpt, vocab=96, d_model=64, layers=2, heads=2, context=8)
 
 
+def _stream(group=None):
+    calls = []
+    out = bench.message_times([1024, 4096, 1024], 2, group, torch.device("cpu"),
+                              before=lambda: calls.append(1))
+    return out, len(calls)
+
+
+def test_message_times_time_each_message_of_a_stream_after_the_compute_before_it():
+    for out, calls in launch(_stream, 2):
+        assert calls == 3  # a warm-up stream, then two timed ones
+        assert sorted(out) == [1024, 4096]
+        assert len(out[1024]) == 4 and len(out[4096]) == 2  # every message of every timed stream
+        assert all(t > 0 for ts in out.values() for t in ts)
+
+
 def test_the_benchmark_runs_on_an_emulated_device_chosen_by_the_ratio():
     runs = launch(bench.run, 2, kwargs=dict(configs=(("buckets", 1.0),), steps=1, warmup=1,
                                             repeats=1, model=SMALL_GPT, local_batch=1,

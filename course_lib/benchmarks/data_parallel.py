@@ -19,7 +19,7 @@ import statistics
 from course_lib import collectives as C
 from course_lib import data_parallel as dp
 from course_lib.benchmarks import overlap as overlap_bench
-from course_lib.cost_models import bus_bandwidth
+from course_lib.cost_models import bus_bandwidth, fit_alpha_beta
 from course_lib.data import load_digits
 from course_lib.models import digits_cnn
 from course_lib.runtime import device, launch
@@ -64,9 +64,13 @@ def lesson_system() -> dict:
     return overlap_bench.gpt3_xl_data_parallel(8, 16)
 
 
-def _similarity(model_fn, x, y):
-    return overlap_bench.calibrate(model_fn().to(device()), x.to(device()), y.to(device()), None,
-                                   device())
+def _similarity(model_fn, x, y, group=None):
+    model, dev = model_fn().to(device(group)), device(group)
+    out = overlap_bench.calibrate(model, x.to(dev), y.to(dev), group, dev)
+    out["gradient_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+    out["messages"] = overlap_bench.message_times(  # for alpha and beta: DDP's one bucket
+        [*overlap_bench.MESSAGE_BYTES, out["gradient_bytes"]], 5, group, dev)
+    return out
 
 
 def emulated_strong_scaling(model_fn, x, y, workers=(1, 2, 3, 4), ratio: float | None = None,
@@ -80,11 +84,16 @@ def emulated_strong_scaling(model_fn, x, y, workers=(1, 2, 3, 4), ratio: float |
     so a small model's fast all-reduce can give a smaller ratio than asked (``achieved``).
     Returns the per-step seconds ``times[m]`` (the slowest rank's, with and without
     synchronising, as ``data_parallel.time_ddp_steps`` gives them), the ``rate``, the
-    ``ratio`` asked and ``achieved``, and the ``similarity``."""
+    ``ratio`` asked and ``achieved``, the ``similarity`` (with ``gradient_bytes``) and the
+    ``alpha`` and ``beta`` of all-reduces on two ranks (least squares in seconds)."""
     ratio = lesson_system()["ratio"] if ratio is None else ratio
     if isinstance(ratio, bool) or not ratio > 0:
         raise ValueError(f"ratio must be positive, got {ratio!r}")
-    similarity = launch(_similarity, 2, args=(model_fn, x, y), backend="gloo")[0]
+    runs = launch(_similarity, 2, args=(model_fn, x, y), backend="gloo")
+    similarity = runs[0]
+    sent = [(n, max(ts)) for n in similarity["messages"]  # each message, the slower rank's time
+            for ts in zip(*(r["messages"][n] for r in runs), strict=True)]
+    alpha, beta = fit_alpha_beta(*zip(*sent, strict=True), relative=False)
     least = max(2.0, 4 * max(workers) / usable_cores())  # the busiest count: a quarter busy
     seconds = max(similarity["communication"] / ratio, least * similarity["compute_cpu"])
     rate = similarity["flops"] / seconds
@@ -96,7 +105,7 @@ def emulated_strong_scaling(model_fn, x, y, workers=(1, 2, 3, 4), ratio: float |
         times[m] = {mode: [max(step) for step in zip(*(r[mode] for r in runs), strict=True)]
                     for mode in ("with_sync", "no_sync")}
     return dict(times=times, rate=rate, ratio=ratio, similarity=similarity,
-                achieved=similarity["communication"] / seconds)
+                achieved=similarity["communication"] / seconds, alpha=alpha, beta=beta)
 
 
 def main(argv=None):

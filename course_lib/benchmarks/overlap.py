@@ -120,7 +120,7 @@ def _gradient_ready_times(model, x, y, emulated=None):
     return [ready[i] - start for i in range(len(params))], end - start
 
 
-def _message_times(sizes, repeats, group, dev, before=None):
+def message_times(sizes, repeats, group, dev, before=None):
     """{bytes: seconds of each all-reduce that size}: messages of ``sizes`` bytes back to back,
     after ``before()`` (a step's compute) and a barrier, timed as a step sends them (here one
     can take twice as long so as alone after an idle spell)."""
@@ -213,7 +213,7 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
         profiles[label(config)] = profiling.step_spans(prof, lane=rank)
     ready, backward = _gradient_ready_times(plain, *batch(), emulated)
     sizes = [p.numel() * p.element_size() for p in plain.parameters()]
-    messages = _message_times(sizes[::-1] + list(MESSAGE_BYTES), message_repeats or repeats, group,
+    messages = message_times(sizes[::-1] + list(MESSAGE_BYTES), message_repeats or repeats, group,
                               dev, lambda: one_step(plain, lambda: None, *batch(), dev=dev,
                                                     emulated=emulated))
     return dict(times=times, spans=profiles, ready=ready, backward=backward, sizes=sizes,
