@@ -22,8 +22,11 @@ import torch
 
 from course_lib.exercises import verdicts
 
-GRADING_OUT = "COURSE_LIB_GRADING_OUT"  # set by the grader: where probes write their data
-GRADING_SEED = "COURSE_LIB_GRADING_SEED"  # set by the grader: the hidden cases of this run
+GRADING_OUT = "COURSE_LIB_GRADING_OUT"  # set by tests and scripts: where probes write their data
+GRADING_SEED = "COURSE_LIB_GRADING_SEED"  # set by the grader: this run's drawn values
+# set by the grader only while a check cell runs, from a seed the kernel never sees before: the
+# hidden cases of that check; the judge draws them again from the same seed, outside the kernel
+HIDDEN_SEED = "COURSE_LIB_HIDDEN_SEED"
 JUDGES: dict = {}  # name -> judge, filled as the lesson modules define their checks
 STUB_MESSAGE = "write your solution here"  # what the student edition's stubs raise
 LIBRARY_HAS_IT = "not in the student edition"  # what its library's stripped references raise
@@ -135,8 +138,15 @@ def judge_cases(items, judge_one) -> None:
 
 
 def grading_seed() -> int | None:
-    """The seed of this grading run's hidden cases; None outside the grader."""
+    """The seed of this grading run's drawn values (:func:`drawn`); None outside the grader."""
     seed = os.environ.get(GRADING_SEED)
+    return int(seed) if seed and seed.isdigit() else None
+
+
+def hidden_seed() -> int | None:
+    """The seed of the hidden cases of the check that runs now; None outside the grader. In the
+    kernel it is there only while a check cell runs; the judge, outside, sees the same one."""
+    seed = os.environ.get(HIDDEN_SEED)
     return int(seed) if seed and seed.isdigit() else None
 
 
