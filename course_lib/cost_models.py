@@ -13,8 +13,6 @@ Each lesson puts a measurement next to a formula from here. One vocabulary throu
 Sources: the lecture note on parallel ERM (section 2.4), slides parts 1-3; Amdahl, Gustafson,
 GPipe, Megatron-LM, ZeRO, nccl-tests."""
 
-from __future__ import annotations
-
 import math
 
 import numpy as np
@@ -98,20 +96,16 @@ def alpha_beta_time(n_bytes, alpha: float, beta: float):
 
 
 def fit_alpha_beta(n_bytes, seconds, relative: bool = True) -> tuple[float, float]:
-    """Fit t = alpha + beta n to measured times. ``relative``: each point's error divided by
-    its time, so that the small messages fix alpha and the large ones fix beta (for one size's
-    time). False: plain least squares in seconds, one point per message sent, so that the fitted
-    times of those messages add up to their measured total (for a step's many messages, where a
-    few slow ones cost as much as the rest)."""
-    n = torch.as_tensor(n_bytes, dtype=torch.float64)
-    t = torch.as_tensor(seconds, dtype=torch.float64)
-    if len(set(n.tolist())) < 3 or len(n) != len(t):
-        raise ValueError(f"fitting alpha and beta needs a time for each size and at least 3 sizes, "
-                         f"got {len(t)} times of {len(set(n.tolist()))} sizes")
-    weight = 1 / t if relative else torch.ones_like(t)
-    design = torch.stack([weight, n * weight], dim=1)
-    target = (t * weight).unsqueeze(1)
-    alpha, beta = torch.linalg.lstsq(design, target).solution.squeeze(1).tolist()
+    """Fit t = alpha + beta n. ``relative``: each error divided by its time (small messages fix
+    alpha, large ones beta); False: least squares in seconds over every message sent, so that
+    their fitted times add up to the measured total (a step's messages, a few of them slow)."""
+    n, t = (torch.as_tensor(v, dtype=torch.float64) for v in (n_bytes, seconds))
+    if (sizes := len(set(n.tolist()))) < 3 or len(n) != len(t):
+        raise ValueError(f"fitting alpha and beta needs a time for each size and at least 3 "
+                         f"sizes, got {len(t)} times of {sizes} sizes")
+    w = 1 / t if relative else torch.ones_like(t)
+    fit = torch.linalg.lstsq(torch.stack([w, n * w], dim=1), (t * w).unsqueeze(1)).solution
+    alpha, beta = fit.squeeze(1).tolist()
     return max(alpha, 0.0), max(beta, 0.0)
 
 
