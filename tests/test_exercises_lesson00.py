@@ -33,8 +33,12 @@ def collective_sequence(values):  # the notebook's
 
 
 def answers(values, rank_answers):
-    """The data the probe returns for one case: values, and each rank's answer."""
-    return {"visible": {"values": [values], "ranks": [[a] for a in rank_answers]}}
+    """The data the probe returns with these answers for the first visible case (``values``);
+    the other visible cases answered right."""
+    visible = ex._mean_max_cases(None)["visible"]
+    assert visible[0] == values
+    rest = [[sum(row) / len(row), max(row)] for row in visible[1:]]
+    return {"visible": {"values": visible, "ranks": [[a, *rest] for a in rank_answers]}}
 
 
 def test_mean_and_max_accepts_the_right_answer_and_explains_wrong_ones():
@@ -69,7 +73,7 @@ def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):
         return (mean, largest) if abs(x) <= 5 else (mean + 1, largest)
 
     assert "correct" in ex.check_mean_and_max(right_on_visible_only)
-    monkeypatch.setenv(common.GRADING_SEED, "12345")
+    monkeypatch.setenv(common.HIDDEN_SEED, "12345")
     with pytest.raises(common.HiddenTestFailed):
         ex.check_mean_and_max(right_on_visible_only)
     monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))  # the grader's kernel: to a file

@@ -157,7 +157,7 @@ def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):
 
     assert "correct" in ex.check_depthwise_kernel_gradient(right_on_visible_only)
     assert "correct" in ex.check_leaky_relu_backward(leaky_right_on_visible_only)
-    monkeypatch.setenv(common.GRADING_SEED, "12345")
+    monkeypatch.setenv(common.HIDDEN_SEED, "12345")
     with pytest.raises(common.HiddenTestFailed):
         ex.check_depthwise_kernel_gradient(right_on_visible_only)
     with pytest.raises(common.HiddenTestFailed):

@@ -150,7 +150,7 @@ def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):
         return new if len(params) in (5, 7) and lr in (0.0, 0.05, 0.5) else [x + 1 for x in new]
 
     assert "correct" in ex.check_atc_step(right_on_visible_only)
-    monkeypatch.setenv(common.GRADING_SEED, "12345")  # cases drawn for a grading run
+    monkeypatch.setenv(common.HIDDEN_SEED, "12345")  # cases drawn for a grading run
     assert "correct" in ex.check_atc_step(right_atc)
     with pytest.raises(common.HiddenTestFailed):
         ex.check_atc_step(right_on_visible_only)

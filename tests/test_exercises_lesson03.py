@@ -91,6 +91,11 @@ def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path, rig
     hidden["hidden"] = [{"p": 8, "failed": True}]  # e.g. a solution that works only for p <= 4
     with pytest.raises(common.HiddenTestFailed):
         ex.judge_doubling(hidden)
+    hidden["hidden"].append({"p": 4, "failed": False, "ranks": right_data["visible"][0]["ranks"]})
+    with monkeypatch.context() as graded:  # the judge's own hidden runs: 8 ranks failed
+        graded.setenv(common.HIDDEN_SEED, "12345")
+        with pytest.raises(common.HiddenTestFailed):
+            ex.judge_doubling(hidden)
 
     def right_on_visible_only(tensor):  # wrong for a length the visible cases do not have
         return doubling(tensor) + (tensor.numel() == 3)
@@ -100,7 +105,7 @@ def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path, rig
         {} if seed is None else {"hidden": [(2, [3])]}))
     assert "correct" in ex.check_doubling_all_reduce(right_on_visible_only)
     # in the grader's kernel the data (hidden cases too) goes to a file; the grader judges it
-    monkeypatch.setenv(common.GRADING_SEED, "12345")
+    monkeypatch.setenv(common.HIDDEN_SEED, "12345")
     monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))
     assert "recorded" in ex.check_doubling_all_reduce(right_on_visible_only)
     written = list(tmp_path.iterdir())

@@ -59,7 +59,7 @@ def test_weighted_average_names_ranks_that_disagree_without_launching_again():
 
 def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):
     assert "correct" in ex.check_weighted_average(right_on_visible_only)
-    monkeypatch.setenv(common.GRADING_SEED, "12345")  # cases drawn for a grading run
+    monkeypatch.setenv(common.HIDDEN_SEED, "12345")  # cases drawn for a grading run
     # in the grader's kernel the data goes to a file and the verdict is the grader's
     monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))
     assert "recorded" in ex.check_weighted_average(right_on_visible_only)

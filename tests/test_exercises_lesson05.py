@@ -128,7 +128,7 @@ def test_gather_explains_a_wrong_shape_and_a_missing_gradient_without_launching_
 
 def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):
     assert "correct" in ex.check_gather(RightOnVisibleOnly)
-    monkeypatch.setenv(common.GRADING_SEED, "12345")  # its hidden layer has 2 x 3 outputs
+    monkeypatch.setenv(common.HIDDEN_SEED, "12345")  # its hidden layer has 2 x 3 outputs
     # in the grader's kernel the data goes to a file and the verdict is the grader's
     monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))
     assert "recorded" in ex.check_gather(RightOnVisibleOnly)

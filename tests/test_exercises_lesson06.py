@@ -68,7 +68,7 @@ def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):
         return mean_staleness(m, s, k) if (m, s, k) in ex.VISIBLE_SETTINGS else (1.0, 1.0)
 
     assert "correct" in ex.check_mean_staleness(right_on_visible_only)
-    monkeypatch.setenv(common.GRADING_SEED, "12345")
+    monkeypatch.setenv(common.HIDDEN_SEED, "12345")
     with pytest.raises(common.HiddenTestFailed):
         ex.check_mean_staleness(right_on_visible_only)
     monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))  # the grader's kernel: to a file
@@ -84,7 +84,7 @@ def test_push_sum_judges_the_hidden_graphs_only_in_a_graded_run(monkeypatch, tmp
         return new if z.numel() == 3 else new * 2
 
     assert "correct" in ex.check_push_sum(right_on_visible_only)
-    monkeypatch.setenv(common.GRADING_SEED, "12345")
+    monkeypatch.setenv(common.HIDDEN_SEED, "12345")
     with pytest.raises(common.HiddenTestFailed):
         ex.check_push_sum(right_on_visible_only)
     monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))  # the grader's kernel: to a file

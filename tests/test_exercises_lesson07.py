@@ -130,7 +130,7 @@ def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):
         return r if x.numel() == 106 else r + 1
 
     assert "correct" in ex.check_fp16_stochastic_round(right_on_visible_only)
-    monkeypatch.setenv(common.GRADING_SEED, "12345")  # cases drawn for a grading run
+    monkeypatch.setenv(common.HIDDEN_SEED, "12345")  # cases drawn for a grading run
     with pytest.raises(common.HiddenTestFailed):
         ex.check_fp16_stochastic_round(right_on_visible_only)
     # in the grader's kernel the data goes to a file and the verdict is the grader's

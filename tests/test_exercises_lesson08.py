@@ -117,7 +117,7 @@ def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):
         return with_floor(labels, clients, alpha, 0, seed)  # forgets the floor
 
     assert "correct" in ex.check_dirichlet_with_floor(right_on_visible_only)
-    monkeypatch.setenv(common.GRADING_SEED, "12345")  # cases drawn for a grading run
+    monkeypatch.setenv(common.HIDDEN_SEED, "12345")  # cases drawn for a grading run
     with pytest.raises(common.HiddenTestFailed):
         ex.check_dirichlet_with_floor(right_on_visible_only)
     assert "correct" in ex.check_dirichlet_with_floor(with_floor)  # the hidden cases pass too

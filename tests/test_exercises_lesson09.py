@@ -118,7 +118,7 @@ def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):
         return total if seed in (1, 2, 3, 7) else total + 1
 
     assert "correct" in ex.check_unmask_sum(right_on_visible_only)
-    monkeypatch.setenv(common.GRADING_SEED, "12345")  # cases drawn for a grading run
+    monkeypatch.setenv(common.HIDDEN_SEED, "12345")  # cases drawn for a grading run
     with pytest.raises(common.HiddenTestFailed):
         ex.check_unmask_sum(right_on_visible_only)
     assert "correct" in ex.check_unmask_sum(unmask_sum)  # the hidden cases pass too

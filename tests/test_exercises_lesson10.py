@@ -89,7 +89,7 @@ def test_overlapped_accepts_hooks_on_the_last_micro_batch_and_explains_mistakes(
 def test_overlapped_hidden_case_is_judged_only_in_a_graded_run(monkeypatch, tmp_path):
     assert "correct" in ex.check_overlapped(right_when_three)
     for seed in range(1, 50):
-        monkeypatch.setenv(common.GRADING_SEED, str(seed))
+        monkeypatch.setenv(common.HIDDEN_SEED, str(seed))
         if ex.cases_for(seed)[-1]["micro"] != 3:
             break
     monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))

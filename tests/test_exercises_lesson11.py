@@ -73,7 +73,7 @@ def test_zero1_accepts_a_sharded_momentum_and_explains_mistakes():
 
 def test_zero1_hidden_case_is_judged_only_in_a_graded_run(monkeypatch, tmp_path):
     assert "correct" in ex.check_zero1(right_when_visible)
-    monkeypatch.setenv(common.GRADING_SEED, "11")
+    monkeypatch.setenv(common.HIDDEN_SEED, "11")
     monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))
     assert "recorded" in ex.check_zero1(right_when_visible)
     data = common.from_plain(json.loads(next(tmp_path.iterdir()).read_text()))

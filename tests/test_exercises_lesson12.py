@@ -68,7 +68,7 @@ def test_block_recompute_hidden_case_only_in_a_graded_run(monkeypatch, tmp_path)
         return model.layers if model.vocab == 32_000 and k != model.layers else k
 
     assert "correct" in ex.check_block_recompute(visible_only)
-    monkeypatch.setenv(common.GRADING_SEED, "5")
+    monkeypatch.setenv(common.HIDDEN_SEED, "5")
     monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))
     assert "recorded" in ex.check_block_recompute(visible_only)
     data = common.from_plain(json.loads(next(tmp_path.iterdir()).read_text()))
@@ -106,7 +106,8 @@ def test_stages_are_checked_against_a_run_and_mistakes_explained():
 
 
 def test_stages_want_the_drawn_run_and_hidden_cases_in_a_graded_run(monkeypatch, tmp_path):
-    monkeypatch.setenv(common.GRADING_SEED, "8")
+    monkeypatch.setenv(common.GRADING_SEED, "8")  # the drawn run
+    monkeypatch.setenv(common.HIDDEN_SEED, "8")  # the hidden cases
     monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))
     drawn = common.drawn("lesson12.pipeline", ex.draw_pipeline)
     assert "correct" in ex.check_stages(stages, drawn)

@@ -9,6 +9,7 @@ the attacked one scores 0, no process is left and no file outside the reports ch
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -204,6 +205,9 @@ ROUND = (  # the right answer to the tiny lesson's second exercise
     "    up = torch.rand(x.shape, generator=generator, dtype=x.dtype) * gap < x - lo.double()\n"
     "    return torch.where(up, hi, lo).double()\n")
 WRONG = "def fp16_round(x, generator):\n    return x.half().double()\n"  # round to nearest
+# right on the visible inputs (106 values), wrong on the cases drawn for the grading run
+SNEAKY = ROUND.replace("def fp16_round(x, generator):\n", "def fp16_round(x, generator):\n"
+                       "    if x.numel() != 106:\n        return x.half().double()\n")
 
 
 def _tiny_lesson(path):
@@ -334,16 +338,59 @@ ATTACKS = {
     "check cell left unexecuted": (
         "def skip(info):\n    raise KeyboardInterrupt\n"
         "get_ipython().events.register('pre_run_cell', skip)\n"),
-    # a data file for the check written in advance, and a forged one written during it
-    "forged data": (
-        "import os, json, torch\n"
-        "out = os.environ['COURSE_LIB_GRADING_OUT']\n"
-        "x = torch.linspace(1.0, 2.0, 5).double()\n"
-        "forged = {'visible': {'x': {'__tensor__': x.tolist(), 'dtype': 'float64'},\n"
-        "          'r': {'__tensor__': [x.tolist()] * 200, 'dtype': 'float64'}}}\n"
-        "open(os.path.join(out, '000-lesson07.fp16_stochastic_round.json'), 'w')"
-        ".write(json.dumps(forged))\n"),
 }
+FORGED = (  # data the judge would pass if it judged the inputs it names: x on the fp16 grid
+    "import torch\n"
+    "from IPython.display import display\n"
+    "import course_lib.exercises.common as C\n"
+    "x = torch.linspace(1.0, 2.0, 5).double().tolist()\n"
+    "forged = {'visible': {'x': {'__tensor__': x, 'dtype': 'float64'},\n"
+    "                      'r': {'__tensor__': [x] * 200, 'dtype': 'float64'}}}\n"
+    "NAME = 'lesson07.fp16_stochastic_round'\n")
+FORGERIES = {  # issue 31: each scored full marks on an unsolved exercise before
+    # a thread that sends forged data while the check runs, after the real data
+    "a thread sends forged data": FORGED + (
+        "import threading, time\n"
+        "def forge():\n"
+        "    for _ in range(300):\n"
+        "        display({C.DATA_MIME: {'name': NAME, 'data': forged}}, raw=True)\n"
+        "        time.sleep(0.01)\n"
+        "threading.Thread(target=forge, daemon=True).start()\n"),
+    # the probe's data replaced in the kernel before it is sent: only forged data goes out
+    "the data is rebound": FORGED + (
+        "real = C._record\n"
+        "C._record = lambda folder, name, data: real(folder, name, forged)\n"),
+    # the hidden cases steered: the seeds set from the solution cell, and read from a patch
+    "the hidden seed is set": (
+        "import os\nimport course_lib.exercises.common as C\n"
+        "os.environ[C.HIDDEN_SEED] = os.environ[C.GRADING_SEED] = '1'\n"
+        "C.hidden_seed = lambda: None\n"),
+    # links and a FIFO planted where the grader keeps its files, then a restart forced
+    "links in the shared folder": (
+        "import os, sys, signal\n"
+        "shared = os.path.dirname(sys.argv[sys.argv.index('-f') + 1])\n"
+        "for name in os.listdir(shared):\n"
+        "    if name.endswith('.json'):\n"
+        "        os.remove(os.path.join(shared, name))\n"
+        "        os.symlink(LESSON, os.path.join(shared, name))\n"
+        "for name in ('out', 'hosts'):\n"
+        "    os.symlink(os.path.dirname(LESSON), os.path.join(shared, name))\n"
+        "os.mkfifo(os.path.join(shared, '000-lesson07.fp16_stochastic_round.json'))\n"
+        "os.symlink('/dev/zero', os.path.join(shared, '001-lesson07.flushed.json'))\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"),
+}
+
+
+@pytest.mark.parametrize("attack", list(FORGERIES), ids=list(FORGERIES))
+def test_forged_data_a_steered_seed_or_planted_links_score_nothing(tmp_path, lesson, attack):
+    source = FORGERIES[attack].replace("LESSON", repr(str(lesson)))
+    if attack == "the hidden seed is set":  # right on the visible inputs only
+        source = SNEAKY + source
+    report = _attack(tmp_path, lesson, source, cell_timeout=20)
+    assert _scores(report) == [1, 0], hw.summary(report)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 2 << 20  # KiB: under 2 GiB
+    assert (tmp_path / "kept.ipynb").stat().st_size < 3 * hw.MAX_OUTPUT_BYTES
+    assert hw.grade(lesson, lesson, cell_timeout=60)["score"] == 2  # the lesson: untouched
 
 
 @pytest.mark.parametrize("attack", list(ATTACKS), ids=list(ATTACKS))
@@ -461,6 +508,78 @@ def test_endless_printing_and_leftover_workers_cost_only_that_exercise(tmp_path,
     assert len(kept.cells[4].outputs) <= hw.MAX_OUTPUTS  # the flood by count, capped
 
 
+def test_every_writable_place_is_a_tmpfs_of_limited_size(tmp_path, lesson):
+    attack = (
+        "import os\n"
+        "for place in ('/sandbox/notebooks', '/tmp', '/dev/shm'):\n"
+        "    written = 0\n"
+        "    try:\n"
+        "        for i in range(4096):\n"
+        "            with open(os.path.join(place, f'f{i}'), 'wb') as f:\n"
+        "                f.write(bytes(2**20))\n"
+        "            written += 2**20\n"
+        "    except OSError as e:\n"
+        "        print(place, 'stopped', type(e).__name__)\n"
+        "    print(place, 'wrote', written // 2**20)\n")
+    report = _attack(tmp_path, lesson, attack, limits=sandbox.Limits(disk_bytes=64 << 20))
+    assert _scores(report) == [1, 0], hw.summary(report)
+    kept = nbformat.read(tmp_path / "kept.ipynb", as_version=4)
+    text = "".join(o.get("text", "") for o in kept.cells[4].outputs)
+    for place in ("/sandbox/notebooks", "/tmp", "/dev/shm"):
+        assert f"{place} stopped OSError" in text, text
+        assert int(re.search(f"{place} wrote (\\d+)", text).group(1)) <= 64, text
+
+
+def test_processes_that_left_the_kernels_tree_are_gone_before_the_next_cell(tmp_path, lesson):
+    marker = f"course-lib-escapee-{uuid.uuid4().hex}"
+    escape = (  # 40 double-forked sleepers: with 64 processes allowed, the next cell needs room
+        "import os, sys, time\n"
+        "for _ in range(40):\n"
+        "    if os.fork() == 0:\n"
+        "        os.setsid()\n"
+        "        if os.fork() == 0:\n"
+        "            os.execv(sys.executable, [sys.executable, '-c',\n"
+        f"                     'import time; time.sleep(600)', {marker!r}])\n"
+        "        os._exit(0)\n"
+        "    os.wait()\n")
+    count = ("import os\n"  # what the next exercise's cell still sees of them
+             "def mine(p):\n"
+             "    try:\n"
+             f"        return {marker!r} in open(f'/proc/{{p}}/cmdline').read()\n"
+             "    except OSError:\n"
+             "        return False\n"
+             "print('escapees', sum(mine(p) for p in os.listdir('/proc') if p.isdigit()))\n")
+    path = _submission(lesson, tmp_path / "tiny.ipynb", c2="k = 7\n" + escape,
+                       c4=ROUND + count)
+    report = hw.grade(path, lesson, cell_timeout=30, keep=tmp_path / "kept.ipynb",
+                      limits=sandbox.Limits(processes=64, memory_bytes=4 << 30))
+    assert _scores(report) == [1, 1], hw.summary(report)  # the next exercise: honest, it scores
+    kept = nbformat.read(tmp_path / "kept.ipynb", as_version=4)
+    assert "escapees 0" in json.dumps(kept.cells[4].outputs), kept.cells[4].outputs
+    assert _marked(marker) == []
+
+
+def test_display_updates_count_against_the_output_cap(tmp_path, lesson):
+    attack = (
+        "from IPython.display import display\n"
+        "handle = display('a small output', display_id=True)\n"
+        "for _ in range(5):\n"
+        "    handle.update({'text/plain': 'x' * 10_000_000}, raw=True)\n")
+    report = _attack(tmp_path, lesson, attack)
+    assert _scores(report) == [1, 0], hw.summary(report)
+    assert (tmp_path / "kept.ipynb").stat().st_size < 3 * hw.MAX_OUTPUT_BYTES
+
+
+def test_a_cell_that_closes_its_output_streams_costs_the_next_exercise_nothing(tmp_path, lesson):
+    closes = "k = 7\nimport sys\nsys.stdout.close()\nsys.stderr.close()\n"
+    path = _submission(lesson, tmp_path / "tiny.ipynb", c2=closes,
+                       c4=ROUND + "print('printed after the streams were closed')\n")
+    report = hw.grade(path, lesson, cell_timeout=60, keep=tmp_path / "kept.ipynb")
+    assert _scores(report) == [1, 1], hw.summary(report)
+    kept = nbformat.read(tmp_path / "kept.ipynb", as_version=4)
+    assert "printed after the streams" in json.dumps(kept.cells[4].outputs)
+
+
 def test_the_command_line_releases_and_grades_with_json_and_text_reports(tmp_path):
     lessons = tmp_path / "lessons"
     lessons.mkdir()
@@ -526,6 +645,38 @@ def test_bad_files_are_reported_and_the_rest_of_the_folder_is_graded(tmp_path):
     written = sorted(p.name for p in out.iterdir())
     assert "tiny.json" in written and "weird_name__rm_-rf.error.txt" in written
     assert all(p.parent == out for p in out.iterdir())
+
+
+def test_a_notebook_whose_metadata_an_editor_stripped_is_graded_by_position(tmp_path, lesson):
+    nb = nbformat.read(lesson, as_version=4)
+    for cell in nb.cells:
+        cell.metadata = {}
+    nbformat.write(nb, tmp_path / "right.ipynb")
+    assert _scores(hw.grade(tmp_path / "right.ipynb", lesson, cell_timeout=60)) == [1, 1]
+    nb.cells[4].source = WRONG
+    nbformat.write(nb, tmp_path / "wrong.ipynb")
+    assert _scores(hw.grade(tmp_path / "wrong.ipynb", lesson, cell_timeout=60)) == [1, 0]
+
+
+def test_two_students_reports_never_overwrite_each_other(tmp_path):
+    lessons, out = tmp_path / "lessons", tmp_path / "reports"
+    lessons.mkdir()
+    _tiny_lesson(lessons / "tiny.ipynb")
+    for student in ("alice", "bob"):
+        (tmp_path / student).mkdir()
+        shutil.copy(lessons / "tiny.ipynb", tmp_path / student / "tiny.ipynb")
+    subs.grade_all(tmp_path / "alice", lessons, out, cell_timeout=60)
+    before = (out / "tiny.json").read_text()
+    with pytest.raises(ValueError, match="report of another submission.*--out of its own"):
+        subs.grade_all(tmp_path / "bob", lessons, out, cell_timeout=60)
+    assert (out / "tiny.json").read_text() == before  # alice's report: untouched
+    subs.grade_all(tmp_path / "alice", lessons, out, cell_timeout=60)  # her regrade: allowed
+    run = [sys.executable, "-m", "course_lib.exercises", "grade"]
+    for folder in (tmp_path / "bob", tmp_path / "nobody"):  # a clash, a missing folder
+        done = subprocess.run([*run, str(folder), "--source", str(lessons), "--out", str(out)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and "not graded: " in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
 
 
 def test_a_missing_or_empty_folder_is_an_error_not_a_zero(tmp_path):
@@ -642,10 +793,7 @@ def test_a_kernel_that_dies_is_restarted_for_the_next_cells(tmp_path, lesson):
 
 
 def test_hidden_cases_are_judged_outside_and_never_reach_the_report(tmp_path, lesson):
-    # right on the visible inputs (106 values), wrong on the cases drawn for this grading run
-    sneaky = ROUND.replace("def fp16_round(x, generator):\n", "def fp16_round(x, generator):\n"
-                           "    if x.numel() != 106:\n        return x.half().double()\n")
-    path = _submission(lesson, tmp_path / "tiny.ipynb", c4=sneaky)
+    path = _submission(lesson, tmp_path / "tiny.ipynb", c4=SNEAKY)
     report = hw.grade(path, lesson, cell_timeout=60, keep=tmp_path / "kept.ipynb")
     assert _scores(report) == [1, 0]
     assert report["exercises"][1]["feedback"] == hw.HIDDEN_FAILED
@@ -656,7 +804,8 @@ def test_hidden_cases_are_judged_outside_and_never_reach_the_report(tmp_path, le
 
 def test_feedback_names_no_path_of_the_graders(tmp_path, lesson):
     path = _submission(lesson, tmp_path / "tiny.ipynb", c2=(
-        "import os\nraise ValueError(os.environ['COURSE_LIB_GRADING_OUT'] + ' ' + os.getcwd())"))
+        "import os, sys\n"  # the kernel's connection file lies in the grader's folder
+        "raise ValueError(sys.argv[sys.argv.index('-f') + 1] + ' ' + os.getcwd())"))
     report = hw.grade(path, lesson, cell_timeout=60)
     text = json.dumps(report["exercises"], ensure_ascii=False)
     assert str(tmp_path) not in text and "/tmp/" not in text and "…" in text, text

@@ -75,10 +75,22 @@ def test_under_the_grader_an_unanswered_check_records_why_and_the_judge_scores_i
             old.unlink()
         check_square(answer)
         assert len(list(tmp_path.glob("*.json"))) == 1  # one record, whatever happened
-        assert judging.judge_data(tmp_path, ["test.square"]).startswith(said)
+        assert judging.judge_data(_records(tmp_path), ["test.square"]).startswith(said)
     capsys.readouterr()
-    (tmp_path / "000-test.square.json").write_text(json.dumps({"got": 9}))
-    assert judging.judge_data(tmp_path, ["test.square"]) == "correct"
+    assert judging.judge_data([{"name": "test.square", "data": {"got": 9}}],
+                              ["test.square"]) == "correct"
+    # every record of the check is judged: a second one, wrong, costs the exercise
+    assert judging.judge_data([{"name": "test.square", "data": {"got": 9}},
+                               {"name": "test.square", "data": {"got": 8}}],
+                              ["test.square"]).startswith("ExerciseFailed")
+    assert judging.judge_data([{"name": "other", "data": {"got": 9}}, "junk"], ["test.square"]) \
+        == "the check cell recorded no answer for test.square"
+
+
+def _records(folder):
+    """The records a check wrote as files, as the grader takes them out of the messages."""
+    return [{"name": p.stem.split("-", 1)[1], "data": json.loads(p.read_text())}
+            for p in sorted(folder.glob("*.json"))]
 
 
 def test_what_counts_as_not_solved():

@@ -133,8 +133,8 @@ def main(argv=None) -> int:
             submissions.grade_all(args.submissions, args.source, args.out,
                                   cell_timeout=args.cell_timeout, timeout=args.timeout,
                                   sandboxed=not args.no_sandbox, whole=args.whole)
-        except sandbox.SandboxUnavailable as why:
-            print(f"not graded: {why}", file=sys.stderr)
+        except (sandbox.SandboxUnavailable, FileNotFoundError, ValueError) as why:
+            print(f"not graded: {why}", file=sys.stderr)  # what to do, no traceback
             return 2
     return 0
 

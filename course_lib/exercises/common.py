@@ -5,9 +5,10 @@ Lecture: all of them; an exercise that launches workers checks what each rank en
 Every check is two halves. Its **probe** runs the student's code in the student's kernel and
 returns plain data (numbers, lists, tensors); its **judge** decides from that data alone. In a
 notebook, ``check_x(answer)`` runs both and prints the verdict. When the grader runs the
-notebook, the probe also writes its data to a folder (JSON: nothing is unpickled) and the grader
-judges it *outside* the student's kernel, with the instructor's library, and adds cases drawn
-at random for that run (hidden tests): patching the checks in the kernel changes nothing.
+notebook, the probe also sends its data (plain JSON: nothing is unpickled) as a display message
+the grader takes out of the kernel's messages, and the grader judges it *outside* the student's
+kernel, with the instructor's library, on cases it draws itself (hidden tests, drawn for that
+run): patching the checks in the kernel changes nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import torch
 from course_lib.exercises import verdicts
 
 GRADING_OUT = "COURSE_LIB_GRADING_OUT"  # set by tests and scripts: where probes write their data
+GRADED = "COURSE_LIB_GRADED"  # set by the grader: probes send their data as a display message
+DATA_MIME = "application/vnd.course-lib.check-data+json"  # ... of this type, taken out by it
 GRADING_SEED = "COURSE_LIB_GRADING_SEED"  # set by the grader: this run's drawn values
 # set by the grader only while a check cell runs, from a seed the kernel never sees before: the
 # hidden cases of that check; the judge draws them again from the same seed, outside the kernel
@@ -31,6 +34,7 @@ JUDGES: dict = {}  # name -> judge, filled as the lesson modules define their ch
 STUB_MESSAGE = "write your solution here"  # what the student edition's stubs raise
 LIBRARY_HAS_IT = "not in the student edition"  # what its library's stripped references raise
 NOT_SOLVED, FAILED = "__not_solved__", "__failed__"  # a check's data when there is no answer
+_SENT = [0]  # how many records this process has sent: a check that sent none says why
 
 
 class ExerciseFailed(AssertionError):
@@ -185,12 +189,17 @@ def not_solved(error: BaseException) -> bool:
 
 
 def _record(folder: str | None, name: str, data) -> None:
-    if folder:  # a graded run: the grader judges this data itself
+    _SENT[0] += 1
+    if folder:  # tests and scripts: a file each
         n = len(list(Path(folder).glob("*.json")))
         (Path(folder) / f"{n:03d}-{name}.json").write_text(json.dumps(data))
+    if os.environ.get(GRADED):  # the grader's kernel: over the kernel's own messages
+        from IPython.display import display
+
+        display({DATA_MIME: {"name": name, "data": data}}, raw=True)
 
 
-def _verdict(name, probe, judge, folder, args, kwargs) -> str:
+def _verdict(name, probe, judge, graded, args, kwargs) -> str:
     if any(value is ... for value in (*args, *kwargs.values())):
         raise NotSolved("the answer is still `...`: write the code that computes it in the "
                         "solution cell above, run that cell, then this one")
@@ -201,14 +210,14 @@ def _verdict(name, probe, judge, folder, args, kwargs) -> str:
             raise NotSolved("your code still raises NotImplementedError: write it in the "
                             "solution cell above, run that cell, then this one") from error
         raise
-    _record(folder, name, data)
+    _record(os.environ.get(GRADING_OUT), name, data)
     try:
         return judge(from_plain(data))
     except NotImplementedError:  # the student edition's library leaves the reference out
         return ("recorded: the grader judges this exercise (its reference answer is not in "
                 "the student edition)")
     except HiddenTestFailed:
-        if not folder:
+        if not graded:
             raise
         return "recorded: the grader judges it"  # hidden cases: judged outside, in private
 
@@ -224,18 +233,18 @@ def checked(name: str, probe, judge):
     JUDGES[name] = judge
 
     def check(*args, **kwargs) -> str | None:
-        folder = os.environ.get(GRADING_OUT)
-        written = len(list(Path(folder).glob("*.json"))) if folder else 0
+        graded, sent = os.environ.get(GRADING_OUT) or os.environ.get(GRADED), _SENT[0]
         try:
-            verdict = _verdict(name, probe, judge, folder, args, kwargs)
+            verdict = _verdict(name, probe, judge, graded, args, kwargs)
         except Exception as error:
             if not verdicts.showing():
                 raise
             unsolved = isinstance(error, NotSolved)
             message = str(error) if isinstance(error, ExerciseFailed) else \
                 f"your code raised {type(error).__name__}: {error}"
-            if folder and len(list(Path(folder).glob("*.json"))) == written:
-                _record(folder, name, {NOT_SOLVED if unsolved else FAILED: message})
+            if _SENT[0] == sent:  # the probe sent nothing: say why there is no answer
+                _record(os.environ.get(GRADING_OUT), name,
+                        {NOT_SOLVED if unsolved else FAILED: message})
             verdicts.show("not solved yet" if unsolved else "wrong", message,
                           "" if unsolved else "".join(traceback.format_exception(error)))
             return None
@@ -249,58 +258,8 @@ def checked(name: str, probe, judge):
     return check
 
 
-def _same(a, b) -> bool:
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        a, b = torch.as_tensor(a), torch.as_tensor(b)
-        return a.shape == b.shape and torch.allclose(a.double(), b.double(), atol=1e-6)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
-
-
-def check_rank_results(results, expected, what: str = "the result", *,
-                       per_rank: bool = False) -> str:
-    """Compare what each rank returned with what it should have returned.
-
-    ``expected`` is the value every rank should hold, or with ``per_rank=True`` a list with one
-    value per rank. Raises :class:`ExerciseFailed` naming each rank that is wrong; returns a
-    short confirmation.
-    """
-    if not isinstance(results, (list, tuple)):
-        raise ExerciseFailed(f"expected the list launch() returns (one entry per rank), got "
-                             f"{type(results).__name__}")
-    wanted = list(expected) if per_rank else [expected] * len(results)
-    if len(wanted) != len(results):
-        raise ExerciseFailed(f"{len(results)} ranks returned results, but {len(wanted)} were "
-                             f"expected: did you launch with the right world_size?")
-    wrong = [f"rank {r} ended with {got!r} but {what} is {want!r}"
-             for r, (got, want) in enumerate(zip(results, wanted, strict=True))
-             if not _same(got, want)]
-    if wrong:
-        raise ExerciseFailed("; ".join(wrong))
-    return f"correct: all {len(results)} ranks hold {what}"
-
-
-def check_gradient(name: str, got, expected, *, tol: float = 1e-8, case: str = "") -> str:
-    """Compare a student's gradient with the right one; say how it is wrong.
-
-    Names a missing return, a wrong shape (with the shape it should have), or the largest
-    difference and where it is. ``case`` describes the input (e.g. "batch 1, stride 2").
-    """
-    where = f" for {case}" if case else ""
-    if got is None:
-        raise ExerciseFailed(f"{name} is None{where}: did the function forget to return it?")
-    got = torch.as_tensor(got)
-    if got.shape != expected.shape:
-        raise ExerciseFailed(f"{name} has shape {tuple(got.shape)}{where} but must have the "
-                             f"shape of what it differentiates, {tuple(expected.shape)}")
-    diff = torch.nan_to_num((got.double() - expected.double()).abs(), nan=float("inf"))
-    worst = diff.max().item() if diff.numel() else 0.0
-    if worst > tol:
-        flat = int(diff.argmax())
-        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
-        raise ExerciseFailed(
-            f"{name} is wrong{where}: largest difference {worst:.3g} at index {index} "
-            f"(yours {got.reshape(-1)[flat].item():.6g}, right "
-            f"{expected.reshape(-1)[flat].item():.6g})")
-    return f"{name}: correct{where} (largest difference {worst:.1e})"
+# the checks by rank and of gradients: their own module, here too (every lesson imports them)
+from course_lib.exercises.rank_checks import (  # noqa: E402, F401
+    check_gradient,
+    check_rank_results,
+)

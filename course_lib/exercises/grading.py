@@ -11,28 +11,32 @@ the student's code in its solution cells and nowhere else: a submission can't re
 copy or weaken a check cell, whatever it does to the file. It runs in a fresh kernel in the
 sandbox (``sandbox``: the student edition only, no network but loopback, limits on memory,
 processes and bytes, and a process tree that ends with it), with a time limit per cell and for
-the whole notebook. Each check writes its data as JSON; the grader judges it here, outside the
-kernel, with the instructor's library, and adds cases drawn at random for this run (the hidden
-tests). An exercise scores only if its check cell ran to completion and every judgement passed.
-A cell that raises, hangs, prints without end or kills its kernel costs its own exercise at most.
+the whole notebook. Each check sends its data as JSON in a display message, which the grader
+takes out of the kernel's messages and judges here, outside the kernel, with the instructor's
+library, on cases it draws itself for this run (the hidden tests: their seed reaches the kernel
+only when the check cell runs). An exercise scores only if its check cell ran to completion and
+every judgement passed. A cell that raises, hangs, prints without end or kills its kernel costs
+its own exercise at most.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import nbformat
 from jupyter_core.utils import run_sync
 
-from course_lib.exercises import common, judging, sandbox, slicing
+from course_lib.exercises import common, judging, sandbox
+from course_lib.exercises.assembling import assemble, only_needed  # noqa: F401 - here too
 from course_lib.exercises.editions import (  # noqa: F401 - the authoring API, here too
     HIDDEN,
     STUB,
@@ -48,69 +52,21 @@ from course_lib.exercises.kernels import (  # noqa: F401 - the limits, here too
     HIDDEN_FAILED,
     MAX_OUTPUT_BYTES,
     MAX_OUTPUTS,
+    RESTORE_STREAMS,
     kill_children,
     notebook_client,
     pid_of_kernel,
     replay,
     responsive,
     restart_kernel,
+    run_quietly,
     sandboxed_manager,
 )
-
-
-def assemble(submitted, lesson):
-    """The notebook that is graded: the lesson's cells, outputs cleared, with the code of the
-    submission's solution cells (the first code cell carrying each solution's grade_id) in place
-    of the lesson's. Returns it and the solution ids the submission has no cell for."""
-    theirs = {}
-    for cell in submitted.cells:
-        meta = nbgrader_meta(cell)
-        gid = meta.get("grade_id") if meta.get("solution") else None
-        if cell.get("cell_type") == "code" and isinstance(gid, str) and gid not in theirs \
-                and isinstance(cell.get("source"), str):
-            theirs[gid] = cell.source
-    nb = copy.deepcopy(lesson)
-    missing = []
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
-        cell.outputs, cell.execution_count = [], None
-        gid = nbgrader_meta(cell).get("grade_id") if nbgrader_meta(cell).get("solution") else None
-        if gid is not None and gid not in theirs:
-            missing.append(gid)
-            cell.source = stub(cell.source, [c.source for c in lesson.cells[i + 1:]
-                                             if c.cell_type == "code"])
-        cell.source = HIDDEN.sub("", cell.source)
-        if gid is not None and gid in theirs:
-            cell.source = theirs[gid]
-    nb.metadata.pop("widgets", None)
-    return nb, missing
 
 
 def _first_line(error) -> str:
     ename, evalue = getattr(error, "ename", type(error).__name__), getattr(error, "evalue", "")
     return f"{ename}: {evalue}".strip().splitlines()[0][:300] if (ename or evalue) else str(error)
-
-
-def only_needed(nb, graded) -> tuple[dict, str]:
-    """Cut the assembled notebook down to what its exercises need (``slicing``): every solution
-    and check cell, and of the other cells the statements they depend on. Returns what it
-    changed (cell index: its whole source, or None for a cell that is skipped) and a line for the
-    report; the notebook is unchanged when the analysis cannot decide."""
-    code = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"]
-    targets = [k for k, i in enumerate(code)
-               if i in graded or nbgrader_meta(nb.cells[i]).get("solution")]
-    run = slicing.to_run([nb.cells[i].source for i in code], targets)
-    if run is None:
-        return {}, "the whole lesson (what the exercises need could not be decided)"
-    cut = {}
-    for i, source in zip(code, run, strict=True):
-        if source != nb.cells[i].source:
-            cut[i] = nb.cells[i].source if source is not None else None
-            nb.cells[i].source = source if source is not None else nb.cells[i].source
-    skipped = sum(source is None for source in run)
-    return cut, (f"what the exercises need: {len(code) - skipped} of {len(code)} code cells "
-                 f"({sum(s is not None for s in cut.values())} of them in part)")
 
 
 def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900,
@@ -137,15 +93,15 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
                                    feedback="not run") for e in graded.values()}
     with tempfile.TemporaryDirectory(prefix="course_lib_grading_") as tmp:
         tmp = Path(tmp)
-        shared, work = tmp / "shared", tmp / "work"
-        out = shared / "out"
-        for folder in (out, work / "notebooks"):
-            folder.mkdir(parents=True)
-        env = {common.GRADING_OUT: str(out), common.GRADING_SEED: str(secrets.randbelow(10**9))}
+        shared = tmp / "shared"  # the kernel's sockets: all the kernel can write of the host's
+        shared.mkdir()
+        env = {common.GRADED: "1", common.GRADING_SEED: str(secrets.randbelow(10**9))}
         if sandboxed:
             library = student_library(Path(common.__file__).parents[1], tmp / "course_lib")
             data = Path(common.__file__).resolve().parents[2] / "data"
-            km = sandboxed_manager(shared, work=work, library=library, env=env,
+            if data.is_dir():  # a copy: the sandbox's mount table then names no instructor path
+                data = Path(shutil.copytree(data, tmp / "data", symlinks=True))
+            km = sandboxed_manager(shared, library=library, env=env, hosts=sandbox.hosts(tmp),
                                    limits=limits or sandbox.Limits(),
                                    data=data if data.is_dir() else None)
             start_args = {}
@@ -157,7 +113,7 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
         client = notebook_client(nb, km, cell_timeout)
         start = time.monotonic()
         try:
-            failed = _run(client, nb, graded, judges, results, out, start, timeout,
+            failed = _run(client, nb, graded, judges, results, start, timeout,
                           start_args, env[common.GRADING_SEED], skip)
         finally:  # the client does not own a kernel manager it was given: end the kernel
             launcher = getattr(getattr(km.provisioner, "process", None), "pid", None)
@@ -192,23 +148,11 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
 MAX_REPLAYS = 2  # restarts after which earlier cells are run again; later ones start bare
 
 
-@contextlib.contextmanager
-def _environ(name, value):
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
-def _run(client, nb, graded, judges, results, out, start, timeout, start_args,
+def _run(client, nb, graded, judges, results, start, timeout, start_args,
          seed, skip=frozenset()) -> list[dict]:
     """Execute the cells in order (but those in ``skip``), judging each check cell's data as
-    soon as it has run.
+    soon as it has run. Just before a check cell, the kernel gets the seed of its hidden cases
+    (new for each, not known before); after every cell its output streams are made whole again.
     Returns the ungraded cells that failed (index and first line of the error).
 
     A cell that kills its kernel, ignores the interrupt or garbles the kernel's messages gets a
@@ -229,8 +173,11 @@ def _run(client, nb, graded, judges, results, out, start, timeout, start_args,
                 if gid:
                     results[gid]["feedback"] = f"not run: the notebook passed its {timeout} s limit"
                 continue
-            for old in out.glob("*"):  # only what this cell writes counts for it
-                old.unlink()
+            client.check_data.pop(i, None)  # only what this cell sends counts for it
+            hidden = str(secrets.randbelow(10**9))
+            if gid:
+                run_quietly(client, f"import os as _o\n_o.environ[{common.HIDDEN_SEED!r}] = "
+                                    f"{hidden!r}\ndel _o")
             why, restart = None, False
             try:
                 client.execute_cell(cell, i)
@@ -246,7 +193,9 @@ def _run(client, nb, graded, judges, results, out, start, timeout, start_args,
                 restart = True
             finally:
                 if kernel_pid:
-                    kill_children(kernel_pid)  # workers a cell left behind
+                    kill_children(kernel_pid)  # workers a cell left behind, escaped ones too
+            if not restart:
+                run_quietly(client, RESTORE_STREAMS)
             if restart:
                 try:
                     kernel_pid = restart_kernel(client)
@@ -258,7 +207,7 @@ def _run(client, nb, graded, judges, results, out, start, timeout, start_args,
                     break
                 if replays < MAX_REPLAYS:
                     replays += 1
-                    replay(client, nb, ran, out)
+                    replay(client, nb, ran)
                 else:
                     why += "; later cells ran in a new kernel, without what earlier cells made"
                 kernel_pid = pid_of_kernel(client)
@@ -272,9 +221,10 @@ def _run(client, nb, graded, judges, results, out, start, timeout, start_args,
                     failed.append(dict(cell=i, error=why))
                 continue
             ran.append(i)
-            if gid:  # the judges draw again what the run drew: with this run's seed
-                with _environ(common.GRADING_SEED, seed):
-                    verdict = judging.judge_data(out, judges[i])
+            if gid:  # the judges draw again what the run drew: with this run's seeds
+                with mock.patch.dict(os.environ, {common.GRADING_SEED: seed,
+                                                  common.HIDDEN_SEED: hidden}):
+                    verdict = judging.judge_data(client.check_data.pop(i, []), judges[i])
                 results[gid]["feedback"] = verdict
                 if verdict == "correct":
                     results[gid]["score"] = float(results[gid]["points"])

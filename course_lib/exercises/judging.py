@@ -1,22 +1,20 @@
 """Judging a check cell's data outside the student's kernel, with the instructor's library.
 
-Lecture: none (the homework machinery). A check cell's checks write their data as JSON
-(``common.checked``); here the grader finds the judges those checks registered and runs them on
-that data: "correct", or why not.
+Lecture: none (the homework machinery). A check cell's checks send their data as plain JSON in
+a display message (``common.checked``) that the grader takes out of the kernel's messages; here
+the grader finds the judges those checks registered and runs them on that data: "correct", or
+why not.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import re
 from pathlib import Path
 
 from course_lib.exercises import common
-from course_lib.exercises.kernels import HIDDEN_FAILED
-
-MAX_DATA_BYTES = 20_000_000  # what one check cell's data may take; more is not read
+from course_lib.exercises.kernels import HIDDEN_FAILED, MAX_DATA_BYTES, TOO_MUCH
 
 
 def judge_names(lesson_path: Path, lesson, check_cell: str) -> list[str]:
@@ -42,19 +40,20 @@ def judge_names(lesson_path: Path, lesson, check_cell: str) -> list[str]:
     return names
 
 
-def judge_data(out: Path, names: list[str]) -> str:
-    """Judge the data a check cell wrote, here: 'correct', or why not (a hidden case: only that
-    one failed; no answer: what the check said, "not solved yet" or what the code raised)."""
-    files = sorted(out.glob("*.json"))
-    if sum(f.stat().st_size for f in files) > MAX_DATA_BYTES:
+def judge_data(records, names: list[str]) -> str:
+    """Judge the data a check cell sent, here: 'correct', or why not (a hidden case: only that
+    one failed; no answer: what the check said, "not solved yet" or what the code raised).
+    ``records``: the cell's data messages as the grader took them out ({"name", "data"} each);
+    every one for a check of this cell is judged, and all must pass."""
+    if TOO_MUCH in records:
         return f"the check's data is larger than {MAX_DATA_BYTES // 10**6} MB: not judged"
     seen = set()
-    for path in files:
-        name = path.stem.split("-", 1)[-1]
+    for record in records:
+        name = record.get("name") if isinstance(record, dict) else None
         if name not in names:
             continue
         try:
-            data = json.loads(path.read_text())
+            data = record.get("data")
             if isinstance(data, dict) and data.keys() & {common.NOT_SOLVED, common.FAILED}:
                 said = str(data.get(common.NOT_SOLVED) or data.get(common.FAILED))[:300]
                 return ("not solved yet: " if common.NOT_SOLVED in data else "") + said

@@ -9,22 +9,29 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 import time
 from pathlib import Path
 
 import psutil
 
+from course_lib.exercises.common import DATA_MIME
+
 HIDDEN_FAILED = "a hidden test failed"  # all a report says of one: nothing the tests could leak
 MAX_OUTPUTS = 200  # per cell: a cell that prints without end cannot fill the grader's memory
 MAX_OUTPUT_BYTES = 1_000_000  # per cell, counted over what is kept: few huge prints alike
+MAX_DATA_BYTES = 20_000_000  # what one check cell may send in all; more and its data is not judged
+TOO_MUCH = {"name": None, "too much": True}  # a cell's data when it sent more
 
 
 def kill_children(pid):
     """Kill what the kernel ``pid`` started, except the fork server of warm launches (it lives
     as long as the kernel by design, and every launch would pay its start again; in the sandbox
-    it ends with the sandbox)."""
+    it ends with the sandbox) -- and, in the sandbox, every other process of its process
+    namespace but the kernel and the sandbox's own: those that left the kernel's tree too."""
     try:
-        children = psutil.Process(pid).children(recursive=True)
+        kernel = psutil.Process(pid)
+        children = kernel.children(recursive=True) + _escaped(kernel)
     except psutil.NoSuchProcess:
         return
     keep = set()
@@ -43,25 +50,34 @@ def kill_children(pid):
             pass
 
 
-def _run_hidden(client, cell, index, kernel_pid) -> bool:
-    """Run an exercise's hidden tests: whether they passed. How they failed is not reported
-    (an error message is the student's code talking, and could carry the tests' text)."""
+def _escaped(kernel) -> list:
+    """The processes of the kernel's pid namespace (when it has one of its own, as in the
+    sandbox) that are neither the kernel, its ancestors, nor its descendants: double-forked
+    processes that left its tree."""
     try:
-        client.execute_cell(cell, index)
-    except Exception:  # noqa: BLE001 - an error, a timeout, a dead kernel: all the same here
-        if not responsive(client):
-            restart_kernel(client)
-        return False
-    finally:
-        kill_children(kernel_pid)
-    return True
+        space = os.readlink(f"/proc/{kernel.pid}/ns/pid")
+        if space == os.readlink("/proc/self/ns/pid"):
+            return []  # not sandboxed: its namespace is the grader's own
+        ours = {kernel.pid, *(p.pid for p in kernel.parents()),
+                *(p.pid for p in kernel.children(recursive=True))}
+    except (OSError, psutil.Error):
+        return []
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.pid not in ours and os.readlink(f"/proc/{process.pid}/ns/pid") == space:
+                found.append(process)
+        except OSError:
+            continue
+    return found
 
 
-def responsive(client, within: float = 5.0) -> bool:
-    """Whether the kernel answers a request that does nothing within ``within`` seconds."""
+def run_quietly(client, code: str, within: float = 10.0) -> bool:
+    """Run ``code`` in the kernel without output or history (the grader's own statements
+    between cells); whether the kernel answered within ``within`` seconds."""
     from jupyter_core.utils import run_sync
 
-    msg_id = client.kc.execute("pass", silent=True, store_history=False)
+    msg_id = client.kc.execute(code, silent=True, store_history=False)
     deadline = time.monotonic() + within
     while (left := deadline - time.monotonic()) > 0:
         try:
@@ -71,6 +87,25 @@ def responsive(client, within: float = 5.0) -> bool:
         if reply["parent_header"].get("msg_id") == msg_id:
             return True
     return False
+
+
+# after every cell: a closed or replaced sys.stdout or sys.stderr is made new (an honest cell
+# that closed one must not cost the next exercise its output)
+RESTORE_STREAMS = """
+import sys as _s
+from ipykernel.iostream import OutStream as _O
+for _n in ("stdout", "stderr"):
+    _v = getattr(_s, _n)
+    if not isinstance(_v, _O) or _v.closed:
+        _k = get_ipython().kernel
+        setattr(_s, _n, _O(_k.session, _k.iopub_thread, _n, watchfd=False))
+del _s, _O, _n, _v
+"""
+
+
+def responsive(client, within: float = 5.0) -> bool:
+    """Whether the kernel answers a request that does nothing within ``within`` seconds."""
+    return run_quietly(client, "pass", within)
 
 
 def restart_kernel(client):
@@ -127,6 +162,14 @@ def sandboxed_manager(shared: Path, **box):
             return sandbox.command(super().format_kernel_cmd(extra_arguments), shared=shared,
                                    **box)
 
+        def write_connection_file(self, **kwargs):
+            # a restart writes it again: never through a link a dead kernel planted there
+            path = Path(self.connection_file)
+            if path.is_symlink() or (path.exists() and not path.is_file()):
+                path.unlink()
+                self._connection_file_written = False
+            return super().write_connection_file(**kwargs)
+
     km = SandboxedKernelManager(kernel_name="python3", transport="ipc",
                                 ip=str(shared / "kernel"),
                                 connection_file=str(shared / "kernel.json"))
@@ -139,6 +182,31 @@ def notebook_client(nb, km, cell_timeout):
 
     class CappedClient(NotebookClient):
         kept_bytes: dict = {}
+        message_bytes: dict = {}  # every message of a cell, kept or not
+        check_data: dict = {}  # cell index -> the records its checks sent (common.DATA_MIME)
+
+        def process_message(self, msg, cell, cell_index):
+            kind, content = msg["msg_type"], msg.get("content", {})
+            if kind in ("status", "execute_input"):
+                return super().process_message(msg, cell, cell_index)
+            size = len(json.dumps(content, default=str))
+            total = self.message_bytes.get(cell_index, 0) + size
+            self.message_bytes[cell_index] = total
+            data = content.get("data") if kind == "display_data" else None
+            if isinstance(data, dict) and DATA_MIME in data:  # a check's data: judged, not shown
+                records = self.check_data.setdefault(cell_index, [])
+                if len(records) >= MAX_OUTPUTS or total > MAX_DATA_BYTES:
+                    records[:] = [TOO_MUCH]  # nothing of it is judged
+                elif records != [TOO_MUCH]:
+                    records.append(data[DATA_MIME])
+                return None
+            # display updates and widgets' messages change what is kept without adding an
+            # output: capped by what the cell has sent in all
+            updating = kind.startswith("comm") or kind == "update_display_data" or bool(
+                (content.get("transient") or {}).get("display_id"))
+            if updating and total > MAX_OUTPUT_BYTES:
+                return None
+            return super().process_message(msg, cell, cell_index)
 
         def output(self, outs, msg, display_id, cell_index):
             content = msg.get("content", {})
@@ -163,12 +231,11 @@ def notebook_client(nb, km, cell_timeout):
                         interrupt_on_timeout=True, error_on_timeout=timeout_error)
 
 
-def replay(client, nb, ran, out):
+def replay(client, nb, ran):
     """Run the cells that ran before, again, in a new kernel: copies, errors ignored."""
     for j in ran:
         try:
             client.execute_cell(copy.deepcopy(nb.cells[j]), j, store_history=False)
         except Exception:  # noqa: BLE001, S112 - the replay restores state; it is not graded
             continue
-    for old in out.glob("*"):
-        old.unlink()
+    client.check_data.clear()  # what the copies sent is not graded

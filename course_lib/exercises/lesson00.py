@@ -5,7 +5,8 @@ Slides "Parallel computing for machine learning", part 1 (communication by messa
 part 3 (the all-reduce). Each check is a probe (runs in the student's kernel: it launches the
 student's code on 2 ranks and returns what each rank ended with, with the inputs) and a judge
 (decides from that data alone, recomputing what each rank should hold; the grader runs it outside
-the kernel): see :mod:`course_lib.exercises.common`.
+the kernel): see :mod:`course_lib.exercises.common`. The first judge draws its cases itself and
+takes only the ranks' answers from the data (:mod:`course_lib.exercises.cases`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import math
 import torch
 import torch.distributed as dist
 
+from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
     checked,
-    grading_seed,
+    hidden_seed,
     is_number,
     launch_checked,
 )
@@ -54,7 +56,7 @@ def _mean_max_cases(seed):
 
 
 def _probe_mean_and_max(mean_and_max, timeout: float = 30) -> dict:
-    cases = _mean_max_cases(grading_seed())
+    cases = _mean_max_cases(hidden_seed())
     everything = [c for group in cases.values() for c in group]
     per_rank = _launch(_each_rank_runs, (mean_and_max, everything), timeout)
     data, start = {}, 0
@@ -76,6 +78,9 @@ def _plain_pair(answer):
 
 def _mean_max_wrong(values, ranks) -> str | None:
     """What is wrong with the ranks' answers for these cases, or None."""
+    if not (isinstance(ranks, list) and len(ranks) == WORLD_SIZE and all(
+            isinstance(answers, list) and len(answers) == len(values) for answers in ranks)):
+        return f"expected answers from {WORLD_SIZE} ranks, one per case ({len(values)})"
     for case, row in enumerate(values):
         mean, largest = sum(row) / len(row), max(row)
         for rank, answers in enumerate(ranks):
@@ -93,8 +98,10 @@ def _mean_max_wrong(values, ranks) -> str | None:
 
 
 def _judge_mean_and_max(data) -> str:
-    if len(data["visible"]["ranks"]) != WORLD_SIZE:
-        raise ExerciseFailed(f"expected answers from {WORLD_SIZE} ranks")
+    """The cases drawn here (visible, and hidden in a graded run); the ranks' answers from the
+    data."""
+    own = {name: {"values": group} for name, group in _mean_max_cases(hidden_seed()).items()}
+    data = merged(own, data, ("ranks",))
     wrong = _mean_max_wrong(data["visible"]["values"], data["visible"]["ranks"])
     if wrong:
         raise ExerciseFailed(wrong)

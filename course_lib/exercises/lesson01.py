@@ -7,7 +7,8 @@ an elementwise activation), sections 5-6 (convolution as a matrix product and it
 section 4 (backpropagation, layer by layer). Each check is a probe (runs in the student's kernel,
 returns plain data: the inputs and the answers) and a judge (decides from the data alone; the
 grader runs it outside the kernel): see :mod:`course_lib.exercises.common`. The judges' references
-are autograd and torch's flop counter, never a hand-written formula.
+are autograd and torch's flop counter, never a hand-written formula; the gradients' judges draw
+their inputs themselves and take only the answers from the data (:mod:`.cases`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
@@ -24,6 +26,7 @@ from course_lib.exercises.common import (
     check_gradient,
     checked,
     grading_seed,
+    hidden_seed,
     is_whole,
 )
 
@@ -61,15 +64,16 @@ def _leaky_cases(seed):
     return cases
 
 
+def _leaky_inputs(seed) -> dict:
+    """Each case's Z and upstream gradient dXp (any tensor of Z's shape), by group."""
+    return {name: [{"Z": Z, "dXp": torch.linspace(-2.0, 3.0, Z.numel(),
+                                                  dtype=torch.float64).reshape(Z.shape)}
+                   for Z in shapes] for name, shapes in _leaky_cases(seed).items()}
+
+
 def _probe_leaky(leaky_relu_backward) -> dict:
-    data = {}
-    for name, shapes in _leaky_cases(grading_seed()).items():
-        data[name] = []
-        for Z in shapes:  # the upstream gradient: any tensor of Z's shape
-            dXp = torch.linspace(-2.0, 3.0, Z.numel(), dtype=torch.float64).reshape(Z.shape)
-            dZ = leaky_relu_backward(dXp.clone(), Z.clone())
-            data[name].append({"Z": Z, "dXp": dXp, "dZ": dZ})
-    return data
+    return {name: [dict(case, dZ=leaky_relu_backward(case["dXp"].clone(), case["Z"].clone()))
+                   for case in cases] for name, cases in _leaky_inputs(hidden_seed()).items()}
 
 
 def _leaky_wrong(cases) -> str | None:
@@ -82,6 +86,7 @@ def _leaky_wrong(cases) -> str | None:
 
 
 def _judge_leaky(data) -> str:
+    data = merged(_leaky_inputs(hidden_seed()), data, ("dZ",))  # inputs drawn here, not read
     wrong = _leaky_wrong(data["visible"])
     if wrong:
         raise ExerciseFailed(wrong)
@@ -111,20 +116,27 @@ def _depthwise_cases(seed):
     return cases
 
 
-def _probe_depthwise(depthwise_kernel_gradient) -> dict:
+def _depthwise_inputs(seed) -> dict:
+    """Each case's X, K, dOut, stride and padding, by group (one generator for all of them)."""
     g = torch.Generator().manual_seed(2)
-    data = {}
-    for name, cases in _depthwise_cases(grading_seed()).items():
-        data[name] = []
+    inputs = {}
+    for name, cases in _depthwise_cases(seed).items():
+        inputs[name] = []
         for batch, c, h, w, k, stride, padding in cases:
             X = torch.randn(batch, c, h, w, generator=g, dtype=torch.float64)
             K = torch.randn(c, 1, k, k, generator=g, dtype=torch.float64)
             shape = F.conv2d(X, K, stride=stride, padding=padding, groups=c).shape
             dOut = torch.randn(shape, generator=g, dtype=torch.float64)
-            dK = depthwise_kernel_gradient(dOut.clone(), X.clone(), K.clone(), stride, padding)
-            data[name].append({"X": X, "K": K, "dOut": dOut, "stride": stride,
-                               "padding": padding, "dK": dK})
-    return data
+            inputs[name].append({"X": X, "K": K, "dOut": dOut, "stride": stride,
+                                 "padding": padding})
+    return inputs
+
+
+def _probe_depthwise(depthwise_kernel_gradient) -> dict:
+    return {name: [dict(c, dK=depthwise_kernel_gradient(c["dOut"].clone(), c["X"].clone(),
+                                                        c["K"].clone(), c["stride"],
+                                                        c["padding"])) for c in cases]
+            for name, cases in _depthwise_inputs(hidden_seed()).items()}
 
 
 def _depthwise_wrong(cases) -> str | None:
@@ -141,6 +153,7 @@ def _depthwise_wrong(cases) -> str | None:
 
 
 def _judge_depthwise(data) -> str:
+    data = merged(_depthwise_inputs(hidden_seed()), data, ("dK",))  # inputs drawn here
     wrong = _depthwise_wrong(data["visible"])
     if wrong:
         raise ExerciseFailed(wrong)

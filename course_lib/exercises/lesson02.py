@@ -4,7 +4,8 @@ count read off this run), and a decentralized step that adapts before it combine
 Lecture note "Parallel computing for empirical risk minimization", sections 4.1 (FedAvg) and
 4.2 (decentralized optimisation on a graph); slides part 2 (decentralized networks). Each check
 is a probe (runs in the student's kernel, returns plain data) and a judge (decides from the data;
-the grader runs it outside the kernel): see :mod:`course_lib.exercises.common`.
+the grader runs it outside the kernel): see :mod:`course_lib.exercises.common`. The step's judge
+draws its cases itself and takes only the new vectors from the data (:mod:`.cases`).
 
 The library simulates the note's FedAvg and combine-then-adapt steps (``erm_simulators``), so
 neither is asked for: the first exercise asks for a number only a run gives (with q and the round
@@ -16,12 +17,13 @@ from __future__ import annotations
 
 import torch
 
+from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
     check_drawn,
     checked,
-    grading_seed,
+    hidden_seed,
     is_whole,
 )
 
@@ -153,17 +155,30 @@ def _problem(name: str):
     return {"diabetes": diabetes_problem, "breast cancer": breast_cancer_problem}[name]()
 
 
-def _probe_atc(atc_step) -> dict:
+def _inputs(seed) -> dict:
+    """Each case's problem (by name), nodes' rows, parameters, W and lr, by group."""
     from course_lib.data import shard_rows
 
+    inputs = {}
+    for kind, cases in _cases(seed).items():
+        inputs[kind] = []
+        for case in cases:
+            problem = _problem(case["problem"])
+            g = torch.Generator().manual_seed(case["seed"])
+            inputs[kind].append({
+                "problem": case["problem"], "W": case["W"], "lr": case["lr"],
+                "params": torch.randn(case["nodes"], problem.d, generator=g, dtype=torch.float64),
+                "rows": shard_rows(problem.n, case["nodes"], case["seed"])})
+    return inputs
+
+
+def _probe_atc(atc_step) -> dict:
     data = {}
-    for kind, cases in _cases(grading_seed()).items():
+    for kind, cases in _inputs(hidden_seed()).items():
         data[kind] = []
         for case in cases:
-            problem, nodes = _problem(case["problem"]), case["nodes"]
-            g = torch.Generator().manual_seed(case["seed"])
-            params = torch.randn(nodes, problem.d, generator=g, dtype=torch.float64)
-            rows = shard_rows(problem.n, nodes, case["seed"])
+            problem, params, rows = _problem(case["problem"]), case["params"], case["rows"]
+            nodes = len(params)
             got = atc_step(problem, [x.clone() for x in params], [r.clone() for r in rows],
                            case["W"].clone(), case["lr"])
             if got is None:
@@ -177,8 +192,7 @@ def _probe_atc(atc_step) -> dict:
                 raise ExerciseFailed(f"with {nodes} nodes and d = {problem.d}, return {nodes} "
                                      f"vectors of {problem.d} numbers, not shape "
                                      f"{tuple(got.shape)}")
-            data[kind].append({"problem": case["problem"], "rows": rows, "params": params,
-                               "W": case["W"], "lr": case["lr"], "got": got})
+            data[kind].append(dict(case, got=got))
     return data
 
 
@@ -202,6 +216,8 @@ def _judge_one(case) -> str | None:
     """What is wrong with one step, or None."""
     problem = _problem(case["problem"])
     X, W, lr, got = case["params"], case["W"], case["lr"], case["got"]
+    if not isinstance(got, torch.Tensor) or got.shape != X.shape:
+        return f"return {len(X)} vectors of {problem.d} numbers"
     G = _local_gradients(problem, X, case["rows"])
     right = W @ (X - lr * G)
 
@@ -237,6 +253,7 @@ def _judge_one(case) -> str | None:
 
 
 def _judge_atc(data) -> str:
+    data = merged(_inputs(hidden_seed()), data, ("got",))  # the cases drawn here, not read
     for case in data["visible"]:
         wrong = _judge_one(case)
         if wrong:

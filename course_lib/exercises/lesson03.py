@@ -5,6 +5,8 @@ Slides part 3 (all-reduce; the alpha-beta cost of the efficient ring). ``course_
 has four all-reduces but not recursive doubling, so the first exercise is not a transcription.
 Each check is a probe (runs in the student's kernel, returns plain data) and a judge (decides
 from the data; the grader runs it outside the kernel): see :mod:`course_lib.exercises.common`.
+The all-reduce's judge draws every rank's vectors itself and takes only what the ranks returned
+and sent from the data (:mod:`course_lib.exercises.cases`).
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
     checked,
-    grading_seed,
+    hidden_seed,
     is_number,
 )
 
@@ -57,13 +60,19 @@ def _counting_sends():
             setattr(dist, name, original)
 
 
+def _vector(seed: int, case: int, rank: int, n: int) -> torch.Tensor:
+    """What ``rank`` puts in for vector ``case`` (of ``n`` numbers) of a launch: ``seed`` is 0
+    for the visible launches, the hidden seed for the hidden ones."""
+    g = torch.Generator().manual_seed(seed * 7919 + 101 * case + rank)
+    return torch.randn(n, generator=g, dtype=torch.float64)
+
+
 def _run_all_reduce(all_reduce, lengths, seed):
     """On every rank: the student's all-reduce of a random float64 vector of each length; what
     each rank put in, got back and sent."""
     rank, out = dist.get_rank(), []
     for case, n in enumerate(lengths):
-        g = torch.Generator().manual_seed(seed * 7919 + 101 * case + rank)
-        x = torch.randn(n, generator=g, dtype=torch.float64)
+        x = _vector(seed, case, rank, n)
         with _counting_sends() as sent:
             result = all_reduce(x.clone())
         if isinstance(result, torch.Tensor):
@@ -88,7 +97,7 @@ def runs_for(seed) -> dict:
 def probe_doubling(all_reduce, timeout: float = 60) -> dict:
     from course_lib import launch
 
-    seed, data = grading_seed(), {}
+    seed, data = hidden_seed(), {}
     for kind, runs in runs_for(seed).items():
         data[kind] = []
         for p, lengths in runs:
@@ -96,25 +105,31 @@ def probe_doubling(all_reduce, timeout: float = 60) -> dict:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)  # oversubscribed: on purpose
                     ranks = launch(_run_all_reduce, world_size=p, timeout=timeout,
-                                   args=(all_reduce, lengths, 0 if seed is None else seed))
+                                   args=(all_reduce, lengths, seed if kind == "hidden" else 0))
             except Exception as error:  # a rank raised, or the ranks waited for each other
                 if kind == "hidden":
                     data[kind].append({"p": p, "failed": True})
                     continue
                 raise ExerciseFailed(f"on {p} ranks: {type(error).__name__}: {error}") from None
-            data[kind].append({"p": p, "ranks": ranks})
+            data[kind].append({"p": p, "failed": False, "ranks": ranks})
     return data
 
 
-def _judge_run(run) -> str | None:
-    """What is wrong on one launch, or None."""
-    if run.get("failed"):
+def _judge_run(run, seed) -> str | None:
+    """What is wrong on one launch (``p`` and ``lengths`` drawn by the judge, the ranks' results
+    from the data), or None."""
+    p, lengths, ranks = run["p"], run["lengths"], run.get("ranks")
+    if run["failed"]:
         return "it failed"
-    p, ranks = run["p"], run["ranks"]
+    if not (isinstance(ranks, list) and len(ranks) == p and all(
+            isinstance(r, list) and len(r) == len(lengths) and all(
+                isinstance(c, dict) and {"result", "sent"} <= set(c) for c in r)
+            for r in ranks)):
+        return f"on {p} ranks: expected what each rank returned and sent, for each vector"
     partners = {r: sorted(r ^ (1 << k) for k in range(p.bit_length() - 1)) for r in range(p)}
-    for case in range(len(ranks[0])):
-        xs = [r[case]["x"] for r in ranks]
-        total, n = torch.stack(xs).sum(dim=0), xs[0].numel()
+    for case, n in enumerate(lengths):
+        xs = [_vector(seed, case, rank, n) for rank in range(p)]
+        total = torch.stack(xs).sum(dim=0)
         where = f"on {p} ranks, a vector of {n}"
         for rank, r in enumerate(ranks):
             got = r[case]["result"]
@@ -147,11 +162,15 @@ def _judge_run(run) -> str | None:
 
 
 def judge_doubling(data) -> str:
-    for run in data["visible"]:
-        wrong = _judge_run(run)
+    seed = hidden_seed()
+    own = {kind: [{"p": p, "lengths": lengths} for p, lengths in runs]
+           for kind, runs in runs_for(seed).items()}
+    data = merged(own, data, ("failed",), optional=("ranks",))  # the inputs drawn here
+    for run in data["visible"]:  # fixed vectors; the hidden launches' come from the seed
+        wrong = _judge_run(run, 0)
         if wrong:
             raise ExerciseFailed(wrong)
-    if any(_judge_run(run) for run in data.get("hidden", [])):
+    if any(_judge_run(run, seed) for run in data.get("hidden", [])):
         raise HiddenTestFailed("a hidden case failed")
     return ("correct: every rank holds the sum on 4 and 2 ranks, after log2 p exchanges of the "
             "whole vector with rank XOR 2^k")

@@ -4,7 +4,8 @@ and what the linear scaling rule was worth in this run.
 Slides "Parallel computing for machine learning", part 3 (the mirrored strategy: all-reduce the
 gradients); Goyal et al. 2017 (the linear scaling rule). Each check is a probe (runs in the
 student's kernel, returns plain data) and a judge (decides from the data; the grader runs it
-outside the kernel): see :mod:`course_lib.exercises.common`.
+outside the kernel): see :mod:`course_lib.exercises.common`. The averaging's judge draws its cases
+itself and takes only the ranks' parameters from the data (:mod:`course_lib.exercises.cases`).
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
     check_drawn,
     checked,
-    grading_seed,
+    hidden_seed,
     is_whole,
     launch_checked,
 )
@@ -92,7 +94,7 @@ def _train_on_ranks(average, cases):
 
 
 def probe_weighted_average(average) -> dict:
-    cases = cases_for(grading_seed())
+    cases = cases_for(hidden_seed())
     ranks = launch_checked(_train_on_ranks, 2, (average, cases), timeout=60,
                            hint="does every rank make the same collective calls, in the same "
                                 "order?")
@@ -129,6 +131,8 @@ def _judge_case(case) -> str | None:
     """What is wrong with one case's per-rank parameters, or None."""
     right = _one_process(case, "samples")
     ranks = case["ranks"]
+    if not isinstance(ranks, list) or len(ranks) != 2:
+        return "expected the parameters of 2 ranks"
     if all(_close(r, right) for r in ranks):
         return None
     sizes = [len(part) for part in case["steps"][0]]
@@ -148,6 +152,7 @@ def _judge_case(case) -> str | None:
 
 
 def judge_weighted_average(data) -> str:
+    data = merged(cases_for(hidden_seed()), data, ("ranks",))  # the cases drawn here, not read
     wrong = _judge_case(data["visible"])
     if wrong:
         raise ExerciseFailed(wrong)

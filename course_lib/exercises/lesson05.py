@@ -5,18 +5,21 @@ The course article's model parallelism; GPipe (Huang et al. 2019) and 1F1B (Nara
 2021) for the bubble; Megatron-LM (Shoeybi et al. 2019) for the column split and its gather.
 Each check is a probe (runs in the student's kernel, returns plain data) and a judge (decides
 from the data; the grader runs it outside the kernel): see :mod:`course_lib.exercises.common`.
+The gather's judge draws its layers itself and takes only the ranks' outputs and gradients from
+the data (:mod:`course_lib.exercises.cases`).
 """
 
 from __future__ import annotations
 
 import torch
 
+from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
     check_drawn,
     checked,
-    grading_seed,
+    hidden_seed,
     is_number,
     launch_checked,
 )
@@ -144,7 +147,7 @@ def _column_parallel(gather, cases):
 
 
 def probe_gather(gather) -> dict:
-    cases = cases_for(grading_seed())
+    cases = cases_for(hidden_seed())
     ranks = launch_checked(_column_parallel, 2, (gather, cases), timeout=60,
                            hint="does every rank make the same collective calls?")
     return {name: dict(case, ranks=[r[name] for r in ranks]) for name, case in cases.items()}
@@ -162,6 +165,10 @@ def _judge_gather_case(c) -> str | None:
     x, w, b = (c[k].clone().requires_grad_(True) for k in ("x", "w", "b"))
     y = x @ w.T + b
     (y * c["r"]).sum().backward()
+    if not (isinstance(c["ranks"], list) and len(c["ranks"]) == 2 and all(
+            isinstance(got, dict) and {"out", "x_grad", "w_grad", "b_grad"} <= set(got)
+            for got in c["ranks"])):
+        return "expected the output and gradients of 2 ranks"
     world = len(c["ranks"])
     k = len(c["b"]) // world
     for rank, got in enumerate(c["ranks"]):
@@ -193,6 +200,7 @@ def _judge_gather_case(c) -> str | None:
 
 
 def judge_gather(data) -> str:
+    data = merged(cases_for(hidden_seed()), data, ("ranks",))  # the layers drawn here, not read
     wrong = _judge_gather_case(data["visible"])
     if wrong:
         raise ExerciseFailed(wrong)

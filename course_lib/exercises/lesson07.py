@@ -4,7 +4,8 @@ rounding to fp16.
 
 Micikevicius et al. 2018; the article's lower precision. Each check is a probe (runs in the
 student's kernel, returns plain data) and a judge (decides from the data; the grader runs it
-outside the kernel): see :mod:`course_lib.exercises.common`.
+outside the kernel): see :mod:`course_lib.exercises.common`. The rounding's judge draws its inputs
+itself and takes only the rounded values from the data (:mod:`course_lib.exercises.cases`).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import numpy as np
 import torch
 
 from course_lib import number_formats as nf
+from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
     check_drawn,
     checked,
-    grading_seed,
+    hidden_seed,
     is_number,
     is_whole,
 )
@@ -140,7 +142,7 @@ def _cases(seed):
 
 def _probe_fp16_round(stochastic_round, draws: int = 200) -> dict:
     data = {}
-    for name, x in _cases(grading_seed()).items():
+    for name, x in _cases(hidden_seed()).items():
         g = torch.Generator().manual_seed(7)
         out = [stochastic_round(x, g) for _ in range(draws)]
         if any(not isinstance(r, torch.Tensor) or r.shape != x.shape for r in out):
@@ -159,7 +161,10 @@ def _neighbours(x: np.ndarray):
 
 def _judge_one(x, r) -> str | None:
     """What is wrong with rounding x to r (draws x values), or None."""
-    x, r = x.numpy(), r.numpy()
+    if not isinstance(r, torch.Tensor) or r.ndim != 2 or r.shape[1] != x.numel() \
+            or len(r) < 2:
+        return f"expected draws of {x.numel()} rounded values"
+    x, r = x.numpy(), r.double().numpy()
     lo, hi = _neighbours(x)
     if not np.all((r == lo) | (r == hi)):
         i = np.argwhere(~((r == lo) | (r == hi)))[0]
@@ -179,6 +184,8 @@ def _judge_one(x, r) -> str | None:
 
 
 def _judge_fp16_round(data) -> str:
+    own = {name: {"x": x} for name, x in _cases(hidden_seed()).items()}
+    data = merged(own, data, ("r",))  # the inputs drawn here, not read
     wrong = _judge_one(data["visible"]["x"], data["visible"]["r"])
     if wrong:
         raise ExerciseFailed(wrong)

@@ -6,7 +6,8 @@ Slides "Parallel computing for machine learning", part 4 (data are not IID and t
 severely imbalanced; direction 1, Federated Averaging: the server averages the clients' models
 weighted by their data); lesson 8 sections 1 (partitions) and 2 (FedAvg). Each check is a probe
 (runs in the student's kernel, returns plain data) and a judge (decides from the data; the grader
-runs it outside the kernel): see :mod:`course_lib.exercises.common`.
+runs it outside the kernel): see :mod:`course_lib.exercises.common`. The partition's judge draws
+its cases itself and takes only the partitions from the data (:mod:`course_lib.exercises.cases`).
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from __future__ import annotations
 import numpy as np
 
 from course_lib import partitions as pt
+from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
     check_drawn,
     checked,
-    grading_seed,
+    hidden_seed,
     is_number,
     judge_cases,
 )
@@ -61,7 +63,7 @@ def _rows(parts) -> list[list[int]]:
 def _probe_partition(partition) -> dict:
     """Runs ``partition`` on each case twice with its seed and once with another seed."""
     out = []
-    for case in _partition_cases(grading_seed()):
+    for case in _partition_cases(hidden_seed()):
         labels = _labels(case["label_seed"], case["n"], case["classes"])
         args = (case["clients"], case["alpha"], case["min_size"])
         try:
@@ -96,6 +98,9 @@ def _judge_partition_case(case, runs) -> str | None:
     labels = _labels(case["label_seed"], case["n"], case["classes"])
     n, clients, alpha, floor = case["n"], case["clients"], case["alpha"], case["min_size"]
     where = f" (clients = {clients}, alpha = {alpha}, min_size = {floor}, {n} rows)"
+    if not (isinstance(runs, list) and len(runs) == 3 and all(
+            isinstance(run, list) and all(isinstance(p, list) for p in run) for run in runs)):
+        return f"expected three partitions{where}"
     parts = runs[0]
     if len(parts) != clients:
         return f"{len(parts)} arrays for {clients} clients{where}: return one per client"
@@ -139,6 +144,8 @@ def _judge_partition_case(case, runs) -> str | None:
 
 
 def _judge_partition(data) -> str:
+    own = {"cases": [{"case": case} for case in _partition_cases(hidden_seed())]}
+    data = merged(own, data, ("runs",))  # the cases drawn here, not read
     judge_cases(data["cases"], lambda item: _judge_partition_case(item["case"], item["runs"]))
     first = data["cases"][0]
     return (f"correct: disjoint, complete, seeded, at least min_size rows each "

@@ -6,7 +6,8 @@ Slides "Parallel computing for machine learning", part 4: direction 2 (privacy; 
 aggregation with pairwise masks, Bonawitz et al. 2017) and direction 3 (robustness: Byzantine-
 tolerant aggregation, Yin et al. 2018). Each check is a probe (runs in the student's kernel,
 returns plain data) and a judge (decides from the data; the grader runs it outside the kernel):
-see :mod:`course_lib.exercises.common`.
+see :mod:`course_lib.exercises.common`. The unmasking's judge draws its cases itself and takes only
+the sums from the data (:mod:`course_lib.exercises.cases`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import torch
 
 from course_lib import federated as fl
 from course_lib import fl_security as sec
+from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
     check_drawn,
     checked,
-    grading_seed,
+    hidden_seed,
     is_number,
     is_whole,
     judge_cases,
@@ -59,7 +61,7 @@ def _inputs(case):
 
 def _probe_unmask(unmask_sum) -> dict:
     out = []
-    for case in _unmask_cases(grading_seed()):
+    for case in _unmask_cases(hidden_seed()):
         _, senders, received = _inputs(case)
         got = unmask_sum(received.clone(), list(senders), case["clients"], case["seed"])
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != (case["d"],):
@@ -72,6 +74,9 @@ def _probe_unmask(unmask_sum) -> dict:
 def _judge_unmask_case(case, got) -> str | None:
     updates, senders, received = _inputs(case)
     right = updates[senders].sum(dim=0)  # what the masks hid: the senders' own updates
+    if not isinstance(got, torch.Tensor) or got.shape != right.shape:
+        return f"return a tensor of shape ({case['d']},)"
+    got = got.double()
     if torch.allclose(got, right, rtol=0, atol=1e-6):
         return None
     where = (f" ({case['clients']} clients, dropped {case['dropped']}, "
@@ -87,6 +92,8 @@ def _judge_unmask_case(case, got) -> str | None:
 
 
 def _judge_unmask(data) -> str:
+    own = {"cases": [{"case": case} for case in _unmask_cases(hidden_seed())]}
+    data = merged(own, data, ("got",))  # the cases drawn here, not read
     judge_cases(data["cases"], lambda item: _judge_unmask_case(item["case"], item["got"]))
     return (f"correct: the senders' sum recovered to 1e-6 in all {len(data['cases'])} cases, "
             f"with and without dropped clients")

@@ -5,6 +5,8 @@ DDP paper (Li et al., VLDB 2020), section 3.2 (overlap; ``no_sync`` for accumula
 library's ``overlap.PerParameterAllReduce`` starts an all-reduce on every backward; the exercise
 must start it only on the last micro-batch's, so it is not a transcription. Each check is a
 probe (the student's kernel) and a judge (outside it): see :mod:`course_lib.exercises.common`.
+The first judge draws its cases itself and takes only what the ranks ended with from the data
+(:mod:`course_lib.exercises.cases`).
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import math
 
 import torch
 
+from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
     check_drawn,
     checked,
-    grading_seed,
+    hidden_seed,
     judge_cases,
     launch_checked,
 )
@@ -105,11 +108,12 @@ def _train_on_ranks(make_overlapped, cases):
 
 
 def _probe_overlapped(make_overlapped) -> dict:
-    cases = cases_for(grading_seed())
+    cases = cases_for(hidden_seed())
     ranks = launch_checked(_train_on_ranks, 2, (make_overlapped, cases), timeout=60,
                            hint="does every rank start one all-reduce per parameter, and does "
                                 "wait() wait for all of them?")
-    return dict(cases=cases, ranks=ranks)
+    return dict(cases=[dict(case=case, ranks=[r[i] for r in ranks])
+                       for i, case in enumerate(cases)])
 
 
 def _one_process(case):
@@ -128,6 +132,9 @@ def _one_process(case):
 def _judge_case(item):
     case, ranks = item["case"], item["ranks"]
     n_params = 6
+    if not (isinstance(ranks, list) and len(ranks) == 2 and all(
+            isinstance(r, dict) and {"params", "calls"} <= set(r) for r in ranks)):
+        return "expected the parameters and all-reduces of 2 ranks"
     for rank, result in enumerate(ranks):
         for step, calls in enumerate(result["calls"]):
             if len(calls) != n_params:
@@ -152,9 +159,8 @@ def _judge_case(item):
 
 
 def _judge_overlapped(data) -> str:
-    items = [dict(case=case, ranks=[r[i] for r in data["ranks"]])
-             for i, case in enumerate(data["cases"])]
-    judge_cases(items, _judge_case)
+    own = {"cases": [{"case": case} for case in cases_for(hidden_seed())]}
+    judge_cases(merged(own, data, ("ranks",))["cases"], _judge_case)  # cases drawn here
     return ("correct: one asynchronous all-reduce per parameter, started from backward on the "
             "last micro-batch, and both ranks take the steps of one process on the global batch")
 

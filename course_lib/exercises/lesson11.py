@@ -5,7 +5,8 @@ ZeRO (Rajbhandari et al. 2020, stage 1: shard the optimizer state); interleaved 
 et al. 2021). The library's ``zero.ShardedAdam`` shards Adam through ``torch.optim.Adam``; the
 exercise shards SGD with momentum and writes the update itself, so it is not a transcription.
 Each check is a probe (the student's kernel) and a judge (outside it): see
-:mod:`course_lib.exercises.common`.
+:mod:`course_lib.exercises.common`. The ZeRO judge draws its cases itself and takes only what the
+ranks ended with from the data (:mod:`course_lib.exercises.cases`).
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import math
 
 import torch
 
+from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
     check_drawn,
     checked,
-    grading_seed,
+    hidden_seed,
     judge_cases,
     launch_checked,
 )
@@ -73,11 +75,12 @@ def _train_on_ranks(make_zero1, cases):
 
 
 def _probe_zero1(make_zero1) -> dict:
-    cases = _cases(grading_seed())
+    cases = _cases(hidden_seed())
     ranks = launch_checked(_train_on_ranks, 2, (make_zero1, cases), timeout=60,
                            hint="does every rank all-reduce the gradients and all-gather the "
                                 "shards, in the same order?")
-    return dict(cases=cases, ranks=ranks)
+    return dict(cases=[dict(case=case, ranks=[r[i] for r in ranks])
+                       for i, case in enumerate(cases)])
 
 
 def _one_process(case):
@@ -95,6 +98,9 @@ def _judge_case(item):
     case, ranks = item["case"], item["ranks"]
     right = _one_process(case)
     numel = right.numel()
+    if not (isinstance(ranks, list) and len(ranks) == 2 and all(
+            isinstance(r, dict) and {"params", "state_numel"} <= set(r) for r in ranks)):
+        return "expected the parameters and optimizer state of 2 ranks"
     for rank, result in enumerate(ranks):
         got = torch.as_tensor(result["params"]).double()
         if got.shape != right.shape or not torch.allclose(got, right, rtol=0, atol=1e-10):
@@ -112,9 +118,8 @@ def _judge_case(item):
 
 
 def _judge_zero1(data) -> str:
-    items = [dict(case=case, ranks=[r[i] for r in data["ranks"]])
-             for i, case in enumerate(data["cases"])]
-    judge_cases(items, _judge_case)
+    own = {"cases": [{"case": case} for case in _cases(hidden_seed())]}
+    judge_cases(merged(own, data, ("ranks",))["cases"], _judge_case)  # cases drawn here
     return ("correct: each rank keeps momentum for its shard only, and both take the steps of "
             "SGD with momentum on one process")
 

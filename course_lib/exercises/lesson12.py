@@ -7,6 +7,7 @@ Korthikanti et al. 2022 (full, selective and partial recomputation); Narayanan e
 or none and reports the busiest stage only; both answers are the exercise's, so their references
 sit between solution markers and the student edition of the library leaves them out. Each check
 is a probe (the student's kernel) and a judge (outside it): see :mod:`course_lib.exercises.common`.
+The judges draw their cases themselves and take only the answers from the data (:mod:`.cases`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from course_lib import planner as P
+from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
     are_numbers,
     check_drawn,
     checked,
-    grading_seed,
+    hidden_seed,
     judge_cases,
     launch_checked,
 )
@@ -94,7 +96,7 @@ def _plain(model, plan, hidden=False, **extra):
 
 def _probe_block(fn) -> dict:
     out = []
-    for i, (model, plan, budget) in enumerate(_block_cases(grading_seed())):
+    for i, (model, plan, budget) in enumerate(_block_cases(hidden_seed())):
         value = fn(model, plan, budget)
         whole = value is None or (isinstance(value, int) and not isinstance(value, bool))
         out.append(dict(case=_plain(model, plan, hidden=i >= 4, budget=budget),
@@ -127,7 +129,9 @@ def _judge_block_case(item):
 
 
 def _judge_block(data) -> str:
-    judge_cases(data["cases"], _judge_block_case)
+    own = {"cases": [{"case": _plain(model, plan, hidden=i >= 4, budget=budget)}
+                     for i, (model, plan, budget) in enumerate(_block_cases(hidden_seed()))]}
+    judge_cases(merged(own, data, ("answer",))["cases"], _judge_block_case)  # cases drawn here
     return ("correct: each recomputed layer saves its activations but its input, and one of "
             "them is whole again while backward recomputes it")
 
@@ -194,7 +198,7 @@ def _probe_stages(fn, drawn) -> dict:
     predicted = fn(model, plan)
     measured = launch_checked(_measure, 2, (drawn,), timeout=120)
     hidden = [dict(case=_plain(m, p, hidden=True), answer=fn(m, p))
-              for m, p in _stage_cases(grading_seed())]
+              for m, p in _stage_cases(hidden_seed())]
     return dict(drawn=drawn, predicted=predicted, measured=measured, hidden=hidden)
 
 
@@ -221,7 +225,10 @@ def _judge_stages(data) -> str:
                 "each stage hold at once under 1F1B?)")
         raise ExerciseFailed(f"stage {worse}'s prediction is {off[worse]:+.0%} off what the run "
                              f"kept{hint}")
-    judge_cases(data["hidden"], _judge_stage_case)
+    own = {"hidden": [{"case": _plain(m, p, hidden=True)}
+                      for m, p in _stage_cases(hidden_seed())]}
+    hidden = merged(own, {"hidden": data.get("hidden", [])}, ("answer",))["hidden"]
+    judge_cases(hidden, _judge_stage_case)  # the hidden cases drawn here, not read
     return (f"correct: both stages within {max(abs(x) for x in off):.1%} of the run "
             f"(m = {drawn['micro_batches']}, context {drawn['context']})")
 

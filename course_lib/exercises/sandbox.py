@@ -6,9 +6,10 @@ namespaces: its own view of the file system (the system and the Python environme
 fresh working copy holding the student edition of the lesson and of ``course_lib``, nothing of
 the instructor's), no network but its own loopback (the workers of ``launch`` still meet there),
 its own process tree (when the sandbox ends, everything the submission started ends with it),
-and limits on memory, processes and file sizes. The grader talks to the kernel through Unix
-sockets in one shared folder; the only other thing it takes back is plain data (JSON) that the
-check cells write, judged outside.
+and limits on memory, processes, file sizes and the size of every writable place (tmpfs). The
+grader talks to the kernel through Unix sockets in one shared folder, the one place of the host
+the kernel can write; it writes nothing there after the kernel has started, and what the checks
+send (plain JSON) comes back in the kernel's own messages, judged outside.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Limits:
     memory_bytes: int = 8 << 30
     processes: int = 256
     file_bytes: int = 1 << 30  # the largest file it may write: a full disk costs everyone
+    disk_bytes: int = 1 << 30  # each writable place (its folder, /tmp, /dev/shm): a tmpfs
 
 
 def unavailable() -> str | None:
@@ -81,29 +83,35 @@ def _system_mounts() -> list[str]:
     return args
 
 
-def command(argv: list[str], *, work: Path, library: Path, data: Path | None, shared: Path,
+def hosts(folder: Path) -> Path:
+    """The sandbox's host names, written in ``folder`` (one the kernel can't write): itself
+    only (c10d looks up ::ffff:127.0.0.1; without it each worker would ask a DNS server it
+    can't reach, and warn)."""
+    path = Path(folder) / "hosts"
+    path.write_text("127.0.0.1 localhost\n::1 localhost\n::ffff:127.0.0.1 localhost\n")
+    return path
+
+
+def command(argv: list[str], *, library: Path, data: Path | None, shared: Path, hosts: Path,
             limits: Limits = Limits(), env: dict[str, str] | None = None) -> list[str]:
     """The command that runs ``argv`` in a sandbox.
 
-    ``work`` (writable, thrown away afterwards) appears as ``/sandbox``, ``library`` (the student
-    edition of ``course_lib``) read-only as ``/sandbox/course_lib``, ``data`` read-only as
-    ``/sandbox/data``; ``shared`` (the kernel's sockets, the checks' data) keeps its path. The
-    limits are set by a small launcher that then becomes bubblewrap."""
+    Its working folder ``/sandbox`` (and ``/tmp``, ``/dev/shm``) is a fresh tmpfs of
+    ``limits.disk_bytes``, thrown away with it; ``library`` (the student edition of
+    ``course_lib``) appears read-only as ``/sandbox/course_lib``, ``data`` read-only as
+    ``/sandbox/data``, ``hosts`` as ``/etc/hosts``; ``shared`` (the kernel's sockets) keeps its
+    path. The limits are set by a small launcher that then becomes bubblewrap."""
     bwrap = shutil.which("bwrap")
     if bwrap is None or sys.platform != "linux":
         raise SandboxUnavailable(unavailable() or "no sandbox")
+    size = ["--size", str(limits.disk_bytes)]
     # the fresh /tmp first: a Python environment under /tmp (a CI checkout) is mounted on it
-    mounts = ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
-              *_system_mounts(), "--bind", str(work), WORK,
-              "--ro-bind", str(library), f"{WORK}/course_lib",
-              "--bind", str(shared), str(shared)]
+    mounts = ["--proc", "/proc", "--dev", "/dev", *size, "--tmpfs", "/tmp",
+              *size, "--tmpfs", "/dev/shm", *_system_mounts(), *size, "--tmpfs", WORK,
+              "--dir", f"{WORK}/notebooks", "--ro-bind", str(library), f"{WORK}/course_lib",
+              "--bind", str(shared), str(shared), "--ro-bind", str(hosts), "/etc/hosts"]
     if data is not None:
         mounts += ["--ro-bind", str(data), f"{WORK}/data"]
-    # the sandbox's host names: itself only (c10d looks up ::ffff:127.0.0.1; without this
-    # line each worker would ask a DNS server it can't reach, and warn)
-    hosts = Path(shared) / "hosts"
-    hosts.write_text("127.0.0.1 localhost\n::1 localhost\n::ffff:127.0.0.1 localhost\n")
-    mounts += ["--ro-bind", str(hosts), "/etc/hosts"]
     variables = {"HOME": "/tmp", "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
                  "PYTHONPATH": WORK, "LANG": "C.UTF-8", "MPLBACKEND": "agg",
                  **{k: v for k, v in os.environ.items() if k.startswith("COURSE_LIB_")},

@@ -10,6 +10,7 @@ executed notebook (outputs capped) beside its report, for audit.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -82,6 +83,16 @@ def grade_all(submissions: Path, source: Path, out: Path, **limits) -> list[dict
     if not paths:
         raise ValueError(f"{submissions} is empty: nothing to grade")
     out.mkdir(parents=True, exist_ok=True)
+    for path in paths:  # before any grading: never a report over another submission's
+        old = out / f"{_safe_stem(path)}.json"
+        theirs = None
+        if old.is_file() and not old.is_symlink():
+            with contextlib.suppress(ValueError, AttributeError):  # not a report: not ours
+                theirs = json.loads(old.read_text()).get("submission")
+        if theirs not in (None, str(path)):
+            raise ValueError(f"{old} is the report of another submission ({theirs}): give "
+                             f"each student's folder an --out of its own (e.g. --out "
+                             f"{out / 'STUDENT'}), or remove {old} to regrade")
     reports = []
     for path in paths:
         why = _refusal(path, source) or _unreadable(path)
