@@ -12,7 +12,7 @@ from pathlib import Path
 
 import nbformat
 
-from course_lib.exercises import editions, grading, sandbox, submissions
+from course_lib.exercises import editions, gradebook, grading, roster, sandbox, submissions
 
 
 def lab_command(target: Path, lab_args=()) -> tuple[list[str], dict]:
@@ -114,6 +114,11 @@ def main(argv=None) -> int:
                    help="run every cell of the lesson, not only what the exercises need")
     g.add_argument("--no-sandbox", action="store_true",
                    help="run submissions without the sandbox: ONLY for trusted notebooks")
+    g.add_argument("--jobs", type=int, default=1, help="a class: grade this many at a time")
+    g.add_argument("--shard", default="0/1", help="a class: grade the i-th of n slices (i/n)")
+    b = sub.add_parser("gradebook", help="write a class's gradebook from the reports in a folder")
+    b.add_argument("out", type=Path)
+    b.add_argument("--source", type=Path, default=Path("notebooks"))
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, lab_args = split_student_args(argv) if argv[:1] == ["student"] else (argv, [])
     args = parser.parse_args(ours)
@@ -128,11 +133,21 @@ def main(argv=None) -> int:
     elif args.command == "release":
         for path in editions.release(args.notebooks, args.target):
             print(f"wrote {path}")
+    elif args.command == "gradebook":
+        print(f"wrote {gradebook.write_gradebook(args.out, args.source)}")
     else:
+        limits = dict(cell_timeout=args.cell_timeout, timeout=args.timeout,
+                      sandboxed=not args.no_sandbox, whole=args.whole)
         try:
-            submissions.grade_all(args.submissions, args.source, args.out,
-                                  cell_timeout=args.cell_timeout, timeout=args.timeout,
-                                  sandboxed=not args.no_sandbox, whole=args.whole)
+            if args.submissions.exists() and roster.layout(args.submissions) != "one student":
+                index, _, count = args.shard.partition("/")
+                if not (index.isdigit() and count.isdigit()):
+                    raise ValueError(f"--shard must be i/n (e.g. 0/4), got {args.shard!r}")
+                gradebook.grade_class(args.submissions, args.source, args.out, jobs=args.jobs,
+                                      shard=(int(index), int(count)), **limits)
+                print(f"gradebook: {args.out / 'gradebook.csv'}")
+            else:
+                submissions.grade_all(args.submissions, args.source, args.out, **limits)
         except (sandbox.SandboxUnavailable, FileNotFoundError, ValueError) as why:
             print(f"not graded: {why}", file=sys.stderr)  # what to do, no traceback
             return 2

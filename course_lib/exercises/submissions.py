@@ -13,13 +13,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import re
 from pathlib import Path
 
 import nbformat
 
 import course_lib
 from course_lib.exercises.grading import grade, summary
+from course_lib.exercises.roster import safe_name
 
 
 class Tampered(RuntimeError):
@@ -84,7 +84,7 @@ def grade_all(submissions: Path, source: Path, out: Path, **limits) -> list[dict
         raise ValueError(f"{submissions} is empty: nothing to grade")
     out.mkdir(parents=True, exist_ok=True)
     for path in paths:  # before any grading: never a report over another submission's
-        old = out / f"{_safe_stem(path)}.json"
+        old = out / f"{safe_name(path.stem)}.json"
         theirs = None
         if old.is_file() and not old.is_symlink():
             with contextlib.suppress(ValueError, AttributeError):  # not a report: not ours
@@ -93,32 +93,63 @@ def grade_all(submissions: Path, source: Path, out: Path, **limits) -> list[dict
             raise ValueError(f"{old} is the report of another submission ({theirs}): give "
                              f"each student's folder an --out of its own (e.g. --out "
                              f"{out / 'STUDENT'}), or remove {old} to regrade")
-    reports = []
-    for path in paths:
-        why = _refusal(path, source) or _unreadable(path)
-        if why is not None:
-            report = dict(submission=path.name, error=why, exercises=[], score=0, points=0)
-            (out / f"{_safe_stem(path)}.error.txt").write_text(f"{path.name}: {why}\n")
-            print(f"{path.name}: NOT GRADED: {why}")
-        else:
-            watched = (Path(source), Path(course_lib.__file__).parent, out)
-            before = fingerprint(*watched)
-            executed = out / f"{_safe_stem(path)}.executed.ipynb"
-            report = grade(path, Path(source) / path.name, keep=executed, **limits)
-            changed = [p for p in changes(before, fingerprint(*watched)) if p != str(executed)]
-            if changed:
-                evidence = out / f"{_safe_stem(path)}.TAMPERED.txt"
-                evidence.write_text("\n".join(changed) + "\n")
-                raise Tampered(f"grading {path.name} changed {len(changed)} file(s) the grader "
-                               f"relies on, e.g. {changed[0]}: grading stopped. Restore them "
-                               f"(listed in {evidence}) and grade untrusted work in a sandbox")
-            (out / f"{_safe_stem(path)}.json").write_text(json.dumps(report, indent=2))
-            (out / f"{_safe_stem(path)}.txt").write_text(summary(report) + "\n")
-            print(summary(report))
-        reports.append(report)
-    return reports
+    return [grade_one(path, source, out, stop=True, **limits) for path in paths]
 
 
-def _safe_stem(path: Path) -> str:
-    """A report's name from a submission's: letters, digits, '-', '_' and '.' only."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", path.stem).lstrip(".") or "unnamed"
+def grade_one(path: Path, source: Path, out: Path, *, stop: bool = False, **limits) -> dict:
+    """Grade one file against its lesson in ``source`` and write its reports into ``out``.
+    Its report's ``status`` says what happened: "graded"; "not graded" (a file that can't be
+    graded, with ``error``: the reason); "tampered" (it changed a file the grader relies on:
+    raised as :class:`Tampered` when ``stop``, with the evidence kept in either case); "grader
+    failed" (the grader itself raised: the error is kept). Its ``sha256`` fingerprints the
+    submission and the lesson (a later run with both unchanged need not grade it again)."""
+    path, out = Path(path), Path(out)
+    name, stem = path.name, safe_name(path.stem)
+    out.mkdir(parents=True, exist_ok=True)
+    why = _refusal(path, source) or _unreadable(path)
+    if why is not None:
+        (out / f"{stem}.error.txt").write_text(f"{name}: {why}\n")
+        print(f"{name}: NOT GRADED: {why}")
+        report = dict(submission=str(path), status="not graded", error=why, exercises=[],
+                      score=0, points=0)
+        (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
+        return report
+    lesson = Path(source) / name
+    hashes = {"submission": sha256_of(path), "lesson": sha256_of(lesson)}
+    watched = (Path(source), Path(course_lib.__file__).parent, out)
+    before = fingerprint(*watched)
+    executed = out / f"{stem}.executed.ipynb"
+    try:
+        report = dict(grade(path, lesson, keep=executed, **limits), status="graded")
+    except Exception as error:  # noqa: BLE001 - one submission never stops a class
+        if stop:
+            raise
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        (out / f"{stem}.error.txt").write_text(f"{name}: the grader failed: "
+                                               f"{type(error).__name__}: {first}\n")
+        report = dict(submission=str(path), status="grader failed", exercises=[], score=0,
+                      points=0, error=f"{type(error).__name__}: {first}")
+    changed = [p for p in changes(before, fingerprint(*watched)) if p != str(executed)]
+    if changed:
+        evidence = out / f"{stem}.TAMPERED.txt"
+        evidence.write_text("\n".join(changed) + "\n")
+        if stop:
+            raise Tampered(f"grading {name} changed {len(changed)} file(s) the grader relies "
+                           f"on, e.g. {changed[0]}: grading stopped. Restore them (listed in "
+                           f"{evidence}) and grade untrusted work in a sandbox")
+        report = dict(submission=str(path), status="tampered", exercises=[], score=0,
+                      points=report.get("points", 0), error=f"changed {len(changed)} file(s) "
+                      f"the grader relies on (listed in {evidence.name})")
+    report["sha256"] = hashes
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
+    (out / f"{stem}.txt").write_text((summary(report) if report["status"] == "graded" else
+                                      f"{name}: {report['status'].upper()}: {report['error']}")
+                                     + "\n")
+    print(summary(report) if report["status"] == "graded" else
+          f"{name}: {report['status'].upper()}: {report['error']}")
+    return report
+
+
+def sha256_of(path: Path) -> str:
+    """The SHA-256 of a file's bytes, in hex."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -1,0 +1,171 @@
+"""Homework for a whole class: grade a roster, in parallel or in shards, and write the gradebook.
+
+Lecture: none (the homework machinery; ``submissions.grade_one`` grades one file, ``roster``
+finds a class's files). Each student's reports go to ``out/<student>/``; ``out/gradebook.csv``
+has a row per student and a column per exercise and per lesson, with totals and what went
+wrong; ``out/gradebook-moodle.csv`` is the same totals in the shape Moodle's grade import takes
+(a ``username`` column to map to the user, a column per lesson); ``out/exercises.csv`` says,
+per exercise, how the class did and the most common reasons points were lost. A submission that
+tampers, crashes the grader or times out is recorded as such and grading goes on. A file whose
+bytes and lesson are unchanged since its report is not graded again; ``shard=(i, n)`` grades
+every n-th file from the i-th, so that a job system's array can split a class, and
+:func:`write_gradebook` merges whatever reports are in ``out``.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import functools
+import json
+import multiprocessing
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import nbformat
+
+from course_lib.exercises import roster
+from course_lib.exercises.editions import exercises
+from course_lib.exercises.submissions import grade_one, sha256_of
+
+
+def _unchanged(entry: roster.Entry, source: Path, out: Path) -> bool:
+    """Whether ``entry`` has a report from a run with the same submission and lesson bytes."""
+    report = out / entry.student / f"{roster.safe_name(entry.path.stem)}.json"
+    lesson = Path(source) / entry.path.name
+    if not (report.is_file() and entry.path.is_file() and lesson.is_file()):
+        return False
+    try:
+        old = json.loads(report.read_text()).get("sha256", {})
+    except (ValueError, AttributeError):
+        return False
+    return old == {"submission": sha256_of(entry.path), "lesson": sha256_of(lesson)}
+
+
+def _grade_student(entries: list, source: Path, out: Path, limits: dict) -> list[dict]:
+    """One student's files, one after another: only this job writes into their folder (the
+    tamper check watches it)."""
+    return [dict(grade_one(e.path, source, out / e.student, **limits), student=e.student)
+            for e in entries]
+
+
+def grade_class(submissions: Path, source: Path, out: Path, *, jobs: int = 1,
+                shard: tuple[int, int] = (0, 1), **limits) -> list[dict]:
+    """Grade every file of the roster ``submissions`` (any :mod:`roster` layout) against the
+    lessons in ``source``, ``jobs`` students at a time, the students of this ``shard`` (every
+    n-th from the i-th); write each student's reports and then the gradebook of every report in
+    ``out``. Returns the reports made now."""
+    index, count = shard
+    if not (isinstance(count, int) and count >= 1 and isinstance(index, int)
+            and 0 <= index < count):
+        raise ValueError(f"shard must be i/n with 0 <= i < n, got {index}/{count}")
+    if not (isinstance(jobs, int) and jobs >= 1):
+        raise ValueError(f"jobs must be a whole number of at least 1, got {jobs!r}")
+    out = Path(out)
+    by_student = collections.defaultdict(list)
+    for entry in roster.entries(submissions, out / "unpacked"):
+        by_student[entry.student].append(entry)
+    mine = sorted(by_student)[index::count]
+    todo = {s: [e for e in by_student[s] if not _unchanged(e, source, out)] for s in mine}
+    todo = {s: files for s, files in todo.items() if files}
+    files = sum(len(by_student[s]) for s in mine)
+    print(f"{len(mine)} students, {files} files in this shard; "
+          f"{files - sum(map(len, todo.values()))} unchanged since their reports; grading "
+          f"{len(todo)} students, {jobs} at a time")
+    reports = []
+    if jobs == 1:
+        done = (_grade_student(e, source, out, limits) for e in todo.values())
+    else:
+        spawn = multiprocessing.get_context("spawn")  # no fork of a process that holds threads
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=spawn)
+        done = pool.map(functools.partial(_grade_student, source=source, out=out,
+                                          limits=limits), todo.values())
+    try:
+        for i, (student, made) in enumerate(zip(todo, done, strict=True), 1):
+            reports += made
+            print(f"[{i}/{len(todo)}] {student}: {len(made)} files", file=sys.stderr)
+    finally:
+        if jobs != 1:
+            pool.shutdown(cancel_futures=True)
+    write_gradebook(out, source)
+    return reports
+
+
+def columns(source: Path) -> dict[str, dict[str, float]]:
+    """The gradebook's columns: each lesson in ``source``, its exercises' grade ids and points."""
+    return {p.stem: {e["grade_id"]: e["points"] for e in exercises(nbformat.read(p, as_version=4))}
+            for p in sorted(Path(source).glob("*.ipynb"))}
+
+
+def _reports(out: Path) -> dict[str, dict[str, dict]]:
+    """Every report under ``out``: student -> lesson -> report."""
+    found: dict = collections.defaultdict(dict)
+    for path in sorted(Path(out).glob("*/*.json")):
+        try:
+            report = json.loads(path.read_text())
+        except ValueError:
+            continue
+        if isinstance(report, dict) and "status" in report:
+            found[path.parent.name][Path(report["submission"]).stem] = report
+    return found
+
+
+def write_gradebook(out: Path, source: Path) -> Path:
+    """Write ``gradebook.csv``, ``gradebook-moodle.csv`` and ``exercises.csv`` into ``out``
+    from every student's reports there. Returns the gradebook's path."""
+    out, lessons, by_student = Path(out), columns(source), _reports(out)
+    head = ["student"] + [f"{lesson}:{gid}" for lesson, ids in lessons.items() for gid in ids] \
+        + [*lessons, "total", "points", "notes"]
+    rows, moodle, lost = [], [], collections.defaultdict(list)
+    for student in sorted(by_student):
+        row, notes, total = {"student": student}, [], 0.0
+        points = sum(sum(ids.values()) for ids in lessons.values())  # what every student can get
+        for lesson, ids in lessons.items():
+            report = by_student[student].get(lesson)
+            if report is None:
+                notes.append(f"{lesson}: missing")
+                continue
+            scores = {e["grade_id"]: e for e in report.get("exercises", [])}
+            for gid in ids:
+                if gid in scores:
+                    row[f"{lesson}:{gid}"] = f"{scores[gid]['score']:g}"
+                    if scores[gid]["score"] < scores[gid]["points"]:
+                        lost[lesson, gid].append(scores[gid]["feedback"])
+            row[lesson] = f"{report.get('score', 0):g}"
+            total += report.get("score", 0)
+            if report.get("status") != "graded":
+                notes.append(f"{lesson}: {report.get('status')}: {report.get('error', '')}")
+            elif any("s limit" in e["feedback"] for e in scores.values()):
+                notes.append(f"{lesson}: timed out (the exercises after the limit did not run)")
+        notes += [f"{Path(r['submission']).name}: {r.get('status')}: {r.get('error', '')}"
+                  for name, r in by_student[student].items() if name not in lessons]
+        row.update(total=f"{total:g}", points=f"{points:g}", notes="; ".join(notes))
+        rows.append(row)
+        moodle.append({"username": student, **{lesson: row.get(lesson, "") for lesson in lessons},
+                       "total": row["total"]})
+    path = out / "gradebook.csv"
+    _write(path, head, rows)
+    _write(out / "gradebook-moodle.csv", ["username", *lessons, "total"], moodle)
+    _write(out / "exercises.csv", ["lesson", "exercise", "graded", "mean", "lost points",
+                                   "most common reasons"],
+           [_exercise_row(lesson, gid, rows, lost[lesson, gid])
+            for lesson, ids in lessons.items() for gid in ids])
+    return path
+
+
+def _exercise_row(lesson: str, gid: str, rows: list[dict], lost: list[str]) -> dict:
+    scores = [float(r[f"{lesson}:{gid}"]) for r in rows if f"{lesson}:{gid}" in r]
+    reasons = collections.Counter(f.split(" (")[0][:80] for f in lost).most_common(3)
+    return {"lesson": lesson, "exercise": gid, "graded": len(scores),
+            "mean": f"{statistics.mean(scores):.2f}" if scores else "",
+            "lost points": len(lost),
+            "most common reasons": "; ".join(f"{r} ({n})" for r, n in reasons)}
+
+
+def _write(path: Path, head: list[str], rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=head, restval="")
+        writer.writeheader()
+        writer.writerows(rows)

@@ -1,0 +1,107 @@
+"""A class's submissions, found in the layouts instructors get them in.
+
+Lecture: none (the homework machinery; ``gradebook`` grades what this finds). Four layouts:
+
+* one student's folder: ``submissions/<lesson>.ipynb`` (the student is the folder's name);
+* a folder of student folders: ``submissions/<student>/<lesson>.ipynb``;
+* nbgrader's tree: ``submitted/<student>/<assignment>/<lesson>.ipynb``;
+* Canvas's "Download Submissions" zip: files named ``<name>[_LATE]_<user id>_<submission id>_
+  <file name>``, a resubmission's file name ending ``-1``, ``-2`` ... (the student is
+  ``<name>_<user id>``). Only regular ``.ipynb`` members are taken, by their base name, each
+  under a size limit: a zip can't write outside the folder it is unpacked into.
+
+Anything else in the folder (a notes file, a link, a notebook of no lesson) is still listed, so
+that the grader reports it instead of passing over it in silence.
+"""
+
+from __future__ import annotations
+
+import re
+import stat
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+MAX_MEMBER_BYTES = 50_000_000  # a notebook in a zip larger than this is not unpacked
+CANVAS = re.compile(r"^(?P<name>[a-z0-9]+)(?:_LATE)?_(?P<user>\d+)_(?P<sub>\d+)_(?P<file>.+)$")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file to grade: whose it is and where it lies (its name says which lesson)."""
+
+    student: str
+    path: Path
+
+
+def safe_name(text: str) -> str:
+    """A student's or a file's name as a folder name: letters, digits, '-', '_' and '.' only."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text).lstrip(".") or "unnamed"
+
+
+def layout(path: Path) -> str:
+    """Which layout ``path`` is in: "one student", "students", "nbgrader" or "canvas zip"."""
+    path = Path(path)
+    if path.is_file() and zipfile.is_zipfile(path):
+        return "canvas zip"
+    if path.is_file() or any(p.suffix == ".ipynb" for p in path.iterdir()):
+        return "one student"
+    folders = [p for p in path.iterdir() if p.is_dir() and not p.is_symlink()]
+    if folders and all(not any(c.suffix == ".ipynb" for c in f.iterdir()) and
+                       any(c.is_dir() for c in f.iterdir()) for f in folders):
+        return "nbgrader"
+    return "students"
+
+
+def entries(path: Path, unpack_to: Path) -> list[Entry]:
+    """Every file to grade under ``path``, by student (sorted); a zip is unpacked into
+    ``unpack_to`` first. A missing or empty ``path`` is an error, not an empty class."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file or folder of submissions")
+    if path.is_dir() and not any(path.iterdir()):
+        raise ValueError(f"{path} is empty: nothing to grade")
+    kind = layout(path)
+    if kind == "canvas zip":
+        path, kind = unpack_canvas(path, unpack_to), "students"
+    if kind == "one student":
+        files = [path] if path.is_file() else sorted(path.iterdir())
+        return [Entry(safe_name(path.parent.name if path.is_file() else path.name), f)
+                for f in files]
+    found = []
+    for student in sorted(path.iterdir()):
+        if not student.is_dir() or student.is_symlink():
+            found.append(Entry(safe_name(student.stem), student))  # reported as not a folder
+            continue
+        places = sorted(student.iterdir()) if kind == "students" else \
+            [f for a in sorted(student.iterdir()) for f in
+             (sorted(a.iterdir()) if a.is_dir() and not a.is_symlink() else [a])]
+        found += [Entry(safe_name(student.name), f) for f in places]
+    return found
+
+
+def unpack_canvas(archive: Path, folder: Path) -> Path:
+    """Unpack a Canvas submissions zip into ``folder/<name>_<user id>/<file name>``: regular
+    ``.ipynb`` members only, by base name, at most :data:`MAX_MEMBER_BYTES` each; the latest
+    submission of a file wins (Canvas numbers resubmissions ``-1``, ``-2``). Returns ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    latest: dict[Path, tuple[int, zipfile.ZipInfo]] = {}
+    with zipfile.ZipFile(archive) as z:
+        for info in z.infolist():
+            kind = (info.external_attr >> 16) & 0o170000
+            base = Path(info.filename).name
+            match = CANVAS.match(base)
+            if info.is_dir() or (kind and not stat.S_ISREG(kind)) or not match \
+                    or not base.endswith(".ipynb") or info.file_size > MAX_MEMBER_BYTES:
+                continue
+            stem = re.sub(r"-\d+$", "", Path(match["file"]).stem)
+            target = folder / safe_name(f"{match['name']}_{match['user']}") / \
+                safe_name(stem + ".ipynb")
+            order = int(match["sub"])
+            if target not in latest or latest[target][0] < order:
+                latest[target] = (order, info)
+        for target, (_, info) in latest.items():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with z.open(info) as member:
+                target.write_bytes(member.read(MAX_MEMBER_BYTES + 1)[:MAX_MEMBER_BYTES])
+    return folder

@@ -1,0 +1,186 @@
+"""Homework for a whole class (course_lib.exercises: roster, gradebook, submissions.grade_one):
+the layouts a class comes in, a gradebook checked cell by cell, one bad submission never stopping
+the class, parallel and sharded runs giving the same gradebook, and regrading only what changed.
+"""
+
+import csv
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+from test_grading import WRONG, _tiny_lesson
+
+from course_lib.exercises import editions, gradebook, roster
+
+HEAD = ["student", "tiny:exercise-1", "tiny:exercise-2", "tiny2:exercise-1", "tiny2:exercise-2",
+        "tiny", "tiny2", "total", "points", "notes"]
+
+
+def _class(tmp_path) -> tuple[Path, Path]:
+    """Two lessons and four students: alice right everywhere, bob the untouched student
+    edition, carol a notebook that leaves a file beside the lessons (tampering: graded without
+    the sandbox here) and a right one, dave a notebook that is not JSON, a notes file and a
+    right one."""
+    lessons, roster_ = tmp_path / "lessons", tmp_path / "submissions"
+    lessons.mkdir()
+    for name in ("tiny", "tiny2"):
+        _tiny_lesson(lessons / f"{name}.ipynb")
+    editions.release(lessons, tmp_path / "student")
+    for student in ("alice", "bob", "carol", "dave"):
+        (roster_ / student).mkdir(parents=True)
+        for name in ("tiny", "tiny2"):
+            shutil.copy(lessons / f"{name}.ipynb", roster_ / student / f"{name}.ipynb")
+    for name in ("tiny", "tiny2"):
+        shutil.copy(tmp_path / "student" / "notebooks" / f"{name}.ipynb",
+                    roster_ / "bob" / f"{name}.ipynb")
+    nb = nbformat.read(lessons / "tiny.ipynb", as_version=4)
+    nb.cells[4].source = WRONG + f"open({str(lessons / 'stray.txt')!r}, 'w').write('x')\n"
+    nbformat.write(nb, roster_ / "carol" / "tiny.ipynb")
+    (roster_ / "dave" / "tiny.ipynb").write_text("{ not json")
+    (roster_ / "dave" / "notes.txt").write_text("hello")
+    return lessons, roster_
+
+
+def _rows(out: Path) -> list[dict]:
+    with open(out / "gradebook.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == HEAD
+        return list(reader)
+
+
+def _scores(rows):
+    return [[r[h] for h in HEAD[:-1]] for r in rows]
+
+
+EXPECTED = [["alice", "1", "1", "1", "1", "2", "2", "4", "4"],
+            ["bob", "0", "0", "0", "0", "0", "0", "0", "4"],
+            ["carol", "", "", "1", "1", "0", "2", "2", "4"],
+            ["dave", "", "", "1", "1", "0", "2", "2", "4"]]
+
+
+def test_a_class_gives_its_gradebook_cell_by_cell_and_one_bad_submission_stops_nothing(
+        tmp_path):
+    lessons, submissions = _class(tmp_path)
+    out = tmp_path / "reports"
+    reports = gradebook.grade_class(submissions, lessons, out, cell_timeout=60, sandboxed=False)
+    assert len(reports) == 9  # 4 students x 2 lessons and dave's notes file
+    rows = _rows(out)
+    assert _scores(rows) == EXPECTED
+    notes = {r["student"]: r["notes"] for r in rows}
+    assert notes["alice"] == notes["bob"] == ""
+    assert notes["carol"].startswith("tiny: tampered: changed 1 file(s)")
+    assert (out / "carol" / "tiny.TAMPERED.txt").read_text().strip() == \
+        str(lessons / "stray.txt")  # the evidence, kept
+    assert "tiny: not graded: not a valid notebook" in notes["dave"]
+    assert "notes.txt: not graded: not a notebook" in notes["dave"]
+    moodle = list(csv.DictReader(open(out / "gradebook-moodle.csv", newline="")))
+    assert [list(r.values()) for r in moodle] == [[r[0], r[5], r[6], r[7]] for r in EXPECTED]
+    per_exercise = {(r["lesson"], r["exercise"]): r for r in
+                    csv.DictReader(open(out / "exercises.csv", newline=""))}
+    assert per_exercise["tiny", "exercise-2"]["graded"] == "2"  # alice's and bob's
+    assert per_exercise["tiny", "exercise-2"]["mean"] == "0.50"
+    assert per_exercise["tiny", "exercise-2"]["most common reasons"].startswith("not solved yet")
+    assert per_exercise["tiny2", "exercise-1"]["mean"] == "0.75"  # bob's 0 of four
+
+    # a second run grades nothing; a changed notebook is graded again
+    (lessons / "stray.txt").unlink()
+    again = gradebook.grade_class(submissions, lessons, out, cell_timeout=60, sandboxed=False)
+    assert [(r["student"], r["status"]) for r in again] == [("dave", "not graded")] * 2
+    shutil.copy(lessons / "tiny.ipynb", submissions / "bob" / "tiny.ipynb")  # bob resubmits
+    redone = gradebook.grade_class(submissions, lessons, out, cell_timeout=60, sandboxed=False)
+    assert [(r["student"], Path(r["submission"]).name) for r in redone
+            if r["status"] == "graded"] == [("bob", "tiny.ipynb")]
+    assert _rows(out)[1]["tiny"] == "2"
+
+
+def test_two_jobs_and_two_shards_give_the_serial_gradebook(tmp_path):
+    lessons, submissions = _class(tmp_path)
+    (submissions / "carol" / "tiny.ipynb").unlink()  # no tampering: the runs must agree exactly
+    serial, parallel, sharded = (tmp_path / name for name in ("serial", "parallel", "sharded"))
+    gradebook.grade_class(submissions, lessons, serial, cell_timeout=60, sandboxed=False)
+    gradebook.grade_class(submissions, lessons, parallel, jobs=2, cell_timeout=60,
+                          sandboxed=False)
+    for i in (0, 1):
+        gradebook.grade_class(submissions, lessons, sharded, shard=(i, 2), cell_timeout=60,
+                              sandboxed=False)
+    gradebook.write_gradebook(sharded, lessons)  # the merge: whatever reports are there
+    assert _rows(serial) == _rows(parallel) == _rows(sharded)
+    assert _rows(serial)[2]["notes"] == "tiny: missing"  # carol's removed notebook
+    with pytest.raises(ValueError, match="shard must be i/n"):
+        gradebook.grade_class(submissions, lessons, serial, shard=(2, 2))
+
+
+def test_the_layouts_a_class_comes_in(tmp_path):
+    one = tmp_path / "alice"
+    one.mkdir()
+    (one / "tiny.ipynb").write_text("{}")
+    assert roster.layout(one) == "one student"
+    assert roster.entries(one, tmp_path / "u") == [roster.Entry("alice", one / "tiny.ipynb")]
+    students = tmp_path / "submissions"
+    (students / "bob").mkdir(parents=True)
+    shutil.copytree(one, students / "alice")
+    (students / "bob" / "tiny.ipynb").write_text("{}")
+    assert roster.layout(students) == "students"
+    assert [e.student for e in roster.entries(students, tmp_path / "u")] == ["alice", "bob"]
+    tree = tmp_path / "submitted"  # nbgrader's: <student>/<assignment>/<notebook>
+    (tree / "carol" / "week1").mkdir(parents=True)
+    (tree / "carol" / "week1" / "tiny.ipynb").write_text("{}")
+    assert roster.layout(tree) == "nbgrader"
+    assert roster.entries(tree, tmp_path / "u") == [
+        roster.Entry("carol", tree / "carol" / "week1" / "tiny.ipynb")]
+    archive = tmp_path / "submissions.zip"  # Canvas: name[_LATE]_user_submission_file
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("doejane_1234_5678_tiny.ipynb", "{}")
+        z.writestr("doejane_LATE_1234_5690_tiny-1.ipynb", '{"late": 1}')  # her resubmission
+        z.writestr("roedan_77_80_tiny.ipynb", "{}")
+        z.writestr("../../roedan_77_81_tiny2.ipynb", "{}")  # a path: only its base name counts
+        z.writestr("roedan_77_82_../../evil.ipynb", "{}")  # no Canvas name once the path goes
+        z.writestr("readme.txt", "not a submission")
+    assert roster.layout(archive) == "canvas zip"
+    found = roster.entries(archive, tmp_path / "unpacked")
+    assert [(e.student, e.path.name) for e in found] == [
+        ("doejane_1234", "tiny.ipynb"), ("roedan_77", "tiny.ipynb"), ("roedan_77", "tiny2.ipynb")]
+    assert found[0].path.read_text() == '{"late": 1}'  # the latest submission of the file
+    assert all(tmp_path / "unpacked" in e.path.parents for e in found)
+    with pytest.raises(FileNotFoundError):
+        roster.entries(tmp_path / "nobody", tmp_path / "u")
+
+
+def test_the_command_line_grades_a_class_and_merges_shards(tmp_path):
+    lessons, submissions = _class(tmp_path)
+    shutil.rmtree(submissions / "carol")
+    shutil.rmtree(submissions / "dave")
+    run = [sys.executable, "-m", "course_lib.exercises"]
+    out = tmp_path / "reports"
+    for shard in ("0/2", "1/2"):
+        done = subprocess.run([*run, "grade", str(submissions), "--source", str(lessons),
+                               "--out", str(out), "--shard", shard, "--no-sandbox",
+                               "--cell-timeout", "60"], capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    merged = subprocess.run([*run, "gradebook", str(out), "--source", str(lessons)],
+                            capture_output=True, text=True, timeout=120)
+    assert merged.returncode == 0 and "gradebook.csv" in merged.stdout
+    assert _scores(_rows(out)) == EXPECTED[:2]
+    bad = subprocess.run([*run, "grade", str(submissions), "--source", str(lessons), "--out",
+                          str(out), "--shard", "two"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--shard must be i/n" in bad.stderr
+
+
+def test_a_submission_past_the_notebooks_limit_is_noted_and_the_class_goes_on(tmp_path):
+    lessons, submissions = _class(tmp_path)
+    for student in ("bob", "carol", "dave"):
+        shutil.rmtree(submissions / student)
+    (submissions / "erin").mkdir()
+    nb = nbformat.read(lessons / "tiny.ipynb", as_version=4)
+    nb.cells[2].source = "import time\ntime.sleep(8)\nk = 7"  # exercise 1 passes the limit
+    nbformat.write(nb, submissions / "erin" / "tiny.ipynb")
+    out = tmp_path / "reports"
+    gradebook.grade_class(submissions, lessons, out, cell_timeout=30, timeout=6, sandboxed=False)
+    rows = {r["student"]: r for r in _rows(out)}
+    assert rows["erin"]["notes"].startswith("tiny: timed out")
+    assert rows["erin"]["tiny:exercise-2"] == "0" and rows["alice"]["total"] == "4"
