@@ -117,3 +117,19 @@ def test_the_systems_an_emulated_device_stands_for():
     double = overlap.gpt3_xl_data_parallel(32, 16)
     assert double["ratio"] == pytest.approx(cluster["ratio"] / 2)
     assert overlap.reference_system() == cluster
+
+
+def test_the_grading_benchmark_times_sliced_and_whole_runs_and_a_class(tmp_path, capsys):
+    from test_grading import _tiny_lesson
+
+    from course_lib.benchmarks import grading as grading_benchmark
+
+    _tiny_lesson(tmp_path / "01_tiny.ipynb")
+    out = grading_benchmark.main(["--notebooks", str(tmp_path), "--students", "2",
+                                  "--class-lesson", "01"])
+    printed = capsys.readouterr().out
+    (row,) = out["rows"]
+    assert row["lesson"] == "01_tiny" and row["same"] and row["score"] == "2/2"
+    assert row["sliced"] > 0 and row["whole"] > 0
+    assert set(out["rates"]) == {1, 2} and all(r > 0 for r in out["rates"].values())
+    assert "median per lesson" in printed and "submissions per hour" in printed
