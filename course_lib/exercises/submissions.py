@@ -142,11 +142,10 @@ def grade_one(path: Path, source: Path, out: Path, *, stop: bool = False, **limi
                       f"the grader relies on (listed in {evidence.name})")
     report["sha256"] = hashes
     (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
-    (out / f"{stem}.txt").write_text((summary(report) if report["status"] == "graded" else
-                                      f"{name}: {report['status'].upper()}: {report['error']}")
-                                     + "\n")
-    print(summary(report) if report["status"] == "graded" else
-          f"{name}: {report['status'].upper()}: {report['error']}")
+    line = summary(report) if report["status"] == "graded" else \
+        f"{name}: {report['status'].upper()}: {report['error']}"
+    (out / f"{stem}.txt").write_text(line + "\n")
+    print(line)
     return report
 
 
