@@ -131,12 +131,15 @@ def _probe_prediction(prediction, sequence, values, timeout: float = 30) -> dict
 
 def _simulate(values) -> list[float]:
     """What ``collective_sequence`` leaves on each rank, by following each rank's state through
-    the four steps (no processes, no messages: the messages' effect, written out)."""
+    the four steps (no processes, no messages: the messages' effect, written out). The student
+    edition of the library leaves this out: it is the exercise's answer."""
+    ### BEGIN SOLUTION
     p = len(values)
     held = [max(values)] * p  # 1. all_reduce MAX: every rank holds the largest
     held = [h * (rank + 1) for rank, h in enumerate(held)]  # 2. local: times rank + 1
     gathered = [list(held) for _ in range(p)]  # 3. all_gather: every rank holds every rank's
     return [sum(g) - values[rank] for rank, g in enumerate(gathered)]  # 4. local
+    ### END SOLUTION
 
 
 def _judge_prediction(data) -> str:

@@ -223,7 +223,9 @@ def _probe_cost(forward_macs, backward_macs, module, batch, image_shape) -> dict
 
 def count_macs(layers, batch, image) -> tuple[int, int]:
     """Multiply-adds of one forward and one backward pass (autograd's) of the network described
-    by ``layers``, counted by torch's flop counter (2 flops per multiply-add) on a rebuilt copy."""
+    by ``layers``, counted by torch's flop counter (2 flops per multiply-add) on a rebuilt copy.
+    The student edition of the library leaves this out: it is the exercise's answer."""
+    ### BEGIN SOLUTION
     from torch.utils.flop_counter import FlopCounterMode
 
     torch.manual_seed(0)
@@ -238,6 +240,7 @@ def count_macs(layers, batch, image) -> tuple[int, int]:
     with FlopCounterMode(display=False) as backward:
         loss.backward()
     return forward.get_total_flops() // 2, backward.get_total_flops() // 2
+    ### END SOLUTION
 
 
 def _sizes_drawn(data) -> None:

@@ -59,7 +59,9 @@ def _probe_rounds(rounds, q_losses, q, lr, after) -> dict:
 def _gd_losses_until(target: float, lr: float) -> list[float]:
     """Objective after each round of full-batch gradient descent on the diabetes data from
     w = 0, until it is at or below ``target`` (FedAvg with q = 1 is this, computed here with the
-    whole gradient instead of the clients' weighted sum: an independent reference)."""
+    whole gradient instead of the clients' weighted sum: an independent reference). The student
+    edition of the library leaves this out: it is the exercise's answer."""
+    ### BEGIN SOLUTION
     from course_lib.erm import diabetes_problem
 
     problem = diabetes_problem()
@@ -69,6 +71,7 @@ def _gd_losses_until(target: float, lr: float) -> list[float]:
         w = w - lr * problem.gradient(w)
         losses.append(problem.loss(w))
     return losses
+    ### END SOLUTION
 
 
 def _judge_rounds(data) -> str:
@@ -218,6 +221,8 @@ def _judge_one(case) -> str | None:
     X, W, lr, got = case["params"], case["W"], case["lr"], case["got"]
     if not isinstance(got, torch.Tensor) or got.shape != X.shape:
         return f"return {len(X)} vectors of {problem.d} numbers"
+    # the reference, and the wrong orders it explains: the student edition leaves them out
+    ### BEGIN SOLUTION
     G = _local_gradients(problem, X, case["rows"])
     right = W @ (X - lr * G)
 
@@ -250,6 +255,7 @@ def _judge_one(case) -> str | None:
     return (f"with lr = {lr:g}, node {worst} is off by "
             f"{(got - right)[worst].abs().max().item():.3g}: each node first steps "
             f"y_j = x_j - lr g_j(x_j) along its own gradient, then takes sum_j W[i, j] y_j")
+    ### END SOLUTION
 
 
 def _judge_atc(data) -> str:

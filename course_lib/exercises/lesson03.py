@@ -204,7 +204,9 @@ def _judge_crossover(data) -> str:
     if not (alpha > 0 and beta > 0 and math.isfinite(alpha) and math.isfinite(beta)):
         raise ExerciseFailed(f"pass this run's alpha_msg and beta_msg (positive), not "
                              f"{alpha!r}, {beta!r}")
-
+    # the crossing (the exercise's answer) and what a wrong one misses: the student edition of
+    # the library leaves them out
+    ### BEGIN SOLUTION
     def ring(n):
         return float(ring_all_reduce_time(n, p, alpha, beta))
 
@@ -231,6 +233,7 @@ def _judge_crossover(data) -> str:
         f"so the crossing is at {'smaller' if faster == 'the ring' else 'larger'} n). The ring "
         f"costs 2 (p - 1) alpha + 2 (p - 1) / p n beta; count recursive doubling's messages "
         f"and their size")
+    ### END SOLUTION
 
 
 check_crossover_size = checked("lesson03.crossover_size", _probe_crossover, _judge_crossover)

@@ -203,15 +203,18 @@ def _judge_epochs_worth(data) -> str:
             or not 1 <= reference <= len(scaled)):
         raise ExerciseFailed(f"pass the reference epoch drawn above (1 to {len(scaled)}), not "
                              f"{reference!r}")
-    target = float(scaled[reference - 1])
-    reached = [e + 1 for e, loss in enumerate(base) if loss <= target]
-    right = reached[0] if reached else None
     if answer is not None and not is_whole(answer):
         raise ExerciseFailed(f"give a whole number of epochs (1 to {len(base)}), or None, not "
                              f"{answer!r}")
     if answer is not None and not 1 <= answer <= len(base):
         raise ExerciseFailed(f"epochs run from 1 to {len(base)} (the first point of a curve is "
                              f"after epoch 1), not {answer}")
+    # the first epoch (the exercise's answer): the student edition of the library leaves it out
+    ### BEGIN SOLUTION
+    target = float(scaled[reference - 1])
+    reached = [e + 1 for e, loss in enumerate(base) if loss <= target]
+    right = reached[0] if reached else None
+    ### END SOLUTION
     if answer is None:
         if right is None:
             return (f"correct: in this run the base run never gets as low as the scaled one "

@@ -74,7 +74,10 @@ def _probe_staleness(mean_staleness) -> dict:
 def simulated_staleness(m: int, s: int, k: float) -> tuple[float, float]:
     """The run the predictions are checked against: section 6's simulator, asynchronous, m
     workers of which the last s are k times slower, no message latency. Returns the mean
-    staleness of the fast workers' gradients and of the slow workers' gradients."""
+    staleness of the fast workers' gradients and of the slow workers' gradients. The student
+    edition of the library leaves this out: it answers the exercise (its signature is
+    ``mean_staleness``'s)."""
+    ### BEGIN SOLUTION
     if not (isinstance(m, int) and 2 <= m <= 16 and isinstance(s, int) and 1 <= s < m
             and 1 <= k <= 16):
         raise ExerciseFailed(f"no such setting: m = {m!r}, s = {s!r}, k = {k!r}")
@@ -87,6 +90,7 @@ def simulated_staleness(m: int, s: int, k: float) -> tuple[float, float]:
     fast = [t for t, w in zip(log["staleness"], log["worker"], strict=True) if w <= m - s]
     slow = [t for t, w in zip(log["staleness"], log["worker"], strict=True) if w > m - s]
     return sum(fast) / len(fast), sum(slow) / len(slow)
+    ### END SOLUTION
 
 
 def _staleness_wrong(rows) -> str | None:

@@ -152,11 +152,14 @@ def _probe_fp16_round(stochastic_round, draws: int = 200) -> dict:
 
 
 def _neighbours(x: np.ndarray):
-    """The fp16 values just below and just above each x (equal where x is one)."""
+    """The fp16 values just below and just above each x (equal where x is one). The student
+    edition of the library leaves this out: it is the exercise's hard part."""
+    ### BEGIN SOLUTION
     h = x.astype(np.float16)
     lo = np.where(h.astype(np.float64) > x, np.nextafter(h, np.float16(-np.inf)), h)
     hi = np.where(h.astype(np.float64) < x, np.nextafter(h, np.float16(np.inf)), h)
     return lo.astype(np.float64), hi.astype(np.float64)
+    ### END SOLUTION
 
 
 def _judge_one(x, r) -> str | None:

@@ -207,6 +207,9 @@ def _judge_uniform_mix(data) -> str:
     parts = _rebuild(data)
     sizes = [len(p) for p in parts]
     where = f" (alpha = {data['alpha']}, seed = {data['seed']})"
+    # the distance (the exercise's answer) and how far a wrong one is from it: the student
+    # edition of the library leaves them out
+    ### BEGIN SOLUTION
     # the objective (1/K) sum_k (1/n_k) sum_{i in k} loss_i puts weight 1/(K n_k) on each row;
     # its label mix is the weight each label gets (the weighted objective's is p itself)
     weight = np.zeros(len(labels))
@@ -237,6 +240,7 @@ def _judge_uniform_mix(data) -> str:
                 "weight does one row get, and so each label?")
     raise ExerciseFailed(f"{tv!r} is off by {abs(tv - right):.3g}{where} (the tolerance is "
                          f"1e-3). {hint}")
+    ### END SOLUTION
 
 
 check_uniform_mix = checked("lesson08.uniform_mix", _probe_uniform_mix, _judge_uniform_mix)

@@ -133,13 +133,16 @@ def _probe_breakdown(breakdown, m, trim, share, attack_seed, rounds, seeds) -> d
 def _attackers_per_round(m: int, share: float, attack_seed: int, rounds: int,
                          seeds) -> list[int]:
     """How many attackers each round drew, seed after seed: section 5's sampler with m of the
-    CLIENTS per round, and a ``share`` of them attackers (seed s + attack_seed)."""
+    CLIENTS per round, and a ``share`` of them attackers (seed s + attack_seed). The student
+    edition of the library leaves this out: it is the exercise's count."""
+    ### BEGIN SOLUTION
     out = []
     for s in seeds:
         attackers = set(sec.fraction_attackers(range(CLIENTS), share, seed=s + attack_seed))
         out += [len(attackers & set(fl.sample_clients(CLIENTS, m / CLIENTS, s, r)))
                 for r in range(rounds)]
     return out
+    ### END SOLUTION
 
 
 def _judge_breakdown(data) -> str:
@@ -161,6 +164,9 @@ def _judge_breakdown(data) -> str:
     if not all(isinstance(v, (list, tuple)) and len(v) == 2 and all(map(is_whole, v))
                for v in answer.values()):
         raise ExerciseFailed(rule)
+    # the answer, both halves, and what a wrong one missed: the student edition of the library
+    # leaves them out
+    ### BEGIN SOLUTION
     # the breakdown points by brute force: the most attackers, all beyond every honest value in
     # one coordinate, that leave the rule's result inside the honest values' range
     honest, bad = 0.0, 1e9
@@ -200,6 +206,7 @@ def _judge_breakdown(data) -> str:
             f"{tolerated['trimmed mean']} and the median {tolerated['median']} attackers; "
             f"{answer['trimmed mean'][1]} and {answer['median'][1]} of the {len(drawn)} rounds "
             f"with {share:.0%} attackers had more")
+    ### END SOLUTION
 
 
 check_breakdown = checked("lesson09.breakdown", _probe_breakdown, _judge_breakdown)

@@ -1,0 +1,250 @@
+"""The student edition of the library gives no exercise's answer away (issue: judge helpers that
+shipped gave answers away, e.g. lesson07._neighbours, the two fp16 values around x, the hard
+part of its stochastic rounding).
+
+Every judge helper, or judge path, that computes an exercise's answer -- a reference a student
+could call or copy instead of solving it -- sits in a solution region of its lesson module, which
+``editions.student_library`` cuts out. The student's copy of each lesson module still imports, and
+there a check whose judge needs the missing piece records the answer for the grader ("recorded:
+the grader judges this exercise") instead of failing; the instructor's library judges it as
+before.
+"""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import course_lib
+from course_lib.exercises import common, editions
+from course_lib.exercises.verdicts import MODE
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = Path(course_lib.__file__).resolve().parent
+LESSONS = sorted(p.stem for p in (LIBRARY / "exercises").glob("lesson[0-9][0-9].py"))
+
+# (lesson module, function, a line of it that computes the answer: not in the student's copy)
+PIECES = [
+    # lesson 0, exercise 2 (predict what each rank holds): the prediction itself
+    ("lesson00", "_simulate", "held = [max(values)] * p"),
+    # lesson 1, exercise 3 (multiply-adds forward and backward): both counts
+    ("lesson01", "count_macs", "with FlopCounterMode(display=False) as backward:"),
+    # lesson 2, exercise 1 (rounds of q = 1 to match q local steps): the count
+    ("lesson02", "_gd_losses_until", "w = w - lr * problem.gradient(w)"),
+    # lesson 2, exercise 2 (adapt, then combine): the step, and the wrong orders it names
+    ("lesson02", "_judge_one", "right = W @ (X - lr * G)"),
+    # lesson 3, exercise 2 (where the ring overtakes recursive doubling): the crossing
+    ("lesson03", "_judge_crossover", "return math.log2(p) * (alpha + beta * n)"),
+    # lesson 4, exercise 2 (what the scaled batch's epochs were worth): the first epoch
+    ("lesson04", "_judge_epochs_worth",
+     "reached = [e + 1 for e, loss in enumerate(base) if loss <= target]"),
+    # lesson 6, exercise 1 (staleness with s slow workers): mean_staleness's very signature
+    ("lesson06", "simulated_staleness",
+     "pad = {w: (k if w > m - s else 1.0) for w in range(1, m + 1)}"),
+    # lesson 7, exercise 2 (stochastic rounding to fp16): the two fp16 values around x
+    ("lesson07", "_neighbours",
+     "lo = np.where(h.astype(np.float64) > x, np.nextafter(h, np.float16(-np.inf)), h)"),
+    # lesson 8, exercise 2 (what uniform weights train on): the distance, and "off by" it
+    ("lesson08", "_judge_uniform_mix", "weight[p] = 1 / (len(parts) * len(p))"),
+    # lesson 9, exercise 2 (attackers a round held): the count of rounds, the tolerances
+    ("lesson09", "_attackers_per_round",
+     "out += [len(attackers & set(fl.sample_clients(CLIENTS, m / CLIENTS, s, r)))"),
+    ("lesson09", "_judge_breakdown",
+     "rule_fn(torch.tensor([[bad]] * b + [[honest]] * (m - b))) < 1)"),
+    # stripped before: lessons 10 to 12's references
+    ("lesson10", "exposed_seconds",
+     "hidden = sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in comm for s2, e2 in "
+     "backward)"),
+    ("lesson11", "overhead_fit", "c = {m: m * v + p - 1 for m in walls}"),
+    ("lesson12", "fewest_layers_to_recompute", "if none - (k - 1) * (full - kept) <= budget:"),
+    ("lesson12", "block_recompute_bytes", "return without - (k - 1) * saved"),
+    ("lesson12", "stage_activation_bytes",
+     "head = tokens * (2 * model.hidden + 2 + model.vocab) * model.value_bytes"),
+]
+
+
+@pytest.fixture(scope="module")
+def student(tmp_path_factory) -> Path:
+    """The folder that holds the student edition's ``course_lib``."""
+    root = tmp_path_factory.mktemp("student")
+    editions.student_library(LIBRARY, root / "course_lib")
+    return root
+
+
+def _function(source: str, name: str) -> str:
+    """The source of function ``name``, with the end of a solution region that closes it."""
+    found = [node for node in ast.walk(ast.parse(source))
+             if isinstance(node, ast.FunctionDef) and node.name == name]
+    assert len(found) == 1, f"{name}: {len(found)} definitions"
+    lines, end = source.splitlines(keepends=True), found[0].end_lineno
+    while end < len(lines) and lines[end].strip().startswith("### END SOLUTION"):
+        end += 1
+    return "".join(lines[found[0].lineno - 1:end])
+
+
+@pytest.mark.parametrize(("module", "name", "secret"), PIECES,
+                         ids=[f"{module}.{name}" for module, name, _ in PIECES])
+def test_the_student_edition_leaves_the_answer_out(student, module, name, secret):
+    ours = (LIBRARY / "exercises" / f"{module}.py").read_text()
+    theirs = (student / "course_lib" / "exercises" / f"{module}.py").read_text()
+    fenced = "".join(m.group(0) for m in editions.SOLUTION.finditer(_function(ours, name)))
+    assert secret in fenced, f"{module}.{name}: the line is not in a solution region"
+    assert secret not in theirs, f"{module}.{name} ships: {secret}"
+    assert common.LIBRARY_HAS_IT in _function(theirs, name)  # the region became a raise
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_each_lesson_module_of_the_student_edition_imports(student, lesson):
+    done = subprocess.run(
+        [sys.executable, "-c", f"import course_lib.exercises.{lesson} as m; print(m.__file__)"],
+        cwd=student, env={**os.environ, "PYTHONPATH": str(student)}, capture_output=True,
+        text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert Path(done.stdout.strip()) == student / "course_lib" / "exercises" / f"{lesson}.py"
+
+
+# Right answers to the exercises whose judges lost a piece, checked as a notebook would
+# (without boxes: the verdict is returned). Prints {piece: verdict} as JSON.
+RIGHT_ANSWERS = textwrap.dedent("""
+    import json
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from course_lib import erm_simulators as sim
+    from course_lib import federated as fl
+    from course_lib import fl_security as sec
+    from course_lib import partitions as pt
+    from course_lib.data import shard_rows
+    from course_lib.erm import diabetes_problem
+    from course_lib.exercises import (lesson00, lesson01, lesson02, lesson03, lesson04,
+                                      lesson06, lesson07, lesson08, lesson09)
+
+    verdicts = {}
+
+    def verdict(piece, check, *args):
+        try:
+            verdicts[piece] = check(*args)
+        except Exception as error:
+            verdicts[piece] = f"raised {type(error).__name__}: {error}"
+
+    def collective_sequence(values):  # lesson 0's
+        rank, p = dist.get_rank(), dist.get_world_size()
+        t = torch.tensor([values[rank]], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        t *= rank + 1
+        everyone = [torch.zeros_like(t) for _ in range(p)]
+        dist.all_gather(everyone, t)
+        return (torch.cat(everyone).sum() - values[rank]).item()
+
+    verdict("lesson00._simulate", lesson00.check_prediction, [6.0, 11.0], collective_sequence,
+            [3.0, -2.0])
+
+    C, H, B = 5, 41, 77
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, C, 3, 1, 1), torch.nn.ReLU(),
+                              torch.nn.Flatten(), torch.nn.Linear(64 * C, H), torch.nn.Tanh(),
+                              torch.nn.Linear(H, 10))
+    conv, fc = C * 64 * 9, H * 64 * C + 10 * H
+    verdict("lesson01.count_macs", lesson01.check_backward_cost, B * (conv + fc),
+            B * (conv + 2 * fc), net, B, (1, 8, 8))
+
+    problem, q, after = diabetes_problem(), 5, 10
+    clients, losses = shard_rows(problem.n, 4), []
+    w = torch.zeros(problem.d, dtype=torch.float64)
+    for _ in range(after):
+        w = sim.fedavg_round(problem, w, clients, q, 0.1)
+        losses.append(problem.loss(w))
+    w, rounds = torch.zeros(problem.d, dtype=torch.float64), 0
+    while True:
+        w, rounds = sim.fedavg_round(problem, w, clients, 1, 0.1), rounds + 1
+        if problem.loss(w) <= losses[after - 1]:
+            break
+    verdict("lesson02._gd_losses_until", lesson02.check_rounds_to_match, rounds, losses, q, 0.1,
+            after)
+
+    def atc_step(problem, params, client_rows, W, lr):
+        return list(W @ torch.stack([x - lr * sim.local_gradient(problem, r, x)
+                                     for x, r in zip(params, client_rows)]))
+
+    verdict("lesson02._judge_one", lesson02.check_atc_step, atc_step)
+
+    alpha, beta, p = 0.215e-3, 1 / 0.55e9, 8
+    steps = p.bit_length() - 1
+    n_cross = (2 * (p - 1) - steps) * alpha / ((steps - 2 * (p - 1) / p) * beta)
+    verdict("lesson03._judge_crossover", lesson03.check_crossover_size, n_cross, alpha, beta, p)
+
+    def runs(*curves):
+        return [{"step": list(range(1, len(c) + 1)), "loss": list(c)} for c in curves]
+
+    seeded = {"batch 32, lr 0.05 (base)": runs([1.0, 0.6, 0.4, 0.1], [0.8, 0.4, 0.2, 0.3]),
+              "batch 256, lr 0.4 (scaled x8)": runs([1.5, 1.0, 0.6, 0.3], [1.5, 1.0, 0.6, 0.4])}
+    verdict("lesson04._judge_epochs_worth", lesson04.check_epochs_worth, 2, seeded, 3)
+
+    verdict("lesson06.simulated_staleness", lesson06.check_mean_staleness,
+            lambda m, s, k: ((m - s - 1) + s / k, (m - s) * k + (s - 1)))
+
+    def fp16_round(x, generator):
+        near = x.half()
+        below = torch.where(near.double() > x,
+                            torch.nextafter(near, torch.tensor(-float("inf"), dtype=near.dtype)),
+                            near)
+        above = torch.nextafter(below, torch.tensor(float("inf"), dtype=below.dtype))
+        above = torch.where(below.double() == x, below, above)
+        gap = (above.double() - below.double()).clamp(min=torch.finfo(torch.float64).tiny)
+        up = torch.rand(x.shape, generator=generator, dtype=x.dtype) * gap < x - below.double()
+        return torch.where(up, above, below).double()
+
+    verdict("lesson07._neighbours", lesson07.check_fp16_stochastic_round, fp16_round)
+
+    labels = np.random.default_rng(0).integers(0, 10, 600)
+    counts = pt.label_counts(labels, pt.dirichlet_per_class(labels, 20, alpha=0.3, min_size=5,
+                                                            seed=0)).astype(float)
+    mix = (counts / counts.sum(axis=1, keepdims=True)).mean(axis=0)
+    tv = 0.5 * np.abs(mix - counts.sum(axis=0) / counts.sum()).sum()
+    verdict("lesson08._judge_uniform_mix", lesson08.check_uniform_mix, tv, labels, 20, 0.3, 0)
+
+    m, trim, share, attack_seed, rounds, seeds = 10, 0.2, 0.3, 1, 12, (0, 1, 2)
+    drawn = []
+    for s in seeds:
+        attackers = set(sec.fraction_attackers(range(20), share, seed=s + attack_seed))
+        drawn += [len(attackers & set(fl.sample_clients(20, m / 20, s, r)))
+                  for r in range(rounds)]
+    tolerated = {"trimmed mean": int(trim * m), "median": (m - 1) // 2}
+    breakdown = {name: [b, sum(a > b for a in drawn)] for name, b in tolerated.items()}
+    verdict("lesson09._judge_breakdown", lesson09.check_breakdown, breakdown, m, trim, share,
+            attack_seed, rounds, seeds)
+
+    print(json.dumps(verdicts))
+""")
+JUDGED = {"lesson00._simulate", "lesson01.count_macs", "lesson02._gd_losses_until",
+          "lesson02._judge_one", "lesson03._judge_crossover", "lesson04._judge_epochs_worth",
+          "lesson06.simulated_staleness", "lesson07._neighbours", "lesson08._judge_uniform_mix",
+          "lesson09._judge_breakdown"}  # lesson09._attackers_per_round: in _judge_breakdown
+
+
+def _verdicts(root: Path) -> dict:
+    graded = (common.GRADING_OUT, common.GRADED, common.GRADING_SEED, common.HIDDEN_SEED)
+    env = {k: v for k, v in os.environ.items() if k not in graded}  # not a graded run
+    done = subprocess.run([sys.executable, "-c", RIGHT_ANSWERS], cwd=root,
+                          env={**env, "PYTHONPATH": str(root), MODE: "raise"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    verdicts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(verdicts) == JUDGED
+    return verdicts
+
+
+def test_in_the_student_edition_those_checks_leave_the_verdict_to_the_grader(student):
+    for piece, verdict in _verdicts(student).items():
+        assert verdict.startswith("recorded: the grader judges this exercise"), (piece, verdict)
+
+
+def test_the_instructors_library_judges_the_same_answers_right():
+    for piece, verdict in _verdicts(ROOT).items():
+        assert verdict.startswith("correct"), (piece, verdict)
