@@ -508,6 +508,81 @@ def test_endless_printing_and_leftover_workers_cost_only_that_exercise(tmp_path,
     assert len(kept.cells[4].outputs) <= hw.MAX_OUTPUTS  # the flood by count, capped
 
 
+GREEDY = {  # issue 31's review: each hung the grader, grew its memory or crashed grade()
+    # shell messages without end: the client's own timeout never fires
+    "a flood of shell messages": (
+        "import asyncio, time\n"
+        "_k = get_ipython().kernel\n"
+        "_ident, _s = _k._parent_ident['shell'], _k.shell_stream\n"
+        "async def _flood():\n"
+        "    while True:\n"
+        "        for _ in range(100):\n"
+        "            _s.socket.send_multipart(_k.session.serialize(\n"
+        "                _k.session.msg('status', {}), ident=_ident))\n"
+        "        await asyncio.sleep(0)\n"
+        "_s.io_loop.add_callback(_flood)\n"
+        "while True:\n    time.sleep(1)\n"),
+    # widgets' binary buffers, 24 x 50 MB
+    "widget buffers": (
+        "from comm import create_comm\n"
+        "big = memoryview(b'x' * (50 << 20))\n"
+        "for i in range(24):\n"
+        "    create_comm(target_name='nothing', data={'state': {}, 'buffer_paths': [['b']]},\n"
+        "                buffers=[big])\n"),
+    # a prompt number of 300 MB
+    "a huge execute_input": (
+        "_k = get_ipython().kernel\n"
+        "_k.session.send(_k.iopub_socket, 'execute_input',\n"
+        "                {'code': '', 'execution_count': 'A' * (300 << 20)},\n"
+        "                parent=_k.get_parent())\n"),
+    # one display message of 400 MB
+    "one huge message": (
+        "from IPython.display import display\n"
+        "display({'text/plain': 'x' * (400 << 20)}, raw=True)\n"),
+    # replies to the grader's own statements whose parent header is no dict
+    "a garbled reply": (
+        "_k = get_ipython().kernel\n"
+        "_ident, _real = _k._parent_ident['shell'], _k.do_execute\n"
+        "def _do_execute(code, silent, *a, **kw):\n"
+        "    if silent:\n"
+        "        m = _k.session.msg('execute_reply', {'status': 'ok'})\n"
+        "        m['parent_header'] = 'not a dict'\n"
+        "        _k.shell_stream.io_loop.add_callback(\n"
+        "            lambda: _k.session.send(_k.shell_stream, m, ident=_ident))\n"
+        "    return _real(code, silent, *a, **kw)\n"
+        "_k.do_execute = _do_execute\n"),
+    # a thread that fills the sockets' folder, the one host folder the kernel can write
+    "the sockets folder filled": (
+        "import os, sys, threading\n"
+        "shared = os.path.dirname(sys.argv[sys.argv.index('-f') + 1])\n"
+        "def fill():\n"
+        "    for i in range(3000):\n"
+        "        open(os.path.join(shared, f'junk{i}'), 'wb').write(bytes(2**20))\n"
+        "threading.Thread(target=fill, daemon=True).start()\n"
+        "import time\ntime.sleep(4)\n"),
+}
+
+
+@pytest.mark.parametrize("attack", list(GREEDY), ids=list(GREEDY))
+def test_no_submission_hangs_the_grader_grows_its_memory_or_crashes_it(tmp_path, lesson, attack,
+                                                                      monkeypatch):
+    removed = []
+    monkeypatch.setattr(sandbox, "remove_groups", lambda pid: removed.append(pid))
+    started = time.monotonic()
+    report = _attack(tmp_path, lesson, GREEDY[attack], cell_timeout=5)
+    assert time.monotonic() - started < 120  # a hard limit per cell: never a hang
+    assert _scores(report) == [1, 0], hw.summary(report)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 2 << 20  # KiB: under 2 GiB
+    assert (tmp_path / "kept.ipynb").stat().st_size < 3 * hw.MAX_OUTPUT_BYTES
+    said, launchers = KILLED.get(attack, ("", 1))
+    assert said in hw.summary(report), hw.summary(report)  # the cell that was stopped, and why
+    # the control groups of every sandbox it started are removed, a restart's too, each once
+    assert len(removed) == len(set(removed)) >= launchers
+
+
+KILLED = {"the sockets folder filled": ("sockets' folder", 2)}  # what it says, sandboxes started
+
+
 def test_every_writable_place_is_a_tmpfs_of_limited_size(tmp_path, lesson):
     attack = (
         "import os\n"
@@ -608,8 +683,10 @@ def test_the_command_line_releases_and_grades_with_json_and_text_reports(tmp_pat
 
 
 def test_a_flood_of_bytes_in_few_outputs_is_capped(tmp_path, lesson):
-    report = _attack(tmp_path, lesson, "import os\nfor _ in range(500):\n    print('x' * 10**5)\n"
-                     "os.write(1, b'y' * 10**8)  # the kernel's own stdout: not the grader's\n")
+    report = _attack(tmp_path, lesson, "import os, sys, time\nfor _ in range(500):\n"
+                     "    print('x' * 10**5)\nsys.stdout.flush()\ntime.sleep(0.5)\n"
+                     "os.write(1, b'y' * 10**8)  # the kernel's own stdout: one 100 MB message,\n"
+                     "time.sleep(0.5)  # over the largest the grader takes: dropped whole\n")
     assert _scores(report) == [1, 0], hw.summary(report)
     kept = nbformat.read(tmp_path / "kept.ipynb", as_version=4)
     text = sum(len(out.get("text", "")) for out in kept.cells[4].outputs)

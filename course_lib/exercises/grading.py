@@ -48,6 +48,7 @@ from course_lib.exercises.editions import (  # noqa: F401 - the authoring API, h
     student_library,
     student_version,
 )
+from course_lib.exercises.guard import Guard
 from course_lib.exercises.kernels import (  # noqa: F401 - the limits, here too
     HIDDEN_FAILED,
     MAX_OUTPUT_BYTES,
@@ -111,16 +112,20 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
             km = AsyncKernelManager(kernel_name="python3")
             start_args = dict(cwd=str(source.parent), env={**os.environ, **env})
         client = notebook_client(nb, km, cell_timeout)
+        client.shared, client.launchers = (shared if sandboxed else None), set()
+        guard = Guard(client, client.shared)
+        guard.start()
         start = time.monotonic()
         try:
             failed = _run(client, nb, graded, judges, results, start, timeout,
-                          start_args, env[common.GRADING_SEED], skip)
+                          start_args, env[common.GRADING_SEED], skip, guard)
         finally:  # the client does not own a kernel manager it was given: end the kernel
+            guard.done.set()
             launcher = getattr(getattr(km.provisioner, "process", None), "pid", None)
             with contextlib.suppress(Exception):
                 run_sync(km.shutdown_kernel)(now=True)
-            if launcher:
-                sandbox.remove_groups(launcher)
+            for pid in client.launchers | {launcher} - {None}:  # each restart's too
+                sandbox.remove_groups(pid)
         for gid in missing:
             results[gid.removesuffix("-solution")]["feedback"] += \
                 " (the submission has no solution cell for it: the lesson's stub ran)"
@@ -149,7 +154,7 @@ MAX_REPLAYS = 2  # restarts after which earlier cells are run again; later ones 
 
 
 def _run(client, nb, graded, judges, results, start, timeout, start_args,
-         seed, skip=frozenset()) -> list[dict]:
+         seed, skip, guard) -> list[dict]:
     """Execute the cells in order (but those in ``skip``), judging each check cell's data as
     soon as it has run. Just before a check cell, the kernel gets the seed of its hidden cases
     (new for each, not known before); after every cell its output streams are made whole again.
@@ -179,6 +184,7 @@ def _run(client, nb, graded, judges, results, start, timeout, start_args,
                 run_quietly(client, f"import os as _o\n_o.environ[{common.HIDDEN_SEED!r}] = "
                                     f"{hidden!r}\ndel _o")
             why, restart = None, False
+            guard.reason, guard.deadline = None, time.monotonic() + client.timeout + 15
             try:
                 client.execute_cell(cell, i)
             except CellExecutionError as error:
@@ -192,8 +198,11 @@ def _run(client, nb, graded, judges, results, start, timeout, start_args,
                 why = f"the kernel stopped answering properly ({type(error).__name__})"
                 restart = True
             finally:
+                guard.deadline = None
                 if kernel_pid:
                     kill_children(kernel_pid)  # workers a cell left behind, escaped ones too
+            if guard.reason is not None:  # the guard killed it: say why, not "it died"
+                why, restart = guard.reason, True
             if not restart:
                 run_quietly(client, RESTORE_STREAMS)
             if restart:

@@ -9,83 +9,41 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import os
 import time
 from pathlib import Path
 
-import psutil
-
 from course_lib.exercises.common import DATA_MIME
+from course_lib.exercises.guard import (  # noqa: F401 - here too, as the grader's kernel's
+    clean_sockets_folder,
+    kill_children,
+    kill_kernel,
+    pid_of_kernel,
+)
 
 HIDDEN_FAILED = "a hidden test failed"  # all a report says of one: nothing the tests could leak
 MAX_OUTPUTS = 200  # per cell: a cell that prints without end cannot fill the grader's memory
 MAX_OUTPUT_BYTES = 1_000_000  # per cell, counted over what is kept: few huge prints alike
 MAX_DATA_BYTES = 20_000_000  # what one check cell may send in all; more and its data is not judged
 TOO_MUCH = {"name": None, "too much": True}  # a cell's data when it sent more
-
-
-def kill_children(pid):
-    """Kill what the kernel ``pid`` started, except the fork server of warm launches (it lives
-    as long as the kernel by design, and every launch would pay its start again; in the sandbox
-    it ends with the sandbox) -- and, in the sandbox, every other process of its process
-    namespace but the kernel and the sandbox's own: those that left the kernel's tree too."""
-    try:
-        kernel = psutil.Process(pid)
-        children = kernel.children(recursive=True) + _escaped(kernel)
-    except psutil.NoSuchProcess:
-        return
-    keep = set()
-    for child in children:
-        try:
-            if child.ppid() == pid and "course_lib.runtime.forkserver" in " ".join(child.cmdline()):
-                keep.add(child.pid)
-        except psutil.Error:
-            pass
-    for child in children:
-        if child.pid in keep:
-            continue
-        try:
-            child.kill()
-        except psutil.NoSuchProcess:
-            pass
-
-
-def _escaped(kernel) -> list:
-    """The processes of the kernel's pid namespace (when it has one of its own, as in the
-    sandbox) that are neither the kernel, its ancestors, nor its descendants: double-forked
-    processes that left its tree."""
-    try:
-        space = os.readlink(f"/proc/{kernel.pid}/ns/pid")
-        if space == os.readlink("/proc/self/ns/pid"):
-            return []  # not sandboxed: its namespace is the grader's own
-        ours = {kernel.pid, *(p.pid for p in kernel.parents()),
-                *(p.pid for p in kernel.children(recursive=True))}
-    except (OSError, psutil.Error):
-        return []
-    found = []
-    for process in psutil.process_iter():
-        try:
-            if process.pid not in ours and os.readlink(f"/proc/{process.pid}/ns/pid") == space:
-                found.append(process)
-        except OSError:
-            continue
-    return found
+MAX_MESSAGE_BYTES = 64_000_000  # one message from the kernel, at most (prints come batched)
 
 
 def run_quietly(client, code: str, within: float = 10.0) -> bool:
     """Run ``code`` in the kernel without output or history (the grader's own statements
-    between cells); whether the kernel answered within ``within`` seconds."""
+    between cells); whether the kernel answered within ``within`` seconds (a reply that makes
+    no sense is no answer)."""
     from jupyter_core.utils import run_sync
 
-    msg_id = client.kc.execute(code, silent=True, store_history=False)
-    deadline = time.monotonic() + within
-    while (left := deadline - time.monotonic()) > 0:
-        try:
+    try:
+        msg_id = client.kc.execute(code, silent=True, store_history=False)
+        deadline = time.monotonic() + within
+        while (left := deadline - time.monotonic()) > 0:
             reply = run_sync(client.kc.get_shell_msg)(timeout=left)
-        except Exception:  # noqa: BLE001 - queue.Empty: no answer in time
-            return False
-        if reply["parent_header"].get("msg_id") == msg_id:
-            return True
+            parent = reply.get("parent_header") if isinstance(reply, dict) else None
+            if isinstance(parent, dict) and parent.get("msg_id") == msg_id:
+                return True
+    except Exception:  # noqa: BLE001 - queue.Empty, or a kernel whose replies make no sense
+        return False
     return False
 
 
@@ -114,6 +72,11 @@ def restart_kernel(client):
     Returns the new kernel's pid."""
     from jupyter_core.utils import run_sync
 
+    with contextlib.suppress(AttributeError):  # its control groups are removed at the end
+        client.launchers.add(client.km.provisioner.process.pid)
+    kill_kernel(client)  # all of it, before anything of the old kernel's is touched
+    if getattr(client, "shared", None) is not None:
+        clean_sockets_folder(client.shared)
     run_sync(client.km.restart_kernel)(now=True)
     with contextlib.suppress(Exception):
         client.kc.stop_channels()
@@ -122,31 +85,6 @@ def restart_kernel(client):
     client.kc.start_channels()
     run_sync(client.kc.wait_for_ready)(timeout=60)
     return pid_of_kernel(client)
-
-
-def pid_of_kernel(client):
-    """The kernel's own process: the one the client started, or in a sandbox the outermost
-    ipykernel beneath the sandbox's processes (the cells' children are killed below it)."""
-    try:
-        pid = client.km.provisioner.process.pid
-    except AttributeError:
-        return None
-    def is_kernel(process):  # bubblewrap's own command line names the kernel too
-        line = process.cmdline()
-        return "ipykernel_launcher" in line and not line[0].endswith("bwrap")
-
-    try:
-        top = psutil.Process(pid)
-        if is_kernel(top):
-            return pid
-        for _ in range(100):  # the sandbox starts the kernel a moment after itself
-            for child in top.children(recursive=True):
-                if is_kernel(child):
-                    return child.pid
-            time.sleep(0.05)
-    except psutil.Error:
-        pass
-    return pid
 
 
 def sandboxed_manager(shared: Path, **box):
@@ -186,12 +124,22 @@ def notebook_client(nb, km, cell_timeout):
         check_data: dict = {}  # cell index -> the records its checks sent (common.DATA_MIME)
 
         def process_message(self, msg, cell, cell_index):
-            kind, content = msg["msg_type"], msg.get("content", {})
-            if kind in ("status", "execute_input"):
+            kind, content = msg.get("msg_type"), msg.get("content")
+            if not isinstance(content, dict) or not isinstance(kind, str):
+                return None
+            count = content.get("execution_count")
+            if "execution_count" in content and not (type(count) is int or count is None):
+                content = {k: v for k, v in content.items() if k != "execution_count"}
+                msg = {**msg, "content": content}  # a prompt number is a number, nothing else
+            if kind == "status":
                 return super().process_message(msg, cell, cell_index)
-            size = len(json.dumps(content, default=str))
+            size = len(json.dumps(content, default=str)) + sum(
+                len(b) for b in msg.get("buffers") or [])  # widgets' binary buffers too
             total = self.message_bytes.get(cell_index, 0) + size
             self.message_bytes[cell_index] = total
+            if kind == "execute_input":
+                return super().process_message(msg, cell, cell_index) \
+                    if total <= MAX_OUTPUT_BYTES else None
             data = content.get("data") if kind == "display_data" else None
             if isinstance(data, dict) and DATA_MIME in data:  # a check's data: judged, not shown
                 records = self.check_data.setdefault(cell_index, [])
@@ -227,8 +175,27 @@ def notebook_client(nb, km, cell_timeout):
 
     timeout_error = dict(ename="CellTimeout", evalue=f"the cell ran longer than {cell_timeout} s "
                          f"and was interrupted", traceback=[])
+    km.client_factory = capped_kernel_client()
     return CappedClient(nb, km=km, timeout=cell_timeout, allow_errors=False,
-                        interrupt_on_timeout=True, error_on_timeout=timeout_error)
+                        interrupt_on_timeout=True, error_on_timeout=timeout_error,
+                        store_widget_state=False)  # widgets' state: not the grader's to keep
+
+
+def capped_kernel_client():
+    """The kernel client class the grader talks through: no message it receives may be larger
+    than :data:`MAX_MESSAGE_BYTES` (a kernel that sends one is disconnected and the message
+    dropped, before the grader holds it in memory)."""
+    import zmq.asyncio
+    from jupyter_client.asynchronous import AsyncKernelClient
+
+    class CappedKernelClient(AsyncKernelClient):
+        def _context_default(self):
+            self._created_context = True
+            context = zmq.asyncio.Context()
+            context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # for every socket it makes
+            return context
+
+    return CappedKernelClient
 
 
 def replay(client, nb, ran):
