@@ -551,6 +551,11 @@ GREEDY = {  # issue 31's review: each hung the grader, grew its memory or crashe
         "            lambda: _k.session.send(_k.shell_stream, m, ident=_ident))\n"
         "    return _real(code, silent, *a, **kw)\n"
         "_k.do_execute = _do_execute\n"),
+    # empty files without end: a tmpfs's size does not bound their number
+    "inodes used up": (
+        "import os\n"
+        "for i in range(400_000):\n"
+        "    open(f'/tmp/e{i}', 'w').close()\n"),
     # a thread that fills the sockets' folder, the one host folder the kernel can write
     "the sockets folder filled": (
         "import os, sys, threading\n"
@@ -580,7 +585,8 @@ def test_no_submission_hangs_the_grader_grows_its_memory_or_crashes_it(tmp_path,
     assert len(removed) == len(set(removed)) >= launchers
 
 
-KILLED = {"the sockets folder filled": ("sockets' folder", 2)}  # what it says, sandboxes started
+KILLED = {"the sockets folder filled": ("sockets' folder", 2),  # what it says, sandboxes started
+          "inodes used up": ("files in /tmp", 2)}
 
 
 def test_every_writable_place_is_a_tmpfs_of_limited_size(tmp_path, lesson):

@@ -184,6 +184,7 @@ def _run(client, nb, graded, judges, results, start, timeout, start_args,
                 run_quietly(client, f"import os as _o\n_o.environ[{common.HIDDEN_SEED!r}] = "
                                     f"{hidden!r}\ndel _o")
             why, restart = None, False
+            guard.kernel_pid = kernel_pid if client.shared is not None else None
             guard.reason, guard.deadline = None, time.monotonic() + client.timeout + 15
             try:
                 client.execute_cell(cell, i)

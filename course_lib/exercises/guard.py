@@ -66,17 +66,23 @@ def _escaped(kernel) -> list:
     return found
 
 
+WRITABLE = ("/sandbox", "/tmp", "/dev/shm")  # the sandbox's tmpfs, seen through /proc
+
+
 class Guard(threading.Thread):
     """Watches the kernel from outside, twice a second: when a cell runs past ``deadline`` (a
-    kernel that floods the grader with messages never lets the client's own timeout fire) or
-    the kernel has put more than ``max_bytes`` or ``max_files`` into ``shared`` (its sockets'
-    folder, on the host's disk), it kills the kernel and says why in ``reason``."""
+    kernel that floods the grader with messages never lets the client's own timeout fire), the
+    kernel has put more than ``max_bytes`` or ``max_files`` into ``shared`` (its sockets'
+    folder, on the host's disk), or more than ``max_inodes`` files into one of its tmpfs (their
+    size has a limit of its own, their number none), it kills the kernel and says why in
+    ``reason``. ``kernel_pid``: the kernel to look into (None: not sandboxed)."""
 
     def __init__(self, client, shared: Path | None, max_bytes: int = 64 << 20,
-                 max_files: int = 1000):
+                 max_files: int = 1000, max_inodes: int = 100_000):
         super().__init__(daemon=True)
         self.client, self.shared, self.max_bytes, self.max_files = (client, shared, max_bytes,
                                                                     max_files)
+        self.max_inodes, self.kernel_pid = max_inodes, None
         self.deadline, self.reason, self.done = None, None, threading.Event()
 
     def run(self):
@@ -87,9 +93,21 @@ class Guard(threading.Thread):
             elif self.shared is not None and _over(self.shared, self.max_bytes, self.max_files):
                 why = (f"the kernel wrote more than {self.max_bytes >> 20} MB or "
                        f"{self.max_files} files into its sockets' folder (it was killed)")
+            elif self.shared is not None and (place := self._crowded()):
+                why = (f"the kernel made more than {self.max_inodes} files in {place} "
+                       f"(it was killed)")
             if why is not None:
                 self.reason, self.deadline = why, None
                 kill_kernel(self.client)
+
+    def _crowded(self) -> str | None:
+        """The first of the sandbox's tmpfs holding more than ``max_inodes`` files, if any."""
+        for place in WRITABLE if self.kernel_pid else ():
+            with contextlib.suppress(OSError):
+                seen = os.statvfs(f"/proc/{self.kernel_pid}/root{place}")
+                if seen.f_files - seen.f_ffree > self.max_inodes:
+                    return place
+        return None
 
 
 def _over(folder: Path, max_bytes: int, max_files: int) -> bool:
