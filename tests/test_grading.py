@@ -267,7 +267,22 @@ def _attack(tmp_path, lesson, attack, **grade_args):
     report = hw.grade(path, lesson, keep=tmp_path / "kept.ipynb",
                       **{"cell_timeout": 10, **grade_args})
     assert subs.changes(before, subs.fingerprint(*watched)) == []
+    assert _sandboxes_left() == [], "a sandbox or kernel of this grading is still running"
     return report
+
+
+def _sandboxes_left():
+    """This test process's descendants that are a sandbox or a kernel (a grading started them;
+    what ran inside a sandbox ends with its process namespace)."""
+    left = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            line = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if "bwrap" in line or "ipykernel_launcher" in line:
+            left.append(line[:200])
+    return left
 
 
 def _scores(report):
