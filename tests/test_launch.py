@@ -317,10 +317,15 @@ def _run_launcher_script(tmp_path, body):
 
 def _wait_for_pids(pid_dir, n, proc):
     deadline = time.monotonic() + 60
-    while len(read_pids(pid_dir)) < n:
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "workers never started"
-        time.sleep(0.1)
+    try:
+        while len(read_pids(pid_dir)) < n:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "workers never started"
+            time.sleep(0.1)
+    except BaseException:  # the launcher and its workers must not outlive a failed test
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+        raise
     return read_pids(pid_dir)
 
 

@@ -31,7 +31,10 @@ def echo(*args, **kwargs):
 
 
 def record_pid(pid_dir):
-    Path(pid_dir, f"{dist.get_rank()}.pid").write_text(str(os.getpid()))
+    # written beside, then renamed: a reader never sees the file empty (a race CI once lost)
+    part = Path(pid_dir, f"{dist.get_rank()}.pid.part")
+    part.write_text(str(os.getpid()))
+    part.rename(part.with_suffix(""))
 
 
 def raise_on_rank_1(pid_dir, time_file):
