@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from course_lib import federated as fl
 from course_lib import fl_security as sec
@@ -31,6 +32,25 @@ def test_unmask_accepts_the_right_sum_and_explains_the_plain_sum_and_wrong_signs
         ex.check_unmask_sum(lambda *args: unmask_sum(*args, sign=-1.0))
     with pytest.raises(common.ExerciseFailed, match="shape"):
         ex.check_unmask_sum(lambda received, *args: received)
+
+
+def _reading_the_probe(received, senders, clients, seed):
+    """A student who does not unmask: it takes the case from the check's frame, redraws the
+    check's inputs with the library's own helper, and sums the senders' rows of any other
+    (clients x d) tensor it finds there — the true updates, if the inputs held them."""
+    import inspect
+
+    case = inspect.currentframe().f_back.f_locals["case"]
+    found = [t for t in ex._inputs(case) if isinstance(t, torch.Tensor)
+             and tuple(t.shape) == (clients, received.shape[1])]
+    return found[0][senders].sum(dim=0) if found else received.sum(dim=0)
+
+
+def test_what_the_check_draws_in_the_kernel_does_not_hold_the_answer(monkeypatch):
+    monkeypatch.setenv(common.HIDDEN_SEED, "12345")
+    with pytest.raises(common.ExerciseFailed):
+        ex.check_unmask_sum(_reading_the_probe)
+    assert "correct" in ex.check_unmask_sum(unmask_sum)
 
 
 def count(m, share, attack_seed, rounds, seeds, tolerated, at_least=False):

@@ -51,18 +51,28 @@ def _unmask_cases(seed) -> list[dict]:
 
 
 def _inputs(case):
-    """The clients' true updates, and what the server receives: the senders' masked updates."""
+    """What the server receives: one masked update per sender, drawn as it arrives (the masks
+    hide every update's own value, so a row is a draw of the same size as a mask), and the
+    senders. Nothing here holds the true updates: they are the rows less the senders' masks, which
+    is what the student works out (a function that reads this case's seeds can only draw the
+    same rows again)."""
     g = torch.Generator().manual_seed(case["update_seed"])
-    updates = torch.randn(case["clients"], case["d"], generator=g, dtype=torch.float64) * 0.01
     senders = [k for k in range(case["clients"]) if k not in case["dropped"]]
-    masked = updates + sec.pairwise_masks(case["clients"], case["d"], case["seed"])
-    return updates, senders, masked[senders]
+    scale = sec.pairwise_masks(case["clients"], case["d"], case["seed"]).abs().mean()
+    received = torch.randn(len(senders), case["d"], generator=g, dtype=torch.float64)
+    return senders, received * float(scale if scale > 0 else 1.0)
+
+
+def _true_sum(case, senders, received) -> torch.Tensor:
+    """The judge's reference: the senders' true updates summed (each row less its mask)."""
+    masks = sec.pairwise_masks(case["clients"], case["d"], case["seed"])
+    return (received - masks[senders]).sum(dim=0)
 
 
 def _probe_unmask(unmask_sum) -> dict:
     out = []
     for case in _unmask_cases(hidden_seed()):
-        _, senders, received = _inputs(case)
+        senders, received = _inputs(case)
         got = unmask_sum(received.clone(), list(senders), case["clients"], case["seed"])
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != (case["d"],):
             raise ExerciseFailed(f"return a tensor of shape ({case['d']},): one sum of the "
@@ -72,8 +82,8 @@ def _probe_unmask(unmask_sum) -> dict:
 
 
 def _judge_unmask_case(case, got) -> str | None:
-    updates, senders, received = _inputs(case)
-    right = updates[senders].sum(dim=0)  # what the masks hid: the senders' own updates
+    senders, received = _inputs(case)
+    right = _true_sum(case, senders, received)  # what the masks hid: the senders' own updates
     if not isinstance(got, torch.Tensor) or got.shape != right.shape:
         return f"return a tensor of shape ({case['d']},)"
     got = got.double()
