@@ -3,9 +3,11 @@ sees without a running kernel.
 
 A lesson never types a measured number into its prose: the number changes with the machine and
 the seed, the prose would not. Code prints it, and a sentence that depends on it ("41% slower
-than the model", "0.93 ± 0.01 over 3 seeds") comes from these helpers. An interactive figure
-shows its default state as a saved picture and redraws that same picture when its controls
-move. A long sweep shows a progress bar while it runs, which collapses into one line when done.
+than the model", "0.93 ± 0.01 over 3 seeds") comes from these helpers, and a conclusion stated
+in words is checked against the run with ``claim``, which stops the notebook when it is false.
+An interactive figure shows its default state as a saved picture and redraws that same picture
+when its controls move. A long sweep shows a progress bar while it runs, which collapses into
+one line when done.
 """
 
 from __future__ import annotations
@@ -13,6 +15,43 @@ from __future__ import annotations
 import statistics
 import time
 import uuid
+
+import numpy as np
+
+
+class ClaimFailed(AssertionError):
+    """A lesson's sentence that this run did not bear out (``claim``)."""
+
+
+def _evidence(evidence: dict) -> str:
+    def show(value):
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        if isinstance(value, (list, tuple)) and all(isinstance(v, float) for v in value):
+            return "[" + ", ".join(f"{v:.4g}" for v in value) + "]"
+        return repr(value) if isinstance(value, str) else str(value)
+
+    return ", ".join(f"{name} = {show(value)}" for name, value in evidence.items())
+
+
+def claim(statement: str, holds: bool, **evidence) -> str:
+    """Check a conclusion the lesson states in words against this run's values: prints
+    "claim holds: <statement> (<evidence>)" and returns that line when ``holds`` is true; raises
+    ``ClaimFailed`` with the statement and the same evidence when it is false, so that a notebook
+    run (and CI's) stops rather than leave a false sentence in front of the reader.
+
+    ``claim("buckets beat the all-reduce after backward", bucket < after, bucket_ms=...,
+    after_ms=...)``. ``holds`` must be a ``bool`` (numpy's too): a claim is decided by a
+    comparison, not by a value's truthiness."""
+    if not statement or not isinstance(statement, str):
+        raise ValueError("a claim needs its statement, in words")
+    if not isinstance(holds, (bool, np.bool_)):
+        raise TypeError(f"holds must be a bool (a comparison), not {type(holds).__name__}")
+    line = f"{statement} ({_evidence(evidence)})" if evidence else statement
+    if not holds:
+        raise ClaimFailed(f"the lesson says: {line} -- this run does not bear it out")
+    print(f"claim holds: {line}")
+    return f"claim holds: {line}"
 
 
 def percent_off(measured: float, expected: float, *, close: float = 0.05,

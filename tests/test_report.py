@@ -8,6 +8,29 @@ import pytest
 from course_lib import report
 
 
+def test_a_claim_that_holds_is_printed_with_its_evidence(capsys):
+    line = report.claim("buckets beat one all-reduce after backward", 0.58 < 0.9,
+                        ratio=0.5812, seeds=[0.58, 0.61, 0.6], backend="gloo")
+    assert capsys.readouterr().out == line + "\n"
+    assert line == ("claim holds: buckets beat one all-reduce after backward (ratio = 0.5812, "
+                    "seeds = [0.58, 0.61, 0.6], backend = 'gloo')")
+    import numpy as np
+
+    assert report.claim("numpy's bools count", np.float64(1.0) > 0).endswith("count")
+
+
+def test_a_false_claim_stops_the_notebook_with_its_evidence(capsys):
+    with pytest.raises(report.ClaimFailed, match=r"the lesson says: faster \(speedup = 0.9\) "
+                       r"-- this run does not bear it out"):
+        report.claim("faster", 0.9 > 1.0, speedup=0.9)
+    assert capsys.readouterr().out == ""  # nothing printed as if it held
+    assert issubclass(report.ClaimFailed, AssertionError)  # nbval and pytest see a failure
+    with pytest.raises(TypeError, match="must be a bool"):
+        report.claim("a value is not a comparison", 0.9)
+    with pytest.raises(ValueError, match="statement"):
+        report.claim("", True)
+
+
 def test_percent_off_says_within_above_or_below():
     assert report.percent_off(1.02, 1.0) == "within 5% of"
     assert report.percent_off(1.41, 1.0) == "41% above"
