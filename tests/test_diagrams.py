@@ -1,0 +1,83 @@
+"""Diagrams drawn from the objects a lesson runs (course_lib.diagrams)."""
+
+import matplotlib.pyplot as plt
+import pytest
+import torch
+
+from course_lib import diagrams, zero
+from course_lib import overlap as ov
+from course_lib.models import tiny_gpt
+
+
+def texts(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes for t in ax.texts] + \
+        [ax.get_title() for ax in fig.axes]
+
+
+def test_the_process_tree_shows_the_kernel_what_is_between_and_every_rank():
+    fig = diagrams.plot_process_tree(100, {201: 150, 202: 150, 150: 100}, {0: 201, 1: 202})
+    shown = texts(fig)
+    assert "notebook kernel\npid 100" in shown and "fork server\npid 150" in shown
+    assert {"rank 0\npid 201", "rank 1\npid 202"} <= set(shown)
+    cold = texts(diagrams.plot_process_tree(100, {201: 100}, {0: 201}))  # no fork server
+    assert not any("fork server" in t for t in cold) and "rank 0\npid 201" in cold
+    with pytest.raises(ValueError, match="ranks is empty"):
+        diagrams.plot_process_tree(100, {}, {})
+    plt.close("all")
+
+
+def test_the_layer_chain_labels_every_tensor_both_ways():
+    shapes = [(8, 64), (8, 32), (8, 32), (8, 10)]
+    fig = diagrams.plot_layer_chain(["linear", "relu", "linear"], shapes)
+    shown = texts(fig)
+    assert [t for t in shown if t in ("8×64", "8×32", "8×10")] == ["8×64", "8×32", "8×32", "8×10"]
+    assert sum(t.startswith("grad ") for t in shown) == 4
+    with pytest.raises(ValueError, match="3 layers need 4 shapes"):
+        diagrams.plot_layer_chain(["linear", "relu", "linear"], shapes[:3])
+    plt.close("all")
+
+
+def test_buckets_are_drawn_in_the_order_backward_fills_them():
+    params = list(tiny_gpt().parameters())
+    buckets = ov.assign_buckets(params, 0.5)
+    sizes = [p.numel() * p.element_size() for p in params]
+    fig = diagrams.plot_buckets(sizes, buckets)
+    bars = fig.axes[0].patches
+    assert len(bars) == len(params)
+    assert bars[-1].get_x() + bars[-1].get_width() == pytest.approx(sum(sizes) / 2**10)
+    assert bars[0].get_width() == pytest.approx(sizes[buckets[0][0]] / 2**10)  # the last layer's
+    assert sum(t.startswith("bucket ") for t in texts(fig)) == len(buckets)
+    with pytest.raises(ValueError, match="exactly once"):
+        diagrams.plot_buckets(sizes, buckets[1:])
+    plt.close("all")
+
+
+def test_zero_stages_shard_state_then_gradients_then_parameters():
+    n, p = 1000, 4
+    fig = diagrams.plot_zero_stages(n, [zero.shard_bounds(n, p, r) for r in range(p)])
+    per_stage = [sorted(round(b.get_width(), 3) for b in ax.patches) for ax in fig.axes[:4]]
+    assert per_stage[0] == [1.0] * 12                       # every rank holds everything
+    assert per_stage[1] == [0.25] * 4 + [1.0] * 8           # its quarter of the state
+    assert per_stage[2] == [0.25] * 8 + [1.0] * 4           # ... and of the gradients
+    assert per_stage[3] == [0.25] * 12                      # ... and of the parameters
+    starts = sorted(b.get_x() for b in fig.axes[3].patches)
+    assert starts[::3] == [0.0, 0.25, 0.5, 0.75]             # each rank its own shard
+    with pytest.raises(ValueError, match="numel must be positive"):
+        diagrams.plot_zero_stages(0, [(0, 0, 0)])
+    plt.close("all")
+
+
+def test_the_rank_grid_places_each_rank_of_the_mesh():
+    layout = torch.arange(16).view(2, 2, 4).tolist()   # dp 2, pp 2, tp 4, as train_gpt's mesh
+    fig = diagrams.plot_rank_grid(layout, gpus_per_node=8)
+    panels = [ax for ax in fig.axes if ax.get_title().startswith("replica")]
+    assert [ax.get_title() for ax in panels] == ["replica 0", "replica 1"]
+    numbers = [t.get_text() for t in panels[1].texts]
+    assert numbers == [str(r) for r in range(8, 16)]
+    colours = {b.get_facecolor() for b in panels[0].patches}
+    assert len(colours) == 1  # ranks 0-7: one node
+    wide = diagrams.plot_rank_grid(torch.arange(64).view(8, 1, 8).tolist(), gpus_per_node=8)
+    assert [ax.get_title() for ax in wide.axes][-1] == "replica 3 (of 8)"
+    with pytest.raises(ValueError, match="gpus_per_node"):
+        diagrams.plot_rank_grid(layout, gpus_per_node=0)
+    plt.close("all")
