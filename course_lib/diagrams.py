@@ -51,7 +51,7 @@ def plot_process_tree(kernel: int, parents: dict[int, int], ranks: dict[int, int
             _box(ax, 3.0, -depth, 2.0, 0.6, f"{name}\npid {pid}", COLORS[0])
             if depth:
                 ax.annotate("", (4.0, -depth + 0.6), (4.0, -depth + 1.0),
-                            arrowprops=dict(arrowstyle="<-", color="0.4"))
+                            arrowprops=dict(arrowstyle="->", color="0.4"))
         y = -len(levels)
         width = 8.0 / len(ranks)
         for i, (rank, pid) in enumerate(sorted(ranks.items())):
@@ -70,27 +70,32 @@ def plot_process_tree(kernel: int, parents: dict[int, int], ranks: dict[int, int
     return fig
 
 
-def plot_layer_chain(names, shapes, *, title: str = "Forward left to right, backward back"):
-    """A network as the chain its backward pass walks: ``names`` of the layers in order, and
-    ``shapes`` the tensor shapes between them (the input's, then each layer's output: one more
-    than the layers). Forward carries an activation of each shape to the right; backward
-    carries a gradient of the same shape to the left."""
-    if len(shapes) != len(names) + 1:
-        raise ValueError(f"{len(names)} layers need {len(names) + 1} shapes (the input's and "
-                         f"each layer's output), got {len(shapes)}")
+def _shape_text(shape) -> str:
+    return "×".join(str(s) for s in shape) or "scalar"
+
+
+def plot_layer_chain(names, shapes, grad_shapes, *,
+                     title: str = "Forward left to right, backward back"):
+    """A network as the chain its backward pass walks: ``names`` of the layers in order,
+    ``shapes`` of the tensors between them as forward produced them (the input's, then each
+    layer's output: one more than the layers), and ``grad_shapes`` of the gradients backward
+    handed down in the same places (measured, not assumed equal)."""
+    if len(shapes) != len(names) + 1 or len(grad_shapes) != len(shapes):
+        raise ValueError(f"{len(names)} layers need {len(names) + 1} shapes and as many "
+                         f"gradient shapes (the input's and each layer's output), got "
+                         f"{len(shapes)} and {len(grad_shapes)}")
     with course_style():
         fig, ax = plt.subplots(figsize=(1.7 * len(names) + 2.5, 2.6))
         for i, name in enumerate(names):
             _box(ax, 1.7 * i + 0.6, 0.0, 1.2, 0.8, name, COLORS[i % len(COLORS)], fontsize=8)
-        for i, shape in enumerate(shapes):
+        for i, (shape, grad) in enumerate(zip(shapes, grad_shapes, strict=True)):
             x = 1.7 * i + 0.5
-            text = "×".join(str(s) for s in shape)
             ax.annotate("", (x + 0.1, 0.6), (x - 0.4, 0.6),
                         arrowprops=dict(arrowstyle="->", color="0.2"))
             ax.annotate("", (x - 0.4, 0.2), (x + 0.1, 0.2),
                         arrowprops=dict(arrowstyle="->", color=COLORS[1]))
-            ax.text(x - 0.15, 0.95, text, ha="center", fontsize=7)
-            ax.text(x - 0.15, -0.15, "grad " + text, ha="center", va="top", fontsize=6,
+            ax.text(x - 0.15, 0.95, _shape_text(shape), ha="center", fontsize=7)
+            ax.text(x - 0.15, -0.15, _shape_text(grad), ha="center", va="top", fontsize=7,
                     color=COLORS[1])
         ax.text(-0.5, 0.6, "forward: activations", ha="right", va="center", fontsize=8)
         ax.text(-0.5, 0.2, "backward: gradients", ha="right", va="center", fontsize=8,

@@ -34,9 +34,10 @@ def _evidence(evidence: dict) -> str:
     return ", ".join(f"{name} = {show(value)}" for name, value in evidence.items())
 
 
-def claim(statement: str, holds: bool, **evidence) -> str:
+def claim(statement: str, holds: bool, **evidence) -> None:
     """Check a conclusion the lesson states in words against this run's values: prints
-    "claim holds: <statement> (<evidence>)" and returns that line when ``holds`` is true; raises
+    "claim holds: <statement> (<evidence>)" when ``holds`` is true (and returns nothing, so a
+    cell that ends with it shows the line once); raises
     ``ClaimFailed`` with the statement and the same evidence when it is false, so that a notebook
     run (and CI's) stops rather than leave a false sentence in front of the reader.
 
@@ -51,7 +52,6 @@ def claim(statement: str, holds: bool, **evidence) -> str:
     if not holds:
         raise ClaimFailed(f"the lesson says: {line} -- this run does not bear it out")
     print(f"claim holds: {line}")
-    return f"claim holds: {line}"
 
 
 def percent_off(measured: float, expected: float, *, close: float = 0.05,

@@ -27,13 +27,16 @@ def test_the_process_tree_shows_the_kernel_what_is_between_and_every_rank():
 
 
 def test_the_layer_chain_labels_every_tensor_both_ways():
-    shapes = [(8, 64), (8, 32), (8, 32), (8, 10)]
-    fig = diagrams.plot_layer_chain(["linear", "relu", "linear"], shapes)
+    shapes = [(8, 64), (8, 32), (8, 32), (8, 10), ()]
+    grads = [(8, 64), (8, 32), (8, 32), (8, 10), ()]
+    fig = diagrams.plot_layer_chain(["linear", "relu", "linear", "loss"], shapes, grads)
     shown = texts(fig)
-    assert [t for t in shown if t in ("8×64", "8×32", "8×10")] == ["8×64", "8×32", "8×32", "8×10"]
-    assert sum(t.startswith("grad ") for t in shown) == 4
+    assert [t for t in shown if t in ("8×64", "8×32", "8×10", "scalar")] == \
+        ["8×64", "8×64", "8×32", "8×32", "8×32", "8×32", "8×10", "8×10", "scalar", "scalar"]
+    other = texts(diagrams.plot_layer_chain(["a"], [(2, 3), (2, 4)], [(5,), (2, 4)]))
+    assert "5" in other  # what backward handed down is drawn as measured
     with pytest.raises(ValueError, match="3 layers need 4 shapes"):
-        diagrams.plot_layer_chain(["linear", "relu", "linear"], shapes[:3])
+        diagrams.plot_layer_chain(["linear", "relu", "linear"], shapes[:3], grads[:3])
     plt.close("all")
 
 

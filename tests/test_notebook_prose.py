@@ -35,9 +35,10 @@ ALLOWED = {
            "60%": "the lecture note's §2.4 figure, quoted to correct it",
            "39.5%": "1 - 0.99^50, a formula (also printed by the cell above it)",
            "50%": "the union bound m q for the note's example, a formula"},
-    "03": {"1 ms": "reference numbers: gloo loopback latency seen elsewhere",
-           "1.5 GB/s": "reference numbers: gloo loopback bandwidth seen elsewhere",
-           "30%": "reference numbers: the noise to expect on a shared machine"},
+    "03": {"1 ms": "a rough guide for gloo's latency over loopback, the cell's REFERENCE_MS "
+                   "parameter, not measured",
+           "1.5 GB/s": "a rough guide for gloo's bandwidth over loopback, the cell's REFERENCE_GBS "
+                       "parameter, not measured"},
     "04": {"8×": "256 / 32, the batch ratio of the experiment's parameters",
            "0.6%": "Goyal et al.: 8192 / 1.28 M images",
            "38%": "512 / 1,347: the batch against the digits' training set",
