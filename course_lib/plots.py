@@ -247,10 +247,10 @@ def plot_gantt(spans, *, title: str = "Timeline", worker_label: str = "worker",
     return fig
 
 
-def plot_rank_chunks(grids, titles, *, labels=None, suptitle: str = ""):
+def plot_rank_chunks(grids, titles, *, labels=None, suptitle: str = "", column: str = "c"):
     """Panels of rank x chunk tables, the slides' pictures of collectives: row = rank, column =
-    chunk, the number (or ``labels[i][rank][chunk]`` text) written in each cell. Empty cells
-    (None or NaN) are left white: that rank holds nothing useful there."""
+    chunk (``column`` and its number), the number (or ``labels[i][rank][chunk]``) in each cell.
+    Empty cells (None or NaN) are left white: that rank holds nothing useful there."""
     if len(grids) != len(titles):
         raise ValueError(f"{len(grids)} grids but {len(titles)} titles")
     with course_style():
@@ -264,7 +264,7 @@ def plot_rank_chunks(grids, titles, *, labels=None, suptitle: str = ""):
                     text = labels[i][r][c] if labels is not None else (
                         "" if np.isnan(values[r, c]) else f"{values[r, c]:g}")
                     ax.text(c, r, text, ha="center", va="center", fontsize=8)
-            ax.set_xticks(range(values.shape[1]), [f"c{c}" for c in range(values.shape[1])])
+            ax.set_xticks(range(values.shape[1]), [f"{column}{c}" for c in range(values.shape[1])])
             ax.set_yticks(range(values.shape[0]), [f"rank {r}" for r in range(values.shape[0])])
             ax.tick_params(length=0)
             ax.grid(False)

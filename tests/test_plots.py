@@ -105,6 +105,8 @@ def test_plot_rank_chunks_writes_every_cell_and_leaves_empty_ones_blank():
     texts = [[t.get_text() for t in ax.texts] for ax in fig.axes]
     assert texts[0] == ["1", "2", "3", "4"] and texts[1] == ["4", "6", "", ""]
     labelled = plots.plot_rank_chunks([before], ["x"], labels=[[["a", "b"], ["c", "d"]]])
+    named = plots.plot_rank_chunks([before], ["x"], column="step ")
+    assert [t.get_text() for t in named.axes[0].get_xticklabels()] == ["step 0", "step 1"]
     assert [t.get_text() for t in labelled.axes[0].texts] == ["a", "b", "c", "d"]
     with pytest.raises(ValueError):
         plots.plot_rank_chunks([before], [])
