@@ -51,7 +51,6 @@ ALLOWED = {
            "1%": "nnz^2 / d for the sparse problem's parameters, a formula",
            "500×": "DiLoCo's published reduction in communication",
            "5%": "exercise 1's stated tolerance"},
-    "07": {"67%": "Micikevicius et al.'s measured share of zeros, a paper's number"},
     "08": {"99%": "the FedAvg paper's MNIST target",
            "90%": "our target accuracy, a parameter",
            "55%": "Zhao et al.'s largest drop, a paper's number",
