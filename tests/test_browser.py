@@ -20,7 +20,7 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LESSON = "10_fast_data_parallelism.ipynb"  # its first exercise is its fourth code cell
+LESSON = "10_fast_data_parallelism.ipynb"  # its first exercise is its fifth code cell
 CHROMIUM = os.environ.get("COURSE_LIB_CHROMIUM") or shutil.which("chromium") or \
     shutil.which("chromium-browser")
 
