@@ -9,6 +9,8 @@ it. Nothing here computes the idea itself: a diagram is only as right as the obj
 
 from __future__ import annotations
 
+import math
+
 import matplotlib.patches
 import matplotlib.pyplot as plt
 from matplotlib.colors import to_rgba
@@ -128,6 +130,61 @@ def plot_buckets(sizes, buckets, *, unit: float = 2**10, unit_name: str = "KiB",
                xlabel=f"{unit_name} of gradients, in the order backward writes them "
                       f"(last layer first)")
         ax.grid(False)
+        fig.tight_layout()
+    return fig
+
+
+def plot_graphs(panels, *, title: str = "Who averages with whom"):
+    """Gossip graphs from their mixing matrices: ``panels`` {name: W} (n x n), the nodes on a
+    circle, a line wherever W_ij > 0 for i != j, as thick as the weight, and each node's weight
+    on itself written beside it."""
+    if not panels:
+        raise ValueError("panels is empty: pass {name: mixing matrix}")
+    with course_style():
+        fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 2.9), squeeze=False)
+        for ax, (name, W) in zip(axes[0], panels.items(), strict=True):
+            n = len(W)
+            xy = [(math.sin(2 * math.pi * i / n), math.cos(2 * math.pi * i / n)) for i in range(n)]
+            for i in range(n):
+                for j in range(i + 1, n):
+                    if W[i][j] > 0:
+                        ax.plot(*zip(xy[i], xy[j], strict=True), color="0.5",
+                                lw=0.5 + 6 * float(W[i][j]), zorder=1)
+            for i, (x, y) in enumerate(xy):
+                ax.scatter([x], [y], s=260, color=COLORS[0], zorder=2)
+                ax.text(x, y, str(i), ha="center", va="center", color="white", fontsize=8)
+                ax.text(1.3 * x, 1.3 * y, f"{float(W[i][i]):.2f}", ha="center", va="center",
+                        fontsize=6, color="0.3")
+            ax.set(xlim=(-1.5, 1.5), ylim=(-1.5, 1.5), title=name)
+            ax.set_aspect("equal")
+            ax.set_axis_off()
+        fig.suptitle(title)
+    return fig
+
+
+def plot_masks(masks, *, title: str = "Each client's mask, and their sum"):
+    """Secure aggregation's pairwise masks: ``masks`` (clients x d, as ``pairwise_masks`` makes
+    them), one row per client and a last row with their sum over the clients, on one diverging
+    colour scale, each value written in its cell."""
+    rows = [list(map(float, row)) for row in masks]
+    if not rows:
+        raise ValueError("masks is empty: pass one row per client")
+    total = [sum(column) for column in zip(*rows, strict=True)]
+    table = rows + [total]
+    top = max(abs(v) for row in table for v in row) or 1.0
+    with course_style():
+        fig, ax = plt.subplots(figsize=(1.0 + 0.8 * len(total), 0.9 + 0.38 * len(table)))
+        ax.imshow(table, cmap="RdBu", vmin=-top, vmax=top, aspect="auto")
+        for r, row in enumerate(table):
+            for c, value in enumerate(row):
+                ax.text(c, r, f"{value:.0f}" if abs(value) >= 0.5 else "0", ha="center",
+                        va="center", fontsize=7)
+        ax.axhline(len(rows) - 0.5, color="black", lw=1.5)
+        ax.set_yticks(range(len(table)), [f"client {i}" for i in range(len(rows))] + ["sum"])
+        ax.set_xticks(range(len(total)), [f"x{c}" for c in range(len(total))])
+        ax.tick_params(length=0)
+        ax.grid(False)
+        ax.set_title(title)
         fig.tight_layout()
     return fig
 

@@ -84,3 +84,33 @@ def test_the_rank_grid_places_each_rank_of_the_mesh():
     with pytest.raises(ValueError, match="gpus_per_node"):
         diagrams.plot_rank_grid(layout, gpus_per_node=0)
     plt.close("all")
+
+
+def test_gossip_graphs_draw_an_edge_per_positive_weight():
+    from course_lib import decentralized as dec
+
+    panels = {name: dec.mixing_matrix(graph).tolist() for name, graph in dec.GRAPHS.items()}
+    fig = diagrams.plot_graphs(panels)
+    edges = {ax.get_title(): len(ax.lines) for ax in fig.axes}
+    assert edges == {name: sum(len(v) for v in graph.values()) // 2
+                     for name, graph in dec.GRAPHS.items()}
+    ring = next(ax for ax in fig.axes if ax.get_title() == "ring")
+    assert sorted({round(line.get_linewidth(), 3) for line in ring.lines}) == [0.5 + 6 / 3]
+    with pytest.raises(ValueError, match="panels is empty"):
+        diagrams.plot_graphs({})
+    plt.close("all")
+
+
+def test_the_masks_and_their_sum_are_drawn_row_by_row():
+    from course_lib import fl_security as sec
+
+    masks = sec.pairwise_masks(4, 6, seed=7)
+    fig = diagrams.plot_masks(masks.tolist())
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == ["client 0", "client 1", "client 2", "client 3", "sum"]
+    cells = [t.get_text() for t in fig.axes[0].texts]
+    assert len(cells) == 5 * 6 and cells[-6:] == ["0"] * 6  # the masks cancel
+    assert cells[:6] == [f"{v:.0f}" if abs(v) >= 0.5 else "0" for v in masks[0].tolist()]
+    with pytest.raises(ValueError, match="masks is empty"):
+        diagrams.plot_masks([])
+    plt.close("all")
