@@ -2,9 +2,8 @@
 
 The floors: ``runtime/`` (the machinery that runs workers), ``models``, ``data``, ``cost_models``,
 ``pipeline_schedules`` (the order of a schedule's actions: data the cost model runs), ``training``
-(the one step loop), ``report``,
-``plots``, ``diagrams``, and what ``import course_lib`` runs (``commands``, ``edition``). Every import counts,
-at the top of a module or inside a function.
+(the one step loop), ``report``, ``plots``, ``diagrams``, and what ``import course_lib`` runs
+(``commands``, ``edition``). Every import counts, at the top of a module or inside a function.
 """
 
 import ast
@@ -15,7 +14,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "course_lib"
 FLOORS = ("course_lib", "course_lib.runtime", "course_lib.models", "course_lib.data",
           "course_lib.cost_models", "course_lib.pipeline_schedules", "course_lib.report",
-          "course_lib.plots", "course_lib.diagrams", "course_lib.training", "course_lib.commands", "course_lib.edition")
+          "course_lib.plots", "course_lib.diagrams", "course_lib.training", "course_lib.commands",
+          "course_lib.edition")
 
 
 def module_name(path: Path) -> str:
