@@ -182,3 +182,22 @@ def test_a_submission_past_the_notebooks_limit_is_noted_and_the_class_goes_on(tm
     rows = {r["student"]: r for r in _rows(out)}
     assert rows["erin"]["notes"].startswith("tiny: timed out")
     assert rows["erin"]["tiny:exercise-2"] == "0" and rows["alice"]["total"] == "4"
+
+
+def test_a_grader_that_fails_is_recorded_as_failed_not_as_tampering(tmp_path, monkeypatch):
+    # the grader's own error file lands in the reports' folder, which the tampering check
+    # watches; a kernel that dies at start (as one did under load in CI) is the grader's failure
+    from course_lib.exercises import submissions
+
+    lessons, submissions_ = _class(tmp_path)
+
+    def dies(*args, **kwargs):
+        raise RuntimeError("Kernel died before replying to kernel_info")
+
+    monkeypatch.setattr(submissions, "grade", dies)
+    report = submissions.grade_one(submissions_ / "alice" / "tiny.ipynb", lessons,
+                                   tmp_path / "out", sandboxed=False)
+    assert report["status"] == "grader failed", report
+    assert "Kernel died" in report["error"]
+    assert not list((tmp_path / "out").glob("*.TAMPERED.txt"))
+    assert "Kernel died" in (tmp_path / "out" / "tiny.error.txt").read_text()

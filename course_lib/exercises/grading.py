@@ -109,7 +109,11 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
         else:
             from jupyter_client.manager import AsyncKernelManager
 
-            km = AsyncKernelManager(kernel_name="python3")
+            # Unix sockets, as in the sandbox: graders running side by side (--jobs) never
+            # race for the same TCP port
+            km = AsyncKernelManager(kernel_name="python3", transport="ipc",
+                                    ip=str(shared / "kernel"),
+                                    connection_file=str(shared / "kernel.json"))
             start_args = dict(cwd=str(source.parent), env={**os.environ, **env})
         client = notebook_client(nb, km, cell_timeout)
         client.shared, client.launchers = (shared if sandboxed else None), set()
