@@ -31,7 +31,7 @@ from course_lib.runtime.timing import synchronize
 
 RING_7 = {i: [(i - 1) % 7, (i + 1) % 7] for i in range(7)}
 COMPLETE_7 = {i: [j for j in range(7) if j != i] for i in range(7)}
-# the four seven-node graphs of lesson 6, from least to best connected
+# the four seven-node graphs of lesson 6, by spectral gap (how fast gossip agrees), smallest first
 GRAPHS = {"disconnected": DISCONNECTED_GRAPH, "seven-node (lecture)": SEVEN_NODE_GRAPH,
           "ring": RING_7, "complete": COMPLETE_7}
 

@@ -18,7 +18,7 @@ from matplotlib.colors import to_rgba
 from course_lib.plots import STYLE, course_style
 
 COLORS = STYLE["axes.prop_cycle"].by_key()["color"]
-NODE_COLORS = plt.get_cmap("tab20")  # up to 20 nodes told apart
+NODE_COLORS = plt.get_cmap("tab10")  # up to 10 nodes told apart (then the colours repeat)
 MAX_REPLICAS = 4  # a plan with more data-parallel replicas shows its first four
 
 
@@ -35,20 +35,26 @@ def _blank(ax):
 
 
 def plot_process_tree(kernel: int, parents: dict[int, int], ranks: dict[int, int], *,
-                      title: str = "Who started whom"):
+                      names: dict[int, str] | None = None, title: str = "Who started whom"):
     """The processes of one launch: the notebook's ``kernel`` pid, ``parents`` {pid: its parent's
-    pid} for every process in between and the workers, and ``ranks`` {rank: pid}. The workers'
-    process group is drawn as the line that joins them (their messages go over it, not through
-    the kernel)."""
+    pid} for every process in between and the workers, and ``ranks`` {rank: pid}; ``names``
+    {pid: name} labels the processes in between. The workers must share one parent (as launch
+    starts them). Their process group is drawn as the line that joins them (their messages go
+    over it, not through the kernel)."""
     if not ranks:
         raise ValueError("ranks is empty: pass {rank: pid} of the launched workers")
+    if len({parents.get(pid) for pid in ranks.values()}) != 1:
+        raise ValueError("the workers do not share one parent: "
+                         f"{ {rank: parents.get(pid) for rank, pid in ranks.items()} }")
+    names = names or {}
     chain, pid = [], ranks[min(ranks)]
     while pid in parents and parents[pid] != kernel and len(chain) < 8:
         pid = parents[pid]
         chain.append(pid)  # the processes between the kernel and the workers
     with course_style():
         fig, ax = plt.subplots(figsize=(7.5, 1.6 + 1.0 * (len(chain) + 1)))
-        levels = [("notebook kernel", kernel)] + [("fork server", p) for p in reversed(chain)]
+        levels = [("notebook kernel", kernel)] + [(names.get(p, "process")[:28], p)
+                                                  for p in reversed(chain)]
         for depth, (name, pid) in enumerate(levels):
             _box(ax, 3.0, -depth, 2.0, 0.6, f"{name}\npid {pid}", COLORS[0])
             if depth:
@@ -127,8 +133,8 @@ def plot_buckets(sizes, buckets, *, unit: float = 2**10, unit_name: str = "KiB",
             ax.text((start + left) / 2, 0.45, f"bucket {b}\n{len(bucket)} tensors", ha="center",
                     va="bottom", fontsize=7)
         ax.set(xlim=(0, left), ylim=(-0.5, 1.3), yticks=[], title=title,
-               xlabel=f"{unit_name} of gradients, in the order backward writes them "
-                      f"(last layer first)")
+               xlabel=f"{unit_name} of gradients, in reverse order of model.parameters() "
+                      f"(the order the buckets expect backward to write them)")
         ax.grid(False)
         fig.tight_layout()
     return fig
@@ -180,7 +186,9 @@ def plot_masks(masks, *, title: str = "Each client's mask, and their sum"):
                 ax.text(c, r, f"{value:.0f}" if abs(value) >= 0.5 else "0", ha="center",
                         va="center", fontsize=7)
         ax.axhline(len(rows) - 0.5, color="black", lw=1.5)
-        ax.set_yticks(range(len(table)), [f"client {i}" for i in range(len(rows))] + ["sum"])
+        largest = max(abs(v) for v in total)
+        ax.set_yticks(range(len(table)), [f"client {i}" for i in range(len(rows))]
+                      + [f"sum (|·| ≤ {largest:.0e})"])
         ax.set_xticks(range(len(total)), [f"x{c}" for c in range(len(total))])
         ax.tick_params(length=0)
         ax.grid(False)
@@ -238,7 +246,7 @@ def plot_rank_grid(layout, *, gpus_per_node: int, title: str = "Where each rank 
                 for t in range(tp):
                     rank = int(layout[d][s][t])
                     _box(ax, t, -s, 0.85, 0.7, str(rank),
-                         NODE_COLORS((rank // gpus_per_node) % 20), fontsize=7)
+                         NODE_COLORS((rank // gpus_per_node) % 10), fontsize=7)
             more = f" (of {dp})" if d == shown - 1 and dp > shown else ""
             ax.set(xlim=(-0.1, tp), ylim=(-pp + 0.8, 0.8), title=f"replica {d}{more}")
             _blank(ax)

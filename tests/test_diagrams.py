@@ -17,10 +17,15 @@ def texts(fig) -> list[str]:
 def test_the_process_tree_shows_the_kernel_what_is_between_and_every_rank():
     fig = diagrams.plot_process_tree(100, {201: 150, 202: 150, 150: 100}, {0: 201, 1: 202})
     shown = texts(fig)
-    assert "notebook kernel\npid 100" in shown and "fork server\npid 150" in shown
+    assert "notebook kernel\npid 100" in shown and "process\npid 150" in shown
+    named = texts(diagrams.plot_process_tree(100, {201: 150, 202: 150, 150: 100}, {0: 201, 1: 202},
+                                             names={150: "course_lib fork server"}))
+    assert "course_lib fork server\npid 150" in named
     assert {"rank 0\npid 201", "rank 1\npid 202"} <= set(shown)
     cold = texts(diagrams.plot_process_tree(100, {201: 100}, {0: 201}))  # no fork server
-    assert not any("fork server" in t for t in cold) and "rank 0\npid 201" in cold
+    assert not any("process" in t for t in cold) and "rank 0\npid 201" in cold
+    with pytest.raises(ValueError, match="share one parent"):
+        diagrams.plot_process_tree(100, {201: 150, 202: 100, 150: 100}, {0: 201, 1: 202})
     with pytest.raises(ValueError, match="ranks is empty"):
         diagrams.plot_process_tree(100, {}, {})
     plt.close("all")
@@ -107,7 +112,8 @@ def test_the_masks_and_their_sum_are_drawn_row_by_row():
     masks = sec.pairwise_masks(4, 6, seed=7)
     fig = diagrams.plot_masks(masks.tolist())
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
-    assert labels == ["client 0", "client 1", "client 2", "client 3", "sum"]
+    assert labels[:4] == ["client 0", "client 1", "client 2", "client 3"]
+    assert labels[4].startswith("sum (|·| ≤ ") and float(labels[4][10:-1]) < 1e-9
     cells = [t.get_text() for t in fig.axes[0].texts]
     assert len(cells) == 5 * 6 and cells[-6:] == ["0"] * 6  # the masks cancel
     assert cells[:6] == [f"{v:.0f}" if abs(v) >= 0.5 else "0" for v in masks[0].tolist()]
