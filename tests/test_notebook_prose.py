@@ -64,7 +64,7 @@ ALLOWED = {
            "15%": "the bound section 7's own check asserts for plans with few messages",
            "50%": "the kernel speed sections 1 and 2 assume, a parameter (a100_cluster's mfu)"},
     "10": {"2x": "the threshold the bucket-size cell's own check asserts (the issue's acceptance)",
-           "20%": "the thresholds the bucket-size and step-time cells' own checks assert"},
+           "30%": "the thresholds the bucket-size and step-time cells' own checks assert"},
     "11": {"20%": "the bound on step times the five-schedule cell's own check asserts"},
     "09": {"30%": "the attacker shares, parameters (10-30%)",
            "20%": "the trimmed mean's trim, a parameter",
