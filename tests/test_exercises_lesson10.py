@@ -6,7 +6,7 @@ import json
 import pytest
 import torch.distributed as dist
 
-from course_lib.exercises import common
+from course_lib.exercises import cases, common
 from course_lib.exercises import lesson10 as ex
 from course_lib.runtime.timing import Span
 
@@ -99,47 +99,83 @@ def test_overlapped_hidden_case_is_judged_only_in_a_graded_run(monkeypatch, tmp_
         common.JUDGES["lesson10.overlapped"](data)
 
 
-BARS = {"DDP 1 MB": [Span(0, 0.0, 1.0, "forward"), Span(0, 1.0, 2.0, "backward"),
-                     Span(1, 2.0, 1.5, "all-reduce"), Span(1, 2.5, 1.5, "all-reduce"),
-                     Span(2, 0.0, 4.0, "backward"), Span(3, 3.0, 2.0, "all-reduce")]}
+STEP = [Span(0, 0.0, 1.0, "forward"), Span(0, 1.0, 2.0, "backward"),
+        Span(1, 2.0, 1.5, "all-reduce"), Span(1, 2.5, 1.5, "all-reduce"),
+        Span(2, 0.0, 4.0, "backward"), Span(3, 3.0, 2.0, "all-reduce")]
+PROFILED = {name: STEP for name in ex.TARGETS}  # what section 2's `profiled` holds
 
 
-@pytest.mark.parametrize(("rank", "right"), [(0, 1.0), (1, 1.0)])
-def test_exposed_counts_overlapping_bars_once_and_subtracts_backward(rank, right):
-    target = {"sync": "DDP 1 MB", "rank": rank}
-    assert abs(ex.exposed_seconds(BARS["DDP 1 MB"], rank) - right) < 1e-12
-    assert "correct" in ex.check_exposed(right, BARS, target)
-    with pytest.raises(common.ExerciseFailed, match="milliseconds"):
-        ex.check_exposed(right * 1e3, BARS, target)
-    with pytest.raises(common.ExerciseFailed, match="all of the rank's communication"):
-        ex.check_exposed(2.0, BARS, target)
-    with pytest.raises(common.ExerciseFailed, match="not what"):
-        ex.check_exposed(right + 0.1, BARS, target)
+def exposed(spans, rank):  # cut time at every edge; count slices in a message, not in backward
+    comm = [(s.start, s.start + s.duration) for s in sorted(spans, key=lambda s: s.start)
+            if s.lane == 2 * rank + 1 and s.kind == "all-reduce"]
+    back = [(s.start, s.start + s.duration) for s in spans
+            if s.lane == 2 * rank and s.kind == "backward"]
+    out = []
+    for a, b in comm:
+        cuts = sorted({a, b, *(t for c, d in back for t in (c, d) if a < t < b)})
+        out.append(sum(r - q for q, r in zip(cuts, cuts[1:], strict=False)
+                       if not any(c <= (q + r) / 2 < d for c, d in back)))
+    return out
 
 
-def test_exposed_refuses_what_is_not_an_answer_or_not_the_run():
-    target = {"sync": "DDP 1 MB", "rank": 0}
-    for answer in (None, True, float("nan"), "1.0"):
-        with pytest.raises(common.ExerciseFailed, match="number of seconds"):
-            ex.check_exposed(answer, BARS, target)
+def whole_bars(spans, rank):
+    return [s.duration for s in sorted(spans, key=lambda s: s.start)
+            if s.lane == 2 * rank + 1 and s.kind == "all-reduce"]
+
+
+def after_backward_ends(spans, rank):  # right while backward is one bar
+    end = max((s.start + s.duration for s in spans if s.lane == 2 * rank
+               and s.kind == "backward"), default=0.0)
+    return [max(0.0, s.start + s.duration - max(s.start, end))
+            for s in sorted(spans, key=lambda s: s.start)
+            if s.lane == 2 * rank + 1 and s.kind == "all-reduce"]
+
+
+def right_on_visible(spans, rank):  # the visible answers by heart, anything elsewhere
+    for step in ex.VISIBLE:
+        if [tuple(s) for s in spans] == [tuple(s) for s in step]:
+            return exposed(spans, rank)
+    return [0.0] * len(whole_bars(spans, rank))
+
+
+def test_the_reference_gives_the_visible_answers_and_their_digest():
+    answers = [[ex.exposed_per_message(step, r) for r in (0, 1)] for step in ex.VISIBLE]
+    assert answers == [[[0.0, 1.0], [1.0]], [[0.0, 0.25, 0.625], []]]
+    assert cases.digest(answers) == ex.VISIBLE_DIGEST
+    assert ex.exposed_per_message(STEP, 0) == [0.5, 1.0]
+    assert ex.exposed_per_message(STEP, 1) == [1.0]
+
+
+def test_exposed_accepts_a_right_function_and_explains_wrong_ones():
+    assert "correct" in ex.check_exposed(exposed, PROFILED)
+    assert "correct" in ex.check_exposed(ex.exposed_per_message, PROFILED)
+    for wrong in (whole_bars, after_backward_ends):
+        with pytest.raises(common.ExerciseFailed, match="not right on the visible steps"):
+            ex.check_exposed(wrong, PROFILED)
+    with pytest.raises(common.ExerciseFailed, match="your run's step with 'per parameter': "
+                       "rank 0's all-reduce 0"):
+        ex.check_exposed(right_on_visible, PROFILED)
     with pytest.raises(common.ExerciseFailed, match="profiled"):
-        ex.check_exposed(1.0, {"other": []}, target)
+        ex.check_exposed(exposed, {"other": []})
 
 
-def test_exposed_wants_the_drawn_target_in_a_graded_run(monkeypatch):
-    monkeypatch.setenv(common.GRADING_SEED, "7")
-    drawn = common.drawn("lesson10.target", ex.draw_target)
-    bars = {name: BARS["DDP 1 MB"] for name in ex.TARGETS}
-    assert "correct" in ex.check_exposed(1.0, bars, drawn)
-    other = dict(drawn, rank=1 - drawn["rank"])
-    with pytest.raises(common.ExerciseFailed, match="drawn values were changed"):
-        ex.check_exposed(1.0, bars, other)
+def test_exposed_judges_hidden_steps_only_in_a_graded_run(monkeypatch, tmp_path):
+    run = {name: [s for s in ex.VISIBLE[1]] for name in ex.TARGETS}
+    assert "correct" in ex.check_exposed(right_on_visible, run)
+    monkeypatch.setenv(common.HIDDEN_SEED, "5")
+    monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))
+    assert "recorded" in ex.check_exposed(right_on_visible, run)
+    data = common.from_plain(json.loads(next(tmp_path.iterdir()).read_text()))
+    with pytest.raises(common.HiddenTestFailed):
+        common.JUDGES["lesson10.exposed"](data)
 
 
-def test_a_judge_without_its_reference_leaves_the_verdict_to_the_grader(monkeypatch):
+def test_the_student_edition_judges_the_visible_steps_and_leaves_the_rest_to_the_grader(
+        monkeypatch):
     def stripped(spans, rank):
         raise NotImplementedError("not in the student edition: the grader has it")
 
-    monkeypatch.setattr(ex, "exposed_seconds", stripped)
-    verdict = ex.check_exposed(1.0, BARS, {"sync": "DDP 1 MB", "rank": 0})
-    assert "grader judges this exercise" in verdict
+    monkeypatch.setattr(ex, "exposed_per_message", stripped)
+    assert ex.check_exposed(exposed, PROFILED).startswith("recorded: right on the visible steps")
+    with pytest.raises(common.ExerciseFailed, match="not right on the visible steps"):
+        ex.check_exposed(whole_bars, PROFILED)

@@ -57,9 +57,8 @@ PIECES = [
     ("lesson09", "_judge_breakdown",
      "rule_fn(torch.tensor([[bad]] * b + [[honest]] * (m - b))) < 1)"),
     # stripped before: lessons 10 to 12's references
-    ("lesson10", "exposed_seconds",
-     "hidden = sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in comm for s2, e2 in "
-     "backward)"),
+    ("lesson10", "exposed_per_message",
+     "under = sum(max(0.0, min(end, e) - max(start, b)) for b, e in backward)"),
     ("lesson11", "overhead_fit", "c = {m: m * v + p - 1 for m in walls}"),
     ("lesson12", "fewest_layers_to_recompute", "if none - (k - 1) * (full - kept) <= budget:"),
     ("lesson12", "block_recompute_bytes", "return without - (k - 1) * saved"),

@@ -64,3 +64,12 @@ def merged(own: dict, data, keys: tuple[str, ...], optional: tuple[str, ...] = (
             cases.append({**case, **{k: item[k] for k in (*keys, *optional) if k in item}})
         out[name] = cases[0] if isinstance(own[name], dict) else cases
     return {name: out[name] for name in own}
+
+
+def digest(answers) -> str:
+    """sha256 of ``answers`` as JSON: a module can hold the digest of its visible cases' answers,
+    so that the student edition tells right from wrong on them without holding the answers."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(answers).encode()).hexdigest()

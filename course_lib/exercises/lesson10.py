@@ -1,12 +1,9 @@
 """Checks for lesson 10's exercises: overlapped all-reduce from hooks when gradients accumulate
-over micro-batches, and the communication a profiled step left exposed.
+over micro-batches, and which messages of a profiled step were exposed (time outside backward).
 
-DDP paper (Li et al., VLDB 2020), section 3.2 (overlap; ``no_sync`` for accumulation). The
-library's ``overlap.PerParameterAllReduce`` starts an all-reduce on every backward; the exercise
-must start it only on the last micro-batch's, so it is not a transcription. Each check is a
-probe (the student's kernel) and a judge (outside it): see :mod:`course_lib.exercises.common`.
-The first judge draws its cases itself and takes only what the ranks ended with from the data
-(:mod:`course_lib.exercises.cases`).
+DDP paper (Li et al., VLDB 2020), section 3.2 (overlap; ``no_sync`` for accumulation). Each check
+is a probe (the student's kernel) and a judge (outside it): see :mod:`course_lib.exercises.common`;
+the judges draw their cases themselves (:mod:`course_lib.exercises.cases`).
 """
 
 from __future__ import annotations
@@ -15,16 +12,17 @@ import math
 
 import torch
 
-from course_lib.exercises.cases import merged
+from course_lib.exercises.cases import digest, merged
 from course_lib.exercises.common import (
     ExerciseFailed,
-    check_drawn,
+    HiddenTestFailed,
     checked,
     hidden_seed,
     judge_cases,
     launch_checked,
 )
 from course_lib.runtime.profiling import interval_union  # one interval union for lesson and check
+from course_lib.runtime.timing import Span
 
 # -- exercise 1: overlapped all-reduce with gradient accumulation -------------------------------
 
@@ -172,62 +170,131 @@ passes (gradients add up in ``.grad``), then ``wait()``, then the optimizer step
 asynchronous all-reduce per parameter must start inside the last backward, and after ``wait()``
 every ``.grad`` holds the mean over the ranks."""
 
-# -- exercise 2: the communication a profiled step left exposed -------------------------------
+# -- exercise 2: which messages of a profiled step were exposed ---------------------------------
 
 TARGETS = ("per parameter", "buckets 1 MB", "DDP 1 MB")
 
 
-def draw_target(rng) -> dict:
-    """Exercise 2's synchronisation and rank: ``common.drawn("lesson10.target", draw_target)``
-    in the notebook (fresh every run; the grader's run seeds it)."""
-    return dict(sync=TARGETS[int(rng.integers(len(TARGETS)))], rank=int(rng.integers(2)))
-
-
-def exposed_seconds(spans, rank: int) -> float:
-    """Seconds during which rank ``rank``'s all-reduce lane is busy and its backward is not.
-    The student edition of the library leaves this out: it is the exercise's answer."""
+def exposed_per_message(spans, rank: int) -> list[float]:
+    """For each all-reduce bar of rank ``rank`` (lane 2r + 1), in order of start: the seconds of
+    it that lie outside the rank's ``backward`` bars (lane 2r). The student edition of the
+    library leaves this out: it is the exercise's answer."""
     ### BEGIN SOLUTION
-    comm = interval_union((s[1], s[1] + s[2]) for s in spans if s[0] == 2 * rank + 1
-                  and s[3] == "all-reduce")
-    backward = interval_union((s[1], s[1] + s[2]) for s in spans if s[0] == 2 * rank
-                      and s[3] == "backward")
-    hidden = sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in comm for s2, e2 in backward)
-    return sum(e - s for s, e in comm) - hidden
+    backward = interval_union((s[1], s[1] + s[2]) for s in spans
+                              if s[0] == 2 * rank and s[3] == "backward")
+    out = []
+    for s in sorted((s for s in spans if s[0] == 2 * rank + 1 and s[3] == "all-reduce"),
+                    key=lambda s: (s[1], s[2])):
+        start, end = s[1], s[1] + s[2]
+        under = sum(max(0.0, min(end, e) - max(start, b)) for b, e in backward)
+        out.append(end - start - under)
+    return out
     ### END SOLUTION
 
 
-def _probe_exposed(answer, spans, target) -> dict:
-    """``answer``: the student's seconds; ``spans``: section 2's ``profiled`` (the profiled
-    step's bars of each synchronisation); ``target``: the drawn synchronisation and rank."""
-    if not isinstance(spans, dict) or target.get("sync") not in spans:
+# the visible steps, in eighths of a second (every answer exact in binary; rank 0 of the second
+# has its backward in two pieces); the student edition judges them by their answers' digest
+VISIBLE = [
+    [(0, 0.0, 1.0, "forward"), (0, 1.0, 2.0, "backward"), (1, 1.5, 0.75, "all-reduce"),
+     (1, 2.5, 1.5, "all-reduce"), (2, 0.0, 1.0, "forward"), (2, 1.0, 3.0, "backward"),
+     (3, 3.0, 2.0, "all-reduce")],
+    [(0, 0.0, 0.5, "forward"), (0, 0.5, 1.0, "backward"), (0, 1.75, 1.0, "backward"),
+     (1, 1.25, 0.75, "all-reduce"), (1, 0.625, 0.25, "all-reduce"),
+     (1, 2.5, 0.875, "all-reduce"), (0, 3.375, 0.25, "optimizer")],
+]
+VISIBLE_DIGEST = "7fcd518802eb8abd283cc6a4dc2c81e2bf6260a476fa2185cd9d5abed94fc304"
+
+
+def _random_step(g) -> list:
+    """A drawn step of two ranks in eighths of a second: backward in one or two pieces, three
+    to six messages, starting at different times, that may overlap each other and backward."""
+    spans = []
+    for rank in range(2):
+        t = int(torch.randint(1, 5, (1,), generator=g))
+        for _ in range(int(torch.randint(1, 3, (1,), generator=g))):
+            length = int(torch.randint(2, 12, (1,), generator=g))
+            spans.append((2 * rank, t / 8, length / 8, "backward"))
+            t += length + int(torch.randint(0, 4, (1,), generator=g))
+        for begin in torch.randperm(t + 4, generator=g)[:int(torch.randint(3, 7, (1,),
+                                                                           generator=g))]:
+            spans.append((2 * rank + 1, (int(begin) + 2) / 8,  # no two start together
+                          int(torch.randint(1, 8, (1,), generator=g)) / 8, "all-reduce"))
+    return spans
+
+
+def _steps(seed) -> dict:
+    g = None if seed is None else torch.Generator().manual_seed(seed)
+    return {"visible": VISIBLE, **({} if g is None else
+                                   {"hidden": [_random_step(g) for _ in range(4)]})}
+
+
+def _answers(fn, steps) -> list:
+    return [[_plain_list(fn([Span(*s) for s in step], rank)) for rank in (0, 1)]
+            for step in steps]
+
+
+def _plain_list(answer):  # rounded to 1e-9 s (and -0.0 made 0.0) for the visible digest
+    if isinstance(answer, (list, tuple)) and all(
+            isinstance(a, (int, float)) and not isinstance(a, bool) for a in answer):
+        return [round(float(a), 9) + 0.0 for a in answer]
+    return repr(answer)
+
+
+def _probe_exposed(exposed, profiled) -> dict:
+    """``exposed``: the student's function; ``profiled``: section 2's bars of each
+    synchronisation."""
+    if not isinstance(profiled, dict) or not all(name in profiled for name in TARGETS):
         raise ExerciseFailed("pass section 2's `profiled` (bars of each synchronisation)")
-    return dict(answer=answer, target=target,
-                spans=[list(s) for s in spans[target["sync"]]])
+    run = [[list(s) for s in profiled[name]] for name in TARGETS]
+    data = {name: [{"answers": a} for a in _answers(exposed, steps)]
+            for name, steps in _steps(hidden_seed()).items()}
+    return {**data, "run": [{"spans": spans, "answers": a}
+                            for spans, a in zip(run, _answers(exposed, run), strict=True)]}
+
+
+def _wrong(spans, answers) -> str | None:
+    """What is wrong with the answers for both ranks of one step, or None."""
+    for rank, got in enumerate(answers):
+        right = exposed_per_message(spans, rank)
+        if not isinstance(got, list):
+            return f"rank {rank}: return a list of seconds, one per all-reduce bar, not {got}"
+        if len(got) != len(right):
+            return (f"rank {rank} has {len(right)} all-reduce bars, your list holds {len(got)} "
+                    f"numbers")
+        for i, (have, want) in enumerate(zip(got, right, strict=True)):
+            if not abs(have - want) <= 1e-9 + 1e-6 * want:
+                return (f"rank {rank}'s all-reduce {i} (in order of start): {have!r} s, not "
+                        f"{want!r} s outside its backward bars")
+    return None
 
 
 def _judge_exposed(data) -> str:
-    target, answer = data["target"], data["answer"]
-    check_drawn("lesson10.target", draw_target, target)  # graded runs only
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not math.isfinite(
-            answer):
-        raise ExerciseFailed(f"give a number of seconds, not {answer!r}")
-    spans = [(int(s[0]), float(s[1]), float(s[2]), str(s[3])) for s in data["spans"]]
-    right = exposed_seconds(spans, target["rank"])
-    if abs(answer - right) <= 1e-6 + 1e-3 * right:
-        return (f"correct: {right * 1e3:.2f} ms of rank {target['rank']}'s communication with "
-                f"'{target['sync']}' was not hidden under its backward pass")
-    if abs(answer * 1e-3 - right) <= 1e-6 + 1e-3 * right:
-        raise ExerciseFailed("that looks like milliseconds: give seconds")
-    comm = sum(e - s for s, e in interval_union((s[1], s[1] + s[2]) for s in spans
-                                        if s[0] == 2 * target["rank"] + 1))
-    if abs(answer - comm) <= 1e-6 + 1e-3 * comm:
-        raise ExerciseFailed("that is all of the rank's communication time: subtract what lies "
-                             "under its backward bars")
-    raise ExerciseFailed(f"not what rank {target['rank']}'s bars of '{target['sync']}' give "
-                         f"(overlapping all-reduce bars count once)")
+    own = {name: [{} for _ in steps] for name, steps in _steps(hidden_seed()).items()}
+    run = data.get("run") if isinstance(data, dict) else None
+    if not isinstance(run, list) or len(run) != len(TARGETS):
+        raise ExerciseFailed("the check's data lacks the run's steps: run the check cell as it is")
+    cases = merged(own, {k: v for k, v in data.items() if k != "run"}, ("answers",))
+    if digest([c["answers"] for c in cases["visible"]]) != VISIBLE_DIGEST:
+        raise ExerciseFailed("not right on the visible steps (VISIBLE, drawn above): work one "
+                             "out by hand and compare")
+    try:
+        for name, step in zip(TARGETS, run, strict=True):
+            spans = [(int(s[0]), float(s[1]), float(s[2]), str(s[3])) for s in step["spans"]]
+            wrong = _wrong(spans, step["answers"])
+            if wrong:
+                raise ExerciseFailed(f"your run's step with '{name}': {wrong}")
+    except NotImplementedError:  # the student edition: its library leaves the answer out
+        return ("recorded: right on the visible steps; the grader judges your run's steps and "
+                "hidden ones")
+    for step, case in zip(_steps(hidden_seed()).get("hidden", []), cases.get("hidden", []),
+                          strict=True):
+        if _wrong(step, case["answers"]):
+            raise HiddenTestFailed("a hidden case failed")
+    return ("correct: each all-reduce's time outside backward, for both ranks, in the visible "
+            "steps and your run's three profiled steps")
 
 
 check_exposed = checked("lesson10.exposed", _probe_exposed, _judge_exposed)
-check_exposed.__doc__ = """Check ``exposed``, the seconds in the drawn synchronisation's profiled
-step during which the drawn rank's all-reduce lane was busy and its backward was not:
-``check_exposed(exposed, profiled, target)``."""
+check_exposed.__doc__ = """Check ``exposed(spans, rank)`` (each all-reduce bar's seconds outside
+backward) on ``VISIBLE``, section 2's ``profiled`` and hidden steps: ``check_exposed(exposed,
+profiled)``."""
