@@ -54,6 +54,21 @@ def unsharded(params, lr, momentum):  # right steps, but every rank keeps all th
     return step, [torch.zeros(sum(p.numel() for p in params))]
 
 
+def reports_nothing(params, lr, momentum):  # all the momentum kept, an empty state reported
+    buffers = {}
+
+    def step():
+        for p in params:
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+            b = buffers.get(p)
+            buffers[p] = p.grad.clone() if b is None else b.mul_(momentum).add_(p.grad)
+            with torch.no_grad():
+                p -= lr * buffers[p]
+
+    return step, []
+
+
 def no_momentum(params, lr, momentum):
     step, state = zero1(params, lr, 0.0)
     return step, state
@@ -65,8 +80,10 @@ def right_when_visible(params, lr, momentum):  # the hidden case has another mom
 
 def test_zero1_accepts_a_sharded_momentum_and_explains_mistakes():
     assert "correct" in ex.check_zero1(zero1)
+    with pytest.raises(common.ExerciseFailed, match="keeps 132 numbers .*at most 33"):
+        ex.check_zero1(unsharded)  # SGD's momentum and the zeros it returns: both measured
     with pytest.raises(common.ExerciseFailed, match="keeps 66 numbers .*at most 33"):
-        ex.check_zero1(unsharded)
+        ex.check_zero1(reports_nothing)
     with pytest.raises(common.ExerciseFailed, match="differ from SGD with momentum 0.9"):
         ex.check_zero1(no_momentum)
 
@@ -113,3 +130,16 @@ def test_overhead_wants_the_drawn_padding_in_a_graded_run(monkeypatch):
     assert "correct" in ex.check_overhead(right, WALLS, padding)
     with pytest.raises(common.ExerciseFailed, match="drawn values were changed"):
         ex.check_overhead(right, WALLS, dict(padding, forward=padding["forward"] + 0.001))
+
+
+def test_the_student_edition_says_whether_the_fit_is_least_squares(monkeypatch):
+    right = ex.overhead_fit(WALLS, 2, 2, 0.02, 0.04)
+
+    def stripped(*args):
+        raise NotImplementedError("not in the student edition: the grader has it")
+
+    monkeypatch.setattr(ex, "overhead_fit", stripped)
+    assert ex.check_overhead(right, WALLS, PADDING).startswith("recorded: right for this run")
+    for wrong in (right * 1.01, 2 * right, right * 1e3, right - 1e-5):
+        with pytest.raises(common.ExerciseFailed, match="not the least-squares o"):
+            ex.check_overhead(wrong, WALLS, PADDING)

@@ -38,6 +38,9 @@ def _model(dims, seed):
     return model
 
 
+SLACK = 4  # numbers a step may keep besides its shard (a counter, a flag)
+
+
 def _case(seed, dims, steps, lr=0.1, momentum=0.9, hidden=False):
     g = torch.Generator().manual_seed(seed)
     n = steps * 2 * 4
@@ -55,12 +58,39 @@ def _cases(seed):
     return cases
 
 
+def _live_tensors() -> list:
+    import gc
+    import warnings
+
+    gc.collect()
+    with warnings.catch_warnings():  # asking some of torch's objects their class warns
+        warnings.simplefilter("ignore")
+        return [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+
+
+def _numbers_kept(before, model) -> int:
+    """Numbers held now in tensors that were not alive in ``before`` (kept alive, so their
+    memory is not reused) and are not the model's parameters or gradients: what the student's
+    step keeps between steps, measured rather than reported (each storage counted once)."""
+    seen = {t.untyped_storage().data_ptr() for t in before}
+    seen |= {t.untyped_storage().data_ptr() for p in model.parameters()
+             for t in (p, p.grad) if t is not None}
+    total = 0
+    for t in _live_tensors():
+        ptr = t.untyped_storage().data_ptr()
+        if t.numel() and ptr not in seen:
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes() // t.element_size()
+    return total
+
+
 def _train_on_ranks(make_zero1, cases):
     import torch.distributed as dist
 
     rank, out = dist.get_rank(), []
     for case in cases:
         model = _model(case["dims"], case["seed"])
+        before = _live_tensors()
         step, state = make_zero1(list(model.parameters()), case["lr"], case["momentum"])
         for t in range(case["steps"]):
             rows = slice((t * 2 + rank) * 4, (t * 2 + rank + 1) * 4)
@@ -68,7 +98,8 @@ def _train_on_ranks(make_zero1, cases):
                 p.grad = None
             torch.nn.functional.mse_loss(model(case["x"][rows]), case["y"][rows]).backward()
             step()
-        kept = sum(t.numel() for t in state) if isinstance(state, (list, tuple)) else None
+        kept = _numbers_kept(before, model)
+        del before, step, state
         out.append(dict(params=torch.cat([p.detach().reshape(-1) for p in model.parameters()]),
                         state_numel=kept))
     return out
@@ -107,13 +138,11 @@ def _judge_case(item):
             worst = (got - right).abs().max().item() if got.shape == right.shape else math.inf
             return (f"rank {rank}: after {case['steps']} steps the parameters differ from SGD "
                     f"with momentum {case['momentum']} on one process by up to {worst:.3g}")
-        kept = result["state_numel"]
-        if kept is None or kept > -(-numel // 2):
-            return (f"rank {rank} keeps {kept} numbers of optimizer state for {numel} "
-                    f"parameters: ZeRO-1 keeps momentum for its shard only (at most "
-                    f"{-(-numel // 2)} here); return the state tensors you keep")
-        if kept == 0:
-            return f"rank {rank} says it keeps no state: return the momentum shard you keep"
+        kept, most = result["state_numel"], -(-numel // 2) + SLACK
+        if not isinstance(kept, int) or kept > most:
+            return (f"rank {rank} keeps {kept} numbers in tensors between steps (counted in its "
+                    f"memory) for {numel} parameters: ZeRO-1 keeps momentum for its shard only "
+                    f"(at most {-(-numel // 2)} here)")
     return None
 
 
@@ -167,7 +196,10 @@ def _judge_overhead(data) -> str:
             answer):
         raise ExerciseFailed(f"give a number of seconds, not {answer!r}")
     walls = {int(k): v for k, v in data["walls"].items()}
-    right = overhead_fit(walls, 2, 2, padding["forward"], padding["backward"])
+    try:
+        right = overhead_fit(walls, 2, 2, padding["forward"], padding["backward"])
+    except NotImplementedError:  # the student edition: judged by what least squares means
+        return _judged_by_its_squares(answer, walls, padding["forward"] + padding["backward"])
     if abs(answer - right) <= 1e-9 + 1e-6 * abs(right):
         return (f"correct: each action costs {right * 1e3:.2f} ms beyond its padding, fitted "
                 f"over m = {sorted(walls)}")
@@ -179,6 +211,20 @@ def _judge_overhead(data) -> str:
                              "and one backward action, so 2 o per F + B")
     raise ExerciseFailed("not the least-squares o of wall(m) = (m v + p - 1)(F + B + 2 o) over "
                          "the runs in `walls`")
+
+
+def _judged_by_its_squares(o, walls, work) -> str:
+    """No o a little off ``o`` fits ``walls`` better (p = v = 2): the sum of squares is smallest
+    there. Needs no formula for o, so the student edition holds it."""
+    def squares(x):
+        return sum((wall - (2 * m + 1) * (work + 2 * x)) ** 2 for m, wall in walls.items())
+
+    step = 1e-7 + 1e-3 * abs(o)
+    if min(squares(o - step), squares(o + step)) < squares(o):
+        raise ExerciseFailed(f"not the least-squares o: {o!r} s +- {step:.1e} s fits this run's "
+                             f"walls better (milliseconds? a factor of 2?)")
+    return ("recorded: right for this run's walls (no nearby o fits them better); the grader "
+            "fits its own run")
 
 
 check_overhead = checked("lesson11.overhead", _probe_overhead, _judge_overhead)
