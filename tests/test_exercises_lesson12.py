@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from course_lib import planner as P
-from course_lib.exercises import common
+from course_lib.exercises import cases, common
 from course_lib.exercises import lesson12 as ex
 
 
@@ -125,9 +125,15 @@ def test_stages_want_the_drawn_run_and_hidden_cases_in_a_graded_run(monkeypatch,
         common.JUDGES["lesson12.stages"](data)
 
 
-def test_without_the_reference_the_grader_judges(monkeypatch):
+def test_without_the_reference_the_visible_cases_are_judged_by_their_digests(monkeypatch):
+    answers = [ex.fewest_layers_to_recompute(m, p, b) for m, p, b in ex._block_cases(None)]
+    assert tuple(cases.digest(a) for a in answers) == ex.BLOCK_DIGESTS
+    assert len(set(answers)) == len(answers)  # four different answers, None among them
+
     def stripped(model, plan, budget):
         raise NotImplementedError("not in the student edition: the grader has it")
 
     monkeypatch.setattr(ex, "fewest_layers_to_recompute", stripped)
-    assert "recorded: the grader judges" in ex.check_block_recompute(fewest)
+    assert ex.check_block_recompute(fewest).startswith("recorded: right on the 4 visible cases")
+    with pytest.raises(common.ExerciseFailed, match="visible case 1 .* is not the fewest"):
+        ex.check_block_recompute(lambda model, plan, budget: model.layers)
