@@ -73,8 +73,10 @@ def test_run_all_in_chromium_reaches_the_last_cell_with_the_lessons_figures(tmp_
                                    "currentWidget?.sessionContext?.session?.kernel?.status "
                                    "=== 'idle'", timeout=120_000)
             page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            # done when every cell ran, or when one failed (Run All stops there: say which)
             page.wait_for_function(f"() => {{ const s = ({CELLS})(); return s && s.busy === "
-                                   f"'idle' && s.cells.every(c => c.count); }}",
+                                   f"'idle' && (s.cells.every(c => c.count) || s.cells.some("
+                                   f"c => c.outputs.some(o => o.output_type === 'error'))); }}",
                                    timeout=300_000, polling=1000)
             ran = page.evaluate(CELLS)
             page.keyboard.press("Control+End")
@@ -89,9 +91,10 @@ def test_run_all_in_chromium_reaches_the_last_cell_with_the_lessons_figures(tmp_
             lab.wait()
     lesson = nbformat.read(ROOT / "notebooks" / LESSON, as_version=4)
     code = [c for c in lesson.cells if c.cell_type == "code"]
+    errors = [(i, o["ename"], o["evalue"]) for i, c in enumerate(ran["cells"])
+              for o in c["outputs"] if o["output_type"] == "error"]
+    assert errors == [], f"code cell {errors[0][0]} failed: {errors[0][1]}: {errors[0][2]}"
     assert len(ran["cells"]) == len(code) and all(c["count"] for c in ran["cells"])
-    errors = [o for c in ran["cells"] for o in c["outputs"] if o["output_type"] == "error"]
-    assert errors == [], errors[:1]
     figures = sum("image/png" in o.get("data", {}) for c in code for o in c.outputs)
     shown = sum("image/png" in o.get("data", {}) for c in ran["cells"] for o in c["outputs"])
     assert figures >= 4 and shown == figures  # every figure of the lesson, drawn afresh
