@@ -10,7 +10,7 @@ import torch
 from course_lib import erm_simulators as sim
 from course_lib.data import shard_rows
 from course_lib.erm import diabetes_problem
-from course_lib.exercises import common
+from course_lib.exercises import cases, common
 from course_lib.exercises import lesson02 as ex
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,3 +161,31 @@ def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):
     assert [p.name for p in written] == ["000-lesson02.atc_step.json"]
     with pytest.raises(common.HiddenTestFailed):
         common.JUDGES["lesson02.atc_step"](common.from_plain(json.loads(written[0].read_text())))
+
+
+def test_the_visible_steps_are_the_references_and_judge_the_student_edition(monkeypatch):
+    for case, expected in zip(ex._inputs(None)["visible"], ex.VISIBLE_STEPS, strict=True):
+        got = right_atc(ex._problem(case["problem"]), list(case["params"]), case["rows"],
+                        case["W"], case["lr"])
+        torch.testing.assert_close(cases.projections(torch.stack(got)), expected, rtol=1e-9,
+                                   atol=1e-12)
+
+    def stripped(case):
+        raise NotImplementedError("not in the student edition: the grader has it")
+
+    monkeypatch.setattr(ex, "_judge_one", stripped)  # as the student edition has it
+    assert ex.check_atc_step(right_atc).startswith("correct")
+    with pytest.raises(common.ExerciseFailed, match="not adapt-then-combine's"):
+        ex.check_atc_step(lambda problem, params, rows, W, lr: list(W @ torch.stack(params)))
+
+
+def test_projections_tell_tensors_apart_but_not_rounding():
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(4, 5, dtype=torch.float64, generator=g)
+    rounding = t * (1 + 1e-15 * torch.randn(4, 5, dtype=torch.float64, generator=g))
+    torch.testing.assert_close(cases.projections(rounding), cases.projections(t), rtol=1e-12,
+                               atol=1e-12)
+    for other in (t + 1e-3, t.T.reshape(4, 5), 2 * t):
+        assert not torch.allclose(torch.tensor(cases.projections(other)),
+                                  torch.tensor(cases.projections(t)), rtol=1e-7, atol=1e-9)
+    assert len(cases.projections(t, k=5)) == 5

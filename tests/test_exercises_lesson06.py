@@ -89,3 +89,17 @@ def test_push_sum_judges_the_hidden_graphs_only_in_a_graded_run(monkeypatch, tmp
         ex.check_push_sum(right_on_visible_only)
     monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))  # the grader's kernel: to a file
     assert "recorded" in ex.check_push_sum(right_on_visible_only)
+
+
+def test_the_visible_runs_are_the_simulators_and_judge_the_student_edition(monkeypatch):
+    for setting, runs in ex.VISIBLE_RUNS.items():
+        torch.testing.assert_close(ex.simulated_staleness(*setting), runs, rtol=1e-12, atol=0)
+    assert set(ex.VISIBLE_RUNS) == set(ex.VISIBLE_SETTINGS)
+
+    def stripped(m, s, k):
+        raise NotImplementedError("not in the student edition: the grader has it")
+
+    monkeypatch.setattr(ex, "simulated_staleness", stripped)  # as the student edition has it
+    assert ex.check_mean_staleness(mean_staleness).startswith("correct")
+    with pytest.raises(common.ExerciseFailed, match="fast workers' staleness, 5, is 37% above"):
+        ex.check_mean_staleness(lambda m, s, k: (m - 1, k * (m - 1)))

@@ -73,3 +73,15 @@ def digest(answers) -> str:
     import json
 
     return hashlib.sha256(json.dumps(answers).encode()).hexdigest()
+
+
+def projections(values, k: int = 3) -> list[float]:
+    """``k`` sums of ``values`` (any shape) weighted by fixed random numbers: a fingerprint that
+    tells a tensor from almost every other, compared with a tolerance (summation order moves its
+    last digits), so a module can hold the visible cases' expected results without them."""
+    import torch
+
+    flat = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+    g = torch.Generator().manual_seed(20260101)
+    return [float(flat @ torch.randn(flat.numel(), generator=g, dtype=torch.float64))
+            for _ in range(k)]

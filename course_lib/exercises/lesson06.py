@@ -37,6 +37,10 @@ from course_lib.parameter_server import sgd
 STALENESS_TOL = 0.05  # relative; the exact rates argument lands within 2.3% of every setting drawn
 GRADIENTS, JITTER = 1000, 0.1  # per simulated run: ~0.1 s; jitter breaks exact ties in time
 VISIBLE_SETTINGS = [(6, 2, 3.0), (4, 1, 8.0)]  # (m, s, k); the second is section 3's straggler
+# their simulated runs (a test holds them to simulated_staleness): the student edition, which
+# lacks that, judges the visible settings with them
+VISIBLE_RUNS = {(6, 2, 3.0): (3.655011655011655, 12.950704225352112),
+                (4, 1, 8.0): (2.121875, 23.825)}
 
 
 def _settings(seed) -> dict:
@@ -93,6 +97,10 @@ def simulated_staleness(m: int, s: int, k: float) -> tuple[float, float]:
     ### END SOLUTION
 
 
+def _run(m, s, k) -> tuple[float, float]:
+    return VISIBLE_RUNS.get((m, s, k)) or simulated_staleness(m, s, k)
+
+
 def _staleness_wrong(rows) -> str | None:
     """What is wrong with these predictions, or None: the setting and how far off, not the run's
     value itself (a hidden setting's message is never shown)."""
@@ -100,7 +108,7 @@ def _staleness_wrong(rows) -> str | None:
         m, s, k = int(row["m"]), int(row["s"]), float(row["k"])
         if not all(is_number(row[kind]) for kind in ("fast", "slow")):
             return f"m = {m}, s = {s}, k = {k:g}: expected two numbers, (fast, slow)"
-        measured = dict(zip(("fast", "slow"), simulated_staleness(m, s, k), strict=True))
+        measured = dict(zip(("fast", "slow"), _run(m, s, k), strict=True))
         for kind in ("fast", "slow"):
             off = float(row[kind]) / measured[kind] - 1
             if not abs(off) <= STALENESS_TOL:
@@ -125,7 +133,7 @@ def _judge_staleness(data) -> str:
         raise HiddenTestFailed("a hidden case failed")
     said = "; ".join(f"m = {r['m']}, s = {r['s']}, k = {r['k']:g}: yours {r['fast']:.2f} and "
                      f"{r['slow']:.2f}, the run's " + " and ".join(
-                         f"{v:.2f}" for v in simulated_staleness(r["m"], r["s"], r["k"]))
+                         f"{v:.2f}" for v in _run(r["m"], r["s"], r["k"]))
                      for r in visible)
     return (f"correct: fast and slow workers' mean staleness within {STALENESS_TOL:.0%} of the "
             f"runs ({said})")
