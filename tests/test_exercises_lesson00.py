@@ -79,3 +79,18 @@ def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):
     monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))  # the grader's kernel: to a file
     assert "recorded" in ex.check_mean_and_max(right_on_visible_only)
     assert [p.name for p in tmp_path.iterdir()] == ["000-lesson00.mean_and_max.json"]
+
+
+def test_the_student_edition_judges_the_prediction_against_the_run(monkeypatch):
+    def stripped(values):
+        raise NotImplementedError("not in the student edition: the grader has it")
+
+    monkeypatch.setattr(ex, "_simulate", stripped)  # as the student edition has it
+    judge = common.JUDGES["lesson00.prediction"]
+    values = [3.0, -2.0]
+    assert judge({"values": values, "prediction": [6.0, 11.0], "ran": [6.0, 11.0]}).startswith(
+        "correct")
+    with pytest.raises(common.ExerciseFailed, match="you predicted 9.0 for rank 0"):
+        judge({"values": values, "prediction": [9.0, 9.0], "ran": [6.0, 11.0]})
+    with pytest.raises(common.ExerciseFailed, match="not a number per rank"):
+        judge({"values": values, "prediction": [6.0, 11.0], "ran": "[6.0, 11.0]"})

@@ -146,11 +146,16 @@ def _judge_prediction(data) -> str:
     values, prediction = data["values"], data["prediction"]
     if len(values) != WORLD_SIZE or not all(isinstance(v, (int, float)) for v in values):
         raise ExerciseFailed(f"values must hold {WORLD_SIZE} numbers, one per rank")
-    right = _simulate(values)
     ran = data["ran"]
-    ran_right = isinstance(ran, list) and len(ran) == WORLD_SIZE and all(
-        isinstance(r, (int, float)) and abs(r - w) <= TOL for r, w in zip(ran, right, strict=True))
-    if not ran_right:
+    if not (isinstance(ran, list) and len(ran) == WORLD_SIZE and all(
+            isinstance(r, (int, float)) and math.isfinite(r) for r in ran)):
+        raise ExerciseFailed(f"the run of collective_sequence gave {ran!r}, not a number per "
+                             f"rank: run its cell again, unchanged")
+    try:
+        right = _simulate(values)
+    except NotImplementedError:  # the student edition: the prediction against the run itself
+        right = ran
+    if not all(abs(r - w) <= TOL for r, w in zip(ran, right, strict=True)):
         raise ExerciseFailed(f"the run of collective_sequence gave {ran}, not what the "
                              f"sequence shown yields: run its cell again, unchanged")
     if not (isinstance(prediction, list) and len(prediction) == WORLD_SIZE):
