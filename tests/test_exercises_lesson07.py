@@ -165,3 +165,21 @@ def test_in_a_graded_run_the_loss_factor_must_be_the_one_drawn_for_it(monkeypatc
         ex.check_safe_scale(answers(other)[0], grads, other)
     monkeypatch.delenv(common.GRADING_SEED)  # outside a graded run any factor is checked as is
     assert "correct" in ex.check_safe_scale(answers(other)[0], grads, other)
+
+
+def test_the_visible_neighbours_are_the_references_and_judge_the_student_edition(monkeypatch):
+    x = ex._cases(None)["visible"].numpy()
+    lo, hi = ex._neighbours(x)
+    shipped = ex._neighbours_or_visible(x)  # the reference, here
+    monkeypatch.setattr(ex, "_neighbours", _stripped)  # as the student edition has it
+    np.testing.assert_array_equal(ex._neighbours_or_visible(x), (lo, hi))
+    np.testing.assert_array_equal(shipped, (lo, hi))
+    assert ex.check_fp16_stochastic_round(right_round).startswith("correct")
+    with pytest.raises(common.ExerciseFailed, match="same result"):
+        ex.check_fp16_stochastic_round(lambda x, g: x.half().double())  # round to nearest
+    with pytest.raises(NotImplementedError):  # values it holds no neighbours for
+        ex._neighbours_or_visible(x[:5])
+
+
+def _stripped(x):
+    raise NotImplementedError("not in the student edition: the grader has it")

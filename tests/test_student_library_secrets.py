@@ -242,7 +242,8 @@ def _verdicts(root: Path) -> dict:
 # checks the student edition judges on visible cases without the piece (their expected values
 # ship for those cases only; lesson 0's prediction is held to the run): the rest leave the
 # verdict to the grader
-ON_VISIBLE = {"lesson00._simulate", "lesson02._judge_one", "lesson06.simulated_staleness"}
+ON_VISIBLE = {"lesson00._simulate", "lesson02._judge_one", "lesson06.simulated_staleness",
+              "lesson07._neighbours"}
 
 
 def test_in_the_student_edition_those_checks_judge_visible_cases_or_leave_it_to_the_grader(

@@ -162,13 +162,39 @@ def _neighbours(x: np.ndarray):
     ### END SOLUTION
 
 
+# the visible values' fp16 neighbours, below then above (float16 bytes, hex; a test holds them to
+# the reference): the student edition, which lacks that, judges the visible values with them
+VISIBLE_NEIGHBOURS = (
+    "003c003c003c003c013c013c013c013c023c023c023c023c033c033c033c033c043c043c043c043c053c053c053c"
+    "053c063c063c063c063c073c073c073c073c083c083c083c083c093c093c093c093c0a3c00c2cdc19ac167c134c1"
+    "00c1cdc09ac067c034c000c09abf34bfcdbe67be00be9abd34bdcdbc67bc00bc34bb67ba9ab9cdb800b867b6cdb4"
+    "67b267ae0180662e6632cc346636ff37cc389939663a333b003c663ccc3c333d993d003e663ecc3e333f993f0040"
+    "334066409940cc400041334166419941cc410042d06367ae1000537b003c013c013c013c023c023c023c023c033c"
+    "033c033c033c043c043c043c043c053c053c053c053c063c063c063c063c073c073c073c073c083c083c083c083c"
+    "093c093c093c093c0a3c0a3c0a3c0a3c0b3c00c2ccc199c166c133c100c1ccc099c066c033c000c099bf33bfccbe"
+    "66be00be99bd33bdccbc66bc00bc33bb66ba99b9ccb8ffb766b6ccb466b266ae0080672e6732cd3467360038cd38"
+    "9a39673a343b003c673ccd3c343d9a3d003e673ecd3e343f9a3f0040344067409a40cd400041344167419a41cd41"
+    "0042d16366ae1000547b"
+)
+
+
+def _neighbours_or_visible(x: np.ndarray):
+    try:
+        return _neighbours(x)
+    except NotImplementedError:  # the student edition
+        both = np.frombuffer(bytes.fromhex("".join(VISIBLE_NEIGHBOURS)), dtype=np.float16)
+        if not np.array_equal(x, _cases(None)["visible"].numpy()):
+            raise
+        return both[:x.size].astype(np.float64), both[x.size:].astype(np.float64)
+
+
 def _judge_one(x, r) -> str | None:
     """What is wrong with rounding x to r (draws x values), or None."""
     if not isinstance(r, torch.Tensor) or r.ndim != 2 or r.shape[1] != x.numel() \
             or len(r) < 2:
         return f"expected draws of {x.numel()} rounded values"
     x, r = x.numpy(), r.double().numpy()
-    lo, hi = _neighbours(x)
+    lo, hi = _neighbours_or_visible(x)
     if not np.all((r == lo) | (r == hi)):
         i = np.argwhere(~((r == lo) | (r == hi)))[0]
         v = float(x[i[1]])
