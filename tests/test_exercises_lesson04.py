@@ -2,6 +2,7 @@
 only in a graded run (course_lib.exercises.lesson04)."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -80,69 +81,71 @@ SEEDED = {  # two seeds each; mean base: 0.9, 0.5, 0.3, 0.2; mean scaled x8: 1.5
 }
 
 
-def first_epoch(seeded, reference_epoch):  # the notebook's solution, from the drawn epoch
-    def mean_curve(marker):
-        return np.mean([r["loss"] for n, rs in seeded.items() if marker in n for r in rs], axis=0)
-
-    target = mean_curve("(scaled x8)")[reference_epoch - 1]
-    reached = [e for e, loss in enumerate(mean_curve("(base)"), start=1) if loss <= target]
-    return reached[0] if reached else None
-
-
-@pytest.mark.parametrize(("reference_epoch", "right"), [(1, 1), (2, 1), (3, 2), (4, 3)])
-def test_epochs_worth_follows_the_drawn_reference_epoch(reference_epoch, right):
-    assert first_epoch(SEEDED, reference_epoch) == right
-    verdict = ex.check_epochs_worth(right, SEEDED, reference_epoch)
-    assert f"first {reference_epoch} epochs" in verdict and f"worth {right}" in verdict
-    others = {1, 2, 3, 4} - {right}  # a number copied from another draw
-    for wrong in others:
-        with pytest.raises(common.ExerciseFailed, match="still above|got there earlier"):
-            ex.check_epochs_worth(wrong, SEEDED, reference_epoch)
+def epochs_worth(base, scaled):  # the notebook's solution: find the first point, then the line
+    out = []
+    for target in scaled:
+        below = [k for k, loss in enumerate(base) if loss <= target]
+        if not below:
+            out.append(None)
+        elif below[0] == 0:
+            out.append(1.0)
+        else:
+            k = below[0]
+            out.append(k + (base[k - 1] - target) / (base[k - 1] - base[k]))
+    return out
 
 
-def test_epochs_worth_wants_the_first_epoch_of_the_mean_curve():
-    assert "worth 3" in ex.check_epochs_worth(3, SEEDED, 4)
-    with pytest.raises(common.ExerciseFailed, match="still above .* after epoch 4"):
-        ex.check_epochs_worth(2, SEEDED, 4)  # seed 1 alone is below 0.35 at epoch 2: not the mean
-    with pytest.raises(common.ExerciseFailed, match="got there earlier"):
-        ex.check_epochs_worth(4, SEEDED, 4)
-    with pytest.raises(common.ExerciseFailed, match="from 1 to 4"):
-        ex.check_epochs_worth(0, SEEDED, 4)  # counted from 0
-    with pytest.raises(common.ExerciseFailed, match="whole number"):
-        ex.check_epochs_worth(2.5, SEEDED, 4)
-    with pytest.raises(common.ExerciseFailed, match="does get to"):
-        ex.check_epochs_worth(None, SEEDED, 4)
+def whole_epochs(base, scaled):  # the first whole epoch: no interpolation
+    return [None if e is None else float(math.ceil(e - 1e-9)) for e in epochs_worth(base, scaled)]
+
+
+def by_heart(base, scaled):  # right on the run's curves and the small example, 1.0 elsewhere
+    known = [ex._synthetic(None)["visible"][0][0], [0.9, 0.5, 0.30000000000000004, 0.2]]
+    right = any(np.allclose(base, k) for k in known if len(k) == len(base))
+    return epochs_worth(base, scaled) if right else [1.0] * len(scaled)
+
+
+def test_the_reference_interpolates_and_says_none_and_one():
+    b, s = ex._synthetic(None)["visible"][0]
+    got = ex.worth(b, s)
+    assert got[:2] == [1.0, 1.0] and got[-2:] == [None, None]
+    np.testing.assert_allclose(got[2:8], [2.6, 3.5, 6.6, 8.8, 9.6, 10.0])
+    for seed in range(20):  # the drawn curves: the reference passes what the judge asks
+        for b, s in ex._synthetic(seed)["hidden"]:
+            assert ex._what_is_wrong(b, s, ex.worth(b, s)) is None
+            assert ex._what_is_wrong(b, s, epochs_worth(b, s)) is None
+
+
+def test_epochs_worth_accepts_the_interpolated_epochs_and_explains_mistakes():
+    verdict = ex.check_epochs_worth(epochs_worth, SEEDED)
+    assert verdict.startswith("correct") and "the tenth" in verdict
+    # mean base 0.9, 0.5, 0.3, 0.2; mean scaled 1.5, 1.0, 0.6, 0.35: worth 1, 1, 1.75, 2.75
+    np.testing.assert_allclose(epochs_worth([0.9, 0.5, 0.3, 0.2], [1.5, 1.0, 0.6, 0.35]),
+                               [1.0, 1.0, 1.75, 2.75])
+    with pytest.raises(common.ExerciseFailed, match="interpolate between the two epochs"):
+        ex.check_epochs_worth(whole_epochs, SEEDED)
+    with pytest.raises(common.ExerciseFailed, match="epoch 3 .*after epoch 1 the base run is "
+                       "still above it"):
+        ex.check_epochs_worth(lambda b, s: [1.0] * len(s), SEEDED)
+    with pytest.raises(common.ExerciseFailed, match="epoch 9 .*never gets that low: None"):
+        ex.check_epochs_worth(lambda b, s: [float(len(b)) if e is None else e
+                                            for e in epochs_worth(b, s)], SEEDED)
+    with pytest.raises(common.ExerciseFailed, match="does get that low, after epoch"):
+        ex.check_epochs_worth(lambda b, s: [None] * len(s), SEEDED)
+    with pytest.raises(common.ExerciseFailed, match="already there after epoch"):
+        ex.check_epochs_worth(lambda b, s: [None if e is None else min(e + 1, len(b))
+                                            for e in epochs_worth(b, s)], SEEDED)
+    with pytest.raises(common.ExerciseFailed, match="a list of 10"):
+        ex.check_epochs_worth(lambda b, s: 3.0, SEEDED)
     with pytest.raises(common.ExerciseFailed, match="seeded"):
-        ex.check_epochs_worth(3, {"something else": runs([1.0])}, 4)
+        ex.check_epochs_worth(epochs_worth, {"something else": runs([1.0])})
 
 
-def test_epochs_worth_wants_the_drawn_reference_epoch():
-    for reference in (0, 5, 2.0, None, True):  # outside the curve, or not an epoch
-        with pytest.raises(common.ExerciseFailed, match="reference epoch drawn above"):
-            ex.check_epochs_worth(3, SEEDED, reference)
-    # numpy's integers arrive as plain ints
-    assert "worth 2" in ex.check_epochs_worth(2, SEEDED, np.int64(3))
-
-
-def test_epochs_worth_accepts_none_when_the_base_run_never_gets_there():
-    better = dict(SEEDED, **{"batch 256, lr 0.4 (scaled x8)": runs([0.1, 0.1, 0.1, 0.01])})
-    assert "never" in ex.check_epochs_worth(None, better, 4)
-    with pytest.raises(common.ExerciseFailed, match="above"):
-        ex.check_epochs_worth(4, better, 4)
-
-
-def test_in_a_graded_run_the_reference_epoch_must_be_the_one_drawn_for_it(monkeypatch):
-    base = [1.0 / e for e in range(1, 11)]  # ten epochs, as in the notebook
-    ten = {"batch 32, lr 0.05 (base)": runs(base),
-           "batch 256, lr 0.4 (scaled x8)": runs([2.0 / e for e in range(1, 11)])}
-    monkeypatch.setenv(common.GRADING_SEED, "7")
-    e = common.drawn("lesson04.reference_epoch", ex.draw_reference_epoch)
-    assert isinstance(e, int) and 4 <= e <= 10
-    assert e == common.drawn("lesson04.reference_epoch", ex.draw_reference_epoch)  # the grader's
-    assert "correct" in ex.check_epochs_worth(first_epoch(ten, e), ten, e)
-    other = 4 if e > 5 else 10  # a classmate's epoch, and the right answer for it
-    assert first_epoch(ten, other) != first_epoch(ten, e)
-    with pytest.raises(common.ExerciseFailed, match="drawn values were changed"):
-        ex.check_epochs_worth(first_epoch(ten, other), ten, other)
-    monkeypatch.delenv(common.GRADING_SEED)  # outside a graded run any epoch is checked as is
-    assert "correct" in ex.check_epochs_worth(first_epoch(ten, other), ten, other)
+def test_epochs_worth_judges_hidden_curves_only_in_a_graded_run(monkeypatch, tmp_path):
+    assert "correct" in ex.check_epochs_worth(by_heart, SEEDED)
+    monkeypatch.setenv(common.HIDDEN_SEED, "4")
+    monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))
+    assert "recorded" in ex.check_epochs_worth(by_heart, SEEDED)
+    data = common.from_plain(json.loads(next(tmp_path.iterdir()).read_text()))
+    with pytest.raises(common.HiddenTestFailed):
+        common.JUDGES["lesson04.epochs_worth"](data)

@@ -40,9 +40,8 @@ PIECES = [
     ("lesson02", "_judge_one", "right = W @ (X - lr * G)"),
     # lesson 3, exercise 2 (where the ring overtakes recursive doubling): the crossing
     ("lesson03", "_judge_crossover", "return math.log2(p) * (alpha + beta * n)"),
-    # lesson 4, exercise 2 (what the scaled batch's epochs were worth): the first epoch
-    ("lesson04", "_judge_epochs_worth",
-     "reached = [e + 1 for e, loss in enumerate(base) if loss <= target]"),
+    # lesson 4, exercise 2 (what each scaled epoch was worth): the interpolated epoch
+    ("lesson04", "worth", "out.append(k + (base[k - 1] - target) / (base[k - 1] - base[k]))"),
     # lesson 6, exercise 1 (staleness with s slow workers): mean_staleness's very signature
     ("lesson06", "simulated_staleness",
      "pad = {w: (k if w > m - s else 1.0) for w in range(1, m + 1)}"),
@@ -183,7 +182,15 @@ RIGHT_ANSWERS = textwrap.dedent("""
 
     seeded = {"batch 32, lr 0.05 (base)": runs([1.0, 0.6, 0.4, 0.1], [0.8, 0.4, 0.2, 0.3]),
               "batch 256, lr 0.4 (scaled x8)": runs([1.5, 1.0, 0.6, 0.3], [1.5, 1.0, 0.6, 0.4])}
-    verdict("lesson04._judge_epochs_worth", lesson04.check_epochs_worth, 2, seeded, 3)
+    def epochs_worth(base, scaled):
+        out = []
+        for target in scaled:
+            k = next((k for k, loss in enumerate(base) if loss <= target), None)
+            out.append(None if k is None else 1.0 if k == 0 else
+                       k + (base[k - 1] - target) / (base[k - 1] - base[k]))
+        return out
+
+    verdict("lesson04.worth", lesson04.check_epochs_worth, epochs_worth, seeded)
 
     verdict("lesson06.simulated_staleness", lesson06.check_mean_staleness,
             lambda m, s, k: ((m - s - 1) + s / k, (m - s) * k + (s - 1)))
@@ -222,7 +229,7 @@ RIGHT_ANSWERS = textwrap.dedent("""
     print(json.dumps(verdicts))
 """)
 JUDGED = {"lesson00._simulate", "lesson01.count_macs", "lesson02._gd_losses_until",
-          "lesson02._judge_one", "lesson03._judge_crossover", "lesson04._judge_epochs_worth",
+          "lesson02._judge_one", "lesson03._judge_crossover", "lesson04.worth",
           "lesson06.simulated_staleness", "lesson07._neighbours", "lesson08._judge_uniform_mix",
           "lesson09._judge_breakdown"}  # lesson09._attackers_per_round: in _judge_breakdown
 
@@ -242,8 +249,8 @@ def _verdicts(root: Path) -> dict:
 # checks the student edition judges on visible cases without the piece (their expected values
 # ship for those cases only; lesson 0's prediction is held to the run): the rest leave the
 # verdict to the grader
-ON_VISIBLE = {"lesson00._simulate", "lesson02._judge_one", "lesson06.simulated_staleness",
-              "lesson07._neighbours"}
+ON_VISIBLE = {"lesson00._simulate", "lesson02._judge_one", "lesson04.worth",
+              "lesson06.simulated_staleness", "lesson07._neighbours"}
 
 
 def test_in_the_student_edition_those_checks_judge_visible_cases_or_leave_it_to_the_grader(

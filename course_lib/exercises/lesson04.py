@@ -17,10 +17,8 @@ from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
-    check_drawn,
     checked,
     hidden_seed,
-    is_whole,
     launch_checked,
 )
 
@@ -170,71 +168,121 @@ check_weighted_average.__doc__ = """Check ``average(model, n_local)``: called on
 every ``.grad`` the gradient of the mean loss over all ranks' samples. Trains on 2 ranks with
 unequal batches and compares with one process on the global batch."""
 
-# -- exercise 2: how many base epochs the scaled large batch's first epochs are worth ----------
+# -- exercise 2: what each of the scaled large batch's epochs was worth ------------------------
 
 
-def draw_reference_epoch(rng) -> int:
-    """Exercise 2's reference epoch e, 4 to 10: ``common.drawn("lesson04.reference_epoch",
-    draw_reference_epoch)`` in the notebook (fresh every run; the grader's run seeds it)."""
-    return int(rng.integers(4, 10 + 1))
+def worth(base, scaled) -> list:
+    """For each epoch e of ``scaled`` (losses after epochs 1..n): the epoch E, a real number, at
+    which ``base`` (its points joined by straight lines) first comes down to ``scaled[e - 1]``;
+    1.0 if ``base`` is there after epoch 1; None if it never gets there. The student edition of
+    the library leaves this out: it is the exercise's answer."""
+    ### BEGIN SOLUTION
+    out = []
+    for target in scaled:
+        k = next((k for k, loss in enumerate(base) if loss <= target), None)
+        if k is None or k == 0:
+            out.append(None if k is None else 1.0)
+        else:  # between epochs k and k + 1: where the line from base[k - 1] to base[k] is target
+            out.append(k + (base[k - 1] - target) / (base[k - 1] - base[k]))
+    return out
+    ### END SOLUTION
 
 
-def _curves(seeded, marker):
+def _what_is_wrong(base, scaled, answers) -> str | None:
+    """What is wrong with ``answers`` for these curves, or None; from what E means (the line
+    through the base points is at the target at E, and no point before E is at or below it),
+    so the student edition holds it too."""
+    n = len(base)
+    if not isinstance(answers, list) or len(answers) != len(scaled):
+        return f"return a list of {len(scaled)} epochs (or None), one for each scaled epoch"
+    for e, (target, got) in enumerate(zip(scaled, answers, strict=True), start=1):
+        reached = [k + 1 for k, loss in enumerate(base) if loss <= target]
+        where = f"scaled epoch {e} (loss {target:.4g})"
+        if got is None:
+            if reached:
+                return f"{where}: the base run does get that low, after epoch {reached[0]}"
+            continue
+        if isinstance(got, bool) or not isinstance(got, (int, float)) or not 1 <= got <= n:
+            return f"{where}: give an epoch from 1 to {n} (or None), not {got!r}"
+        if not reached:
+            return f"{where}: the base run never gets that low: None"
+        before = [k for k in reached if k < got - 1e-9]
+        if before:
+            return f"{where}: the base run was already there after epoch {before[0]}"
+        line = float(np.interp(got, np.arange(1, n + 1), base))
+        if got > 1 and not abs(line - target) <= 1e-9 * max(1.0, abs(target)):
+            hint = " (interpolate between the two epochs)" if got == int(got) else ""
+            return (f"{where}: at epoch {got:.4g} the base curve is at {line:.4g}, not at the "
+                    f"target{hint}")
+        if got == 1 and base[0] > target:
+            return f"{where}: after epoch 1 the base run is still above it"
+    return None
+
+
+def _curve(g, n=10):
+    """A drawn loss curve: falling, with bumps, sometimes flat at the end."""
+    steps = torch.rand(n, generator=g, dtype=torch.float64) * 0.4 - 0.05
+    return (2.5 - torch.cumsum(steps, 0)).clamp(min=0.05).tolist()
+
+
+def _synthetic(seed) -> dict:
+    """Curves of ten epochs: a visible pair with each kind of answer (1.0, between epochs,
+    None), and in a graded run three drawn pairs."""
+    cases = {"visible": [([2.0, 1.5, 1.0, 0.9, 0.8, 0.75, 0.7, 0.7, 0.65, 0.6],
+                          [2.5, 2.0, 1.2, 0.95, 0.72, 0.66, 0.62, 0.6, 0.58, 0.55])]}
+    if seed is not None:
+        g = torch.Generator().manual_seed(seed)
+        cases["hidden"] = [(_curve(g), _curve(g)) for _ in range(3)]
+    return cases
+
+
+def _mean_curve(seeded, marker) -> list:
     names = [name for name in seeded if marker in name]
     if len(names) != 1:
         raise ExerciseFailed(f"pass section 5's `seeded` (no single run named {marker!r} in it)")
-    return [list(map(float, run["loss"])) for run in seeded[names[0]]]
+    return np.mean([list(map(float, run["loss"])) for run in seeded[names[0]]], axis=0).tolist()
 
 
-def _probe_epochs_worth(answer, seeded, reference_epoch) -> dict:
-    """``answer``: the student's epoch; ``seeded``: section 5's runs (each seed's curve);
-    ``reference_epoch``: the scaled run's epoch the notebook drew for this run (the curves are
-    the same on every run, the epoch is not: a copied answer is then likely wrong)."""
-    return {"answer": answer, "reference_epoch": reference_epoch,
-            "base": _curves(seeded, "(base)"), "scaled": _curves(seeded, "(scaled x8)")}
+def _answers(fn, base, scaled):
+    got = fn(list(base), list(scaled))
+    if isinstance(got, (list, tuple, np.ndarray)):
+        return [None if a is None else float(a) if isinstance(a, (int, float, np.number))
+                and not isinstance(a, bool) else repr(a) for a in got]
+    return repr(got)
+
+
+def _probe_epochs_worth(fn, seeded) -> dict:
+    """``fn``: the student's ``epochs_worth(base, scaled)``; ``seeded``: section 5's runs."""
+    base, scaled = _mean_curve(seeded, "(base)"), _mean_curve(seeded, "(scaled x8)")
+    data = {name: [{"answers": _answers(fn, b, s)} for b, s in pairs]
+            for name, pairs in _synthetic(hidden_seed()).items()}
+    return {**data, "run": {"base": base, "scaled": scaled,
+                            "answers": _answers(fn, base, scaled)}}
 
 
 def _judge_epochs_worth(data) -> str:
-    answer, reference = data["answer"], data["reference_epoch"]
-    check_drawn("lesson04.reference_epoch", draw_reference_epoch, reference)  # graded runs only
-    base = np.mean(np.asarray(data["base"], dtype=float), axis=0)
-    scaled = np.mean(np.asarray(data["scaled"], dtype=float), axis=0)
-    if (isinstance(reference, bool) or not isinstance(reference, int)
-            or not 1 <= reference <= len(scaled)):
-        raise ExerciseFailed(f"pass the reference epoch drawn above (1 to {len(scaled)}), not "
-                             f"{reference!r}")
-    if answer is not None and not is_whole(answer):
-        raise ExerciseFailed(f"give a whole number of epochs (1 to {len(base)}), or None, not "
-                             f"{answer!r}")
-    if answer is not None and not 1 <= answer <= len(base):
-        raise ExerciseFailed(f"epochs run from 1 to {len(base)} (the first point of a curve is "
-                             f"after epoch 1), not {answer}")
-    # the first epoch (the exercise's answer): the student edition of the library leaves it out
-    ### BEGIN SOLUTION
-    target = float(scaled[reference - 1])
-    reached = [e + 1 for e, loss in enumerate(base) if loss <= target]
-    right = reached[0] if reached else None
-    ### END SOLUTION
-    if answer is None:
-        if right is None:
-            return (f"correct: in this run the base run never gets as low as the scaled one "
-                    f"after epoch {reference}")
-        raise ExerciseFailed(f"the base run does get to {target:.4g} (the scaled run after epoch "
-                             f"{reference}) within {len(base)} epochs: give the first epoch")
-    answer = int(answer)
-    if base[answer - 1] > target:
-        raise ExerciseFailed(f"at epoch {answer} the base run's mean loss is "
-                             f"{base[answer - 1]:.4g}, still above the scaled run's "
-                             f"{target:.4g} after epoch {reference}")
-    if answer != right:
-        raise ExerciseFailed(f"at epoch {answer} the base run is below {target:.4g}, but it got "
-                             f"there earlier: give the first such epoch")
-    return (f"correct: the scaled batch's first {reference} epochs (mean loss {target:.4g}) are "
-            f"worth {right} of the base run's")
+    drawn = _synthetic(hidden_seed())
+    run = data.get("run") if isinstance(data, dict) else None
+    if not isinstance(run, dict) or not {"base", "scaled", "answers"} <= set(run):
+        raise ExerciseFailed("the check's data lacks the run's curves: run the check cell as it is")
+    cases = merged({k: [{} for _ in v] for k, v in drawn.items()},
+                   {k: v for k, v in data.items() if k != "run"}, ("answers",))
+    for (b, s), case in zip(drawn["visible"], cases["visible"], strict=True):
+        if wrong := _what_is_wrong(b, s, case["answers"]):
+            raise ExerciseFailed(f"the small example: {wrong}")
+    if wrong := _what_is_wrong(run["base"], run["scaled"], run["answers"]):
+        raise ExerciseFailed(f"your run's curves: {wrong}")
+    for (b, s), case in zip(drawn.get("hidden", []), cases.get("hidden", []), strict=True):
+        if _what_is_wrong(b, s, case["answers"]):
+            raise HiddenTestFailed("a hidden case failed")
+    last = run["answers"][-1]
+    said = "never" if last is None else f"{last:.2f}"
+    return (f"correct: every scaled epoch's worth in base epochs (the tenth: {said}), on your "
+            f"run's curves and the small example")
 
 
 check_epochs_worth = checked("lesson04.epochs_worth", _probe_epochs_worth, _judge_epochs_worth)
-check_epochs_worth.__doc__ = """Check ``epochs``, the first epoch at which section 5's base run
-(mean over its seeds) is at or below the mean loss of the batch-256 run with the linearly scaled
-rate after epoch ``reference_epoch`` (drawn in the notebook on every run):
-``check_epochs_worth(epochs, seeded, reference_epoch)``."""
+check_epochs_worth.__doc__ = """Check ``epochs_worth(base, scaled)``: for each scaled epoch, the
+(fractional) base epoch at which the base curve, read as straight lines, first reaches the scaled
+run's loss; 1.0 if already after epoch 1; None if never: ``check_epochs_worth(epochs_worth,
+seeded)``."""
