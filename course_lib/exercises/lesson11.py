@@ -71,17 +71,28 @@ def _live_tensors() -> list:
 def _numbers_kept(before, model) -> int:
     """Numbers held now in tensors that were not alive in ``before`` (kept alive, so their
     memory is not reused) and are not the model's parameters or gradients: what the student's
-    step keeps between steps, measured rather than reported (each storage counted once)."""
-    seen = {t.untyped_storage().data_ptr() for t in before}
-    seen |= {t.untyped_storage().data_ptr() for p in model.parameters()
-             for t in (p, p.grad) if t is not None}
-    total = 0
-    for t in _live_tensors():
-        ptr = t.untyped_storage().data_ptr()
-        if t.numel() and ptr not in seen:
-            seen.add(ptr)
-            total += t.untyped_storage().nbytes() // t.element_size()
-    return total
+    step keeps between steps, measured rather than reported (each storage counted once). The
+    fewest of three counts, after a barrier: a buffer that the process group's thread still
+    holds for a moment after a collective is not state."""
+    import time
+
+    import torch.distributed as dist
+
+    dist.barrier()
+    own = {t.untyped_storage().data_ptr() for t in before}
+    own |= {t.untyped_storage().data_ptr() for p in model.parameters()
+            for t in (p, p.grad) if t is not None}
+    counts = []
+    for _ in range(3):
+        seen, total = set(own), 0
+        for t in _live_tensors():
+            ptr = t.untyped_storage().data_ptr()
+            if t.numel() and ptr not in seen:
+                seen.add(ptr)
+                total += t.untyped_storage().nbytes() // t.element_size()
+        counts.append(total)
+        time.sleep(0.02)
+    return min(counts)
 
 
 def _train_on_ranks(make_zero1, cases):
