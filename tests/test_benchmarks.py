@@ -107,16 +107,16 @@ def test_emulated_strong_scaling_paces_every_world_size_by_one_device():
 
 
 def test_the_systems_an_emulated_device_stands_for():
-    from course_lib.benchmarks import overlap
+    from course_lib.benchmarks import systems
 
-    node, cluster = overlap.gpt3_xl_data_parallel(8, 16), overlap.gpt3_xl_data_parallel(32, 8)
+    node, cluster = systems.gpt3_xl_data_parallel(8, 16), systems.gpt3_xl_data_parallel(32, 8)
     assert node["name"] == "GPT-3 XL (1.3B) on 8 A100s over NVLink"
     assert cluster["name"] == "GPT-3 XL (1.3B) on 32 A100s over InfiniBand"
     assert cluster["ratio"] == pytest.approx(cluster["communication"] / cluster["compute"])
     # twice the sequences per GPU: twice the compute, the same all-reduce
-    double = overlap.gpt3_xl_data_parallel(32, 16)
+    double = systems.gpt3_xl_data_parallel(32, 16)
     assert double["ratio"] == pytest.approx(cluster["ratio"] / 2)
-    assert overlap.reference_system() == cluster
+    assert systems.reference_system() == cluster
 
 
 def test_the_grading_benchmark_times_sliced_and_whole_runs_and_a_class(tmp_path, capsys):

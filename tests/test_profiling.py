@@ -73,11 +73,30 @@ def test_the_benchmark_run_profiles_all_reduces_on_both_ranks():
     assert 0 <= s["measured"]["buckets 1 MB"] <= 1 and 0 <= s["predicted"]["buckets 1 MB"] <= 1
     # fitted to one stream of messages: its values depend on the machine's load, not on the code
     assert s["alpha"] >= 0 and s["beta"] >= 0
-    # the stream: the gradients as (a) sends them, then the fixed sizes
-    sizes = set(s["gradient_bytes"]) | set(bench.MESSAGE_BYTES)
+    # the stream: the gradients as (a) sends them, the fixed sizes, all gradients as one message
+    sizes = set(s["gradient_bytes"]) | set(bench.MESSAGE_BYTES) | {sum(s["gradient_bytes"])}
     assert s["message_sizes"] == sorted(sizes) and len(s["message_seconds"]) == len(sizes)
+    assert s["copy_per_byte"] > 0  # the host's bucket copies, timed beside the steps
     assert len(s["ready"]) == len(s["gradient_bytes"]) == 54
     assert sum(s["gradient_bytes"]) == 4 * sum(p.numel() for p in bench.model_fn().parameters())
+
+
+def test_the_benchmark_run_profiles_only_the_configs_asked_for():
+    runs = launch(bench.run, 2, kwargs=dict(configs=(("after backward", None), ("buckets", 1.0)),
+                                            steps=1, warmup=0, repeats=1,
+                                            profiled=["buckets 1 MB"]))
+    s = bench.summarise(runs)
+    assert set(s["spans"]) == {"buckets 1 MB"} and set(s["measured"]) == {"buckets 1 MB"}
+    assert set(s["predicted"]) == {"buckets 1 MB"}  # the model needs no profile
+
+
+def test_bucket_copy_seconds_packs_and_unpacks_every_gradient_unchanged():
+    grads = [torch.arange(6.0).reshape(2, 3), torch.ones(4)]
+    seconds = bench.bucket_copy_seconds(grads)
+    assert seconds > 0
+    # packed, divided by two ranks as start_bucket divides, and unpacked into the same tensors
+    torch.testing.assert_close(grads[0], torch.arange(6.0).reshape(2, 3) / 2)
+    torch.testing.assert_close(grads[1], torch.full((4,), 0.5))
 
 
 SMALL_GPT = functools.partial(tiny_gpt, vocab=96, d_model=64, layers=2, heads=2, context=8)

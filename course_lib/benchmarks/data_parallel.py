@@ -19,6 +19,7 @@ import statistics
 from course_lib import collectives as C
 from course_lib import data_parallel as dp
 from course_lib.benchmarks import overlap as overlap_bench
+from course_lib.benchmarks.systems import gpt3_xl_data_parallel
 from course_lib.cost_models import bus_bandwidth, fit_alpha_beta
 from course_lib.data import load_digits
 from course_lib.models import digits_cnn
@@ -60,8 +61,8 @@ def ddp_step_times(world_sizes=(1, 2), global_batch: int = 256, width: int = 32,
 
 def lesson_system() -> dict:
     """What lesson 4's emulated device stands for: GPT-3 XL on one DGX A100 (8 GPUs on NVLink),
-    16 sequences per GPU (``benchmarks.overlap.gpt3_xl_data_parallel``)."""
-    return overlap_bench.gpt3_xl_data_parallel(8, 16)
+    16 sequences per GPU (``benchmarks.systems.gpt3_xl_data_parallel``)."""
+    return gpt3_xl_data_parallel(8, 16)
 
 
 def _similarity(model_fn, x, y, group=None):

@@ -13,6 +13,7 @@ under backward, measured from a ``torch.profiler`` trace, next to the alpha-beta
 
 from __future__ import annotations
 
+import copy
 import functools
 import statistics
 import time
@@ -22,6 +23,7 @@ import torch.distributed as dist
 
 from course_lib import cost_models
 from course_lib import overlap as ov
+from course_lib.benchmarks.systems import reference_system
 from course_lib.data import stdlib_text, text_batch
 from course_lib.models import tiny_gpt
 from course_lib.runtime import profiling
@@ -45,30 +47,6 @@ model_fn = functools.partial(tiny_gpt, vocab=96, d_model=128, layers=4, heads=4,
 # FLOP, so a system's ratio of communication to compute is reachable with the cores mostly idle
 EMULATED = dict(model=functools.partial(tiny_gpt, vocab=96, d_model=256, layers=4, heads=4,
                                         context=8), local_batch=1, context=8)
-
-
-def gpt3_xl_data_parallel(gpus: int, sequences_per_gpu: int) -> dict:
-    """A system an emulated device can stand for, by the planner's ``step_time``: GPT-3 XL (1.3B
-    parameters; Brown et al. 2020) trained data-parallel on ``gpus`` A100s (DGX nodes of 8,
-    InfiniBand between them), ``sequences_per_gpu`` sequences of 2048 tokens per GPU and step,
-    the gradients all-reduced after backward. Returns its ``compute`` and ``communication``
-    seconds, their ``ratio`` and a ``name``."""
-    from course_lib import published
-    from course_lib.plans import Plan
-    from course_lib.step_time import step_time
-
-    model = published.gpt(layers=24, hidden=2048, heads=16, batch=gpus * sequences_per_gpu)
-    plan = Plan(dp=gpus, tp=1, pp=1, micro_batches=sequences_per_gpu)
-    t = step_time(model, published.a100_cluster(gpus), plan, overlap=False)
-    link = "NVLink" if gpus <= 8 else "InfiniBand"
-    return dict(compute=t["compute"], communication=t["data_parallel"],
-                ratio=t["data_parallel"] / t["compute"],
-                name=f"GPT-3 XL (1.3B) on {gpus} A100s over {link}")
-
-
-def reference_system() -> dict:
-    """What lesson 10's emulated runs stand for: 32 A100s (4 DGX nodes), 8 sequences per GPU."""
-    return gpt3_xl_data_parallel(32, 8)
 
 
 def label(config) -> str:
@@ -139,6 +117,17 @@ def message_times(sizes, repeats, group, dev, before=None):
     return out
 
 
+def bucket_copy_seconds(grads) -> float:
+    """Seconds for the host to pack ``grads`` into one bucket (a new buffer, divided by the world
+    size, as ``overlap.start_bucket`` does) and to unpack it (``overlap.unpack_bucket``). Work
+    without FLOPs: an emulated device leaves it to the host, and a bucket's message waits for it."""
+    start = time.perf_counter()
+    buffer = torch.cat([g.reshape(-1) for g in grads])
+    buffer /= 2
+    ov.unpack_bucket(buffer, grads)
+    return time.perf_counter() - start
+
+
 def calibrate(model, x, y, group, dev, repeats: int = 5) -> dict:
     """This machine's side of the similarity: the FLOPs of a step, the CPU time of its forward
     and backward (its thread's, median of ``repeats``: the work the device models) and an
@@ -164,7 +153,7 @@ def calibrate(model, x, y, group, dev, repeats: int = 5) -> dict:
 def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
         local_batch: int = 2, steps: int = 15, warmup: int = 3, repeats: int = 7,
         seed: int = 0, group=None, model=None, context: int = 64, ratio: float | None = None,
-        stands_for: str = "", profiled: bool = True, message_repeats: int | None = None) -> dict:
+        stands_for: str = "", profiled=True, message_repeats: int | None = None) -> dict:
     """On every rank: per-step seconds of each synchronisation in ``configs`` and of a step
     without communication ("none"), alternating step by step; then one profiled step of each;
     gradient ready times and sizes; all-reduce times of several sizes (for alpha and beta).
@@ -172,8 +161,11 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
     windows of ``context`` characters per rank. ``ratio``: run on an emulated device whose
     compute makes the whole gradient's all-reduce take ``ratio`` x a step's compute
     (``stands_for``: the system that ratio stands for); None: this CPU as it is. ``profiled``:
-    False skips the profiled steps (``spans`` is then empty). ``message_repeats``: how many
-    streams of messages to time for alpha and beta (default ``repeats``)."""
+    True profiles one step of every config, False none (``spans`` is then empty), a collection of
+    labels those configs. ``message_repeats``: how many streams of messages to time for alpha and
+    beta (default ``repeats``): each gradient alone, ``MESSAGE_BYTES`` and all gradients as one
+    message (the largest a bucket sends). ``copy_per_byte``: the host's seconds per byte to pack
+    and unpack a bucket (:func:`bucket_copy_seconds`, the median of the timed steps)."""
     rank, dev = dist.get_rank(group), device(group)
     model = model or model_fn
     tokens = stdlib_text()
@@ -183,7 +175,8 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
         return (t.to(dev) for t in text_batch(tokens, local_batch, context, g))
 
     configs = [("none", None), *configs]
-    models = {config: ov.synchronizer(model().to(dev), config[0], config[1] or 25.0, group)
+    first = model().to(dev)  # every config starts from these weights (a copy: building is slow)
+    models = {config: ov.synchronizer(copy.deepcopy(first), config[0], config[1] or 25.0, group)
               for config in configs}
     plain = models[("none", None)][0]
     emulated, similarity = None, {}
@@ -194,6 +187,8 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
         for inner, _ in models.values():
             emulated.pace_gradients(inner)
     times = {label(c): [] for c in configs}
+    grads = [torch.ones_like(p) for p in plain.parameters()]
+    copies = []  # the host's bucket copies of all gradients, timed beside the steps
     for step in range(warmup + steps):
         for config in configs:
             x, y = batch()
@@ -202,10 +197,14 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
             one_step(*models[config], x, y, 1e-3, dev, emulated)
             if step >= warmup:
                 times[label(config)].append(time.perf_counter() - start)
+        copied = bucket_copy_seconds(grads)
+        if step >= warmup:
+            copies.append(copied)
     # how the device kept to its model in the timed steps (the profiler's own work comes after)
     kept = {k: emulated and getattr(emulated, k) for k in ("lag", "unmodelled", "device_seconds")}
     profiles = {}
-    for config in configs if profiled else ():
+    chosen = [c for c in configs if profiled is True or (profiled and label(c) in profiled)]
+    for config in chosen:
         x, y = batch()
         dist.barrier(group=group)
         prof, _ = profiling.profile(
@@ -213,11 +212,13 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
         profiles[label(config)] = profiling.step_spans(prof, lane=rank)
     ready, backward = _gradient_ready_times(plain, *batch(), emulated)
     sizes = [p.numel() * p.element_size() for p in plain.parameters()]
-    messages = message_times(sizes[::-1] + list(MESSAGE_BYTES), message_repeats or repeats, group,
-                              dev, lambda: one_step(plain, lambda: None, *batch(), dev=dev,
-                                                    emulated=emulated))
+    messages = message_times(sizes[::-1] + list(MESSAGE_BYTES) + [sum(sizes)],
+                             message_repeats or repeats, group, dev,
+                             lambda: one_step(plain, lambda: None, *batch(), dev=dev,
+                                              emulated=emulated))
     return dict(times=times, spans=profiles, ready=ready, backward=backward, sizes=sizes,
                 messages=messages, ratio=ratio,
+                copy_per_byte=statistics.median(copies) / sum(sizes),
                 flops_per_second=emulated and emulated.flops_per_second, **similarity, **kept)
 
 
@@ -236,7 +237,6 @@ def summarise(runs) -> dict:
                                              [t for n in sizes for t in sent[n]], relative=False)
     seconds = [statistics.mean(sent[n]) for n in sizes]
     ready, n_bytes, backward = runs[0]["ready"], runs[0]["sizes"], runs[0]["backward"]
-    profiled = bool(runs[0]["spans"])
     predicted, measured = {}, {}
     for name in times:
         if name == "none" or name.startswith("after"):
@@ -247,7 +247,7 @@ def summarise(runs) -> dict:
                  for b in ov.assign_buckets([torch.empty(n // 4) for n in n_bytes], mb)])
         predicted[name] = cost_models.hidden_fraction_model(
             [t for t, _ in msgs], [sum(ns) for _, ns in msgs], alpha, beta, backward)
-        if profiled:
+        if name in runs[0]["spans"]:
             measured[name] = profiling.hidden_fraction(runs[0]["spans"][name], lane=0)
     spans = {k: [s for r in runs for s in r["spans"][k]] for k in runs[0]["spans"]}
     emulated = None
@@ -259,6 +259,7 @@ def summarise(runs) -> dict:
     return dict(times=times, medians={k: statistics.median(v) for k, v in times.items()},
                 emulated=emulated,
                 spans=spans, alpha=alpha, beta=beta, message_sizes=sizes,
+                copy_per_byte=max(r["copy_per_byte"] for r in runs),
                 message_seconds=seconds, predicted=predicted, measured=measured,
                 ready=ready, gradient_bytes=n_bytes, backward=backward)
 

@@ -1,13 +1,13 @@
 """Warm launches: a fork server that has imported torch, so that a worker starts in milliseconds.
 
 Started by :func:`course_lib.runtime.launching.launch`. A cold worker is a new Python that
-imports torch before it can do anything: about a second and a half of a core, paid by every
-rank of every launch. The fork server pays it once: it is a Python that imports torch,
-``torch.distributed``, numpy, cloudpickle and ``course_lib.runtime``, and then does nothing
-but wait. For each worker of a launch it forks a child, and the child runs the worker's code
-(``worker.main``) exactly as a cold worker would. In ``ps`` and ``top`` (with ``setproctitle``)
-the server is ``course_lib fork server (for pid N)`` and a worker, warm or cold, is
-``course_lib worker: rank R of P, FUNCTION``.
+imports torch first: about a second and a half of a core for every rank of every launch, and as
+much again where DDP or pipelining import ``torch._dynamo``. The fork server pays it once: it
+imports torch, ``torch.distributed``, what DDP, FSDP2, DTensor and pipelining import on first
+use, numpy, cloudpickle and ``course_lib.runtime``, then waits. For each worker of a launch it
+forks a child that runs the worker's code (``worker.main``) exactly as a cold worker would. In
+``ps`` and ``top`` the server is ``course_lib fork server (for pid N)``, a worker ``course_lib
+worker: rank R of P, FUNCTION``.
 
 What stays as with cold workers (the launch contract):
 
@@ -28,6 +28,7 @@ no fork; there, and with ``COURSE_LIB_LAUNCH=cold``, every launch starts cold.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import select
@@ -93,13 +94,12 @@ def serve(fd: int) -> None:
     from course_lib.runtime.worker import set_title
 
     set_title(f"{TITLE} (for pid {os.getppid()})")  # in ps and top, not "python -m ..."
-    import cloudpickle  # noqa: F401 - what every worker imports first, imported once here
-    import numpy.random  # noqa: F401 - seeded here: each child must reseed (see _child)
-    import torch  # noqa: F401
-    import torch.distributed  # noqa: F401
-
-    import course_lib.runtime  # noqa: F401
-    import course_lib.runtime.worker  # noqa: F401
+    # what every worker imports first (numpy is reseeded in each child, see _child), and what
+    # DDP and pipelining (torch._dynamo), FSDP2 and DTensor import on first use
+    for name in ("cloudpickle", "numpy.random", "torch", "torch._dynamo", "torch.distributed",
+                 "torch.distributed.fsdp", "torch.distributed.pipelining",
+                 "torch.distributed.tensor", "course_lib.runtime.worker"):
+        importlib.import_module(name)
 
     sock.send(json.dumps({"ready": os.getpid()}).encode())
     idle_s = float(os.environ.get("COURSE_LIB_FORKSERVER_IDLE_S", "600"))
