@@ -9,9 +9,10 @@ W, which can fill the gaps).
 The model is cut into p v pieces. With the *loop* placement rank r holds pieces r, r + p,
 r + 2p, ... (``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``); with the *V*
 placement (v = 2) rank r holds pieces r and 2p - 1 - r, so the first and last pieces share rank
-0 (``ScheduleZBVZeroBubble``). :func:`run` runs one step of any of them from
-``torch.distributed.pipelining`` and returns each local piece's gradients;
-:func:`measure_bubble` times steps of pieces padded to steady durations.
+0 (``ScheduleZBVZeroBubble``). GPipe and 1F1B (``ONE_PIECE``) hold one piece per rank (v = 1).
+:func:`run` runs one step of any of them from ``torch.distributed.pipelining`` and returns each
+local piece's gradients; :func:`measure_bubble` times steps of pieces padded to steady
+durations, so that every schedule's idle time is measured the same way.
 """
 
 from __future__ import annotations
@@ -26,12 +27,18 @@ from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
 
 SCHEDULES = ("interleaved 1F1B", "interleaved zero bubble", "ZBV zero bubble")
+ONE_PIECE = ("GPipe", "1F1B")  # lesson 5's schedules, torch's: one piece (stage) per rank
 
 
 def placement(schedule: str, p: int, v: int) -> list[list[int]]:
     """Which pieces (of p v) each of the p ranks holds, in the order the rank keeps them."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}: use one of {SCHEDULES}")
+    if schedule not in SCHEDULES + ONE_PIECE:
+        raise ValueError(f"unknown schedule {schedule!r}: use one of {SCHEDULES + ONE_PIECE}")
+    if schedule in ONE_PIECE:
+        if v != 1:
+            raise ValueError(f"{schedule} holds one piece per rank, got v = {v}: join each "
+                             f"rank's pieces into one")
+        return [[r] for r in range(p)]
     if schedule == "ZBV zero bubble":
         if v != 2:
             raise ValueError(f"the V placement has exactly 2 pieces per rank, got v = {v}")
@@ -43,12 +50,15 @@ def placement(schedule: str, p: int, v: int) -> list[list[int]]:
 
 def _schedule_class(schedule: str):
     from torch.distributed.pipelining import (
+        Schedule1F1B,
+        ScheduleGPipe,
         ScheduleInterleaved1F1B,
         ScheduleInterleavedZeroBubble,
         ScheduleZBVZeroBubble,
     )
 
-    return {"interleaved 1F1B": ScheduleInterleaved1F1B,
+    return {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B,
+            "interleaved 1F1B": ScheduleInterleaved1F1B,
             "interleaved zero bubble": ScheduleInterleavedZeroBubble,
             "ZBV zero bubble": ScheduleZBVZeroBubble}[schedule]
 
@@ -67,8 +77,8 @@ def build(pieces, micro_batches: int, schedule: str = "interleaved 1F1B", group=
     modules = [pieces[i].to(dev) for i in mine]
     stages = [PipelineStage(m, i, len(pieces), dev, group=group)
               for m, i in zip(modules, mine, strict=True)]
-    runner = _schedule_class(schedule)(stages, micro_batches,
-                                       loss_fn=torch.nn.functional.cross_entropy)
+    runner = _schedule_class(schedule)(stages[0] if schedule in ONE_PIECE else stages,
+                                       micro_batches, loss_fn=torch.nn.functional.cross_entropy)
     return runner, mine, modules
 
 

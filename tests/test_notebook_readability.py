@@ -24,8 +24,7 @@ MAX_WORDS, MAX_LINES, MAX_LESSON_WORDS = 40, 30, 2500
 # notebook prefix -> code cells (index among all cells) still over MAX_LINES: to split, or to move
 # into course_lib and show with inspect.getsource where the code is the algorithm
 LONG_CELLS: dict[str, set[int]] = {
-    "01": {23}, "03": {16}, "04": {25, 28}, "06": {6}, "07": {16, 22, 25}, "08": {15, 20, 23},
-    "09": {2, 8, 14}, "10": {40}, "11": {14, 29, 31}, "12": {35, 38, 42, 62},
+    "12": {35, 38, 42, 62},
 }
 # notebook prefix -> why the lesson is still over MAX_LESSON_WORDS words of markdown
 LONG_LESSONS: dict[str, str] = {
