@@ -94,12 +94,18 @@ def assign_buckets(params, bucket_mb: float) -> list[list[int]]:
     return buckets
 
 
-def start_bucket(grads, group=None):
-    """One bucket's message: its gradients flattened into one buffer and divided by the world
-    size (the sum is then the mean, as DDP does), all-reduced asynchronously. Returns the
-    buffer and the work to wait for."""
+def pack_bucket(grads, world_size: int) -> torch.Tensor:
+    """A bucket's gradients flattened into one new buffer and divided by the world size (the sum
+    over the ranks is then the mean, as DDP does)."""
     buffer = torch.cat([g.reshape(-1) for g in grads])
-    buffer /= dist.get_world_size(group)  # in place: no second copy of the bucket
+    buffer /= world_size  # in place: no second copy of the bucket
+    return buffer
+
+
+def start_bucket(grads, group=None):
+    """One bucket's message: :func:`pack_bucket`, all-reduced asynchronously. Returns the buffer
+    and the work to wait for."""
+    buffer = pack_bucket(grads, dist.get_world_size(group))
     return buffer, dist.all_reduce(buffer, group=group, async_op=True)
 
 

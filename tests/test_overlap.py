@@ -100,3 +100,12 @@ def test_uneven_global_batch_is_refused(text):
     x, y = text
     with pytest.raises(Exception, match="does not split evenly"):
         launch(ov.train, 2, args=(model_fn, x, y, 7, 1, LR))
+
+
+def test_pack_bucket_flattens_in_order_and_divides_by_the_world_size_in_a_new_buffer():
+    grads = [torch.arange(6.0).reshape(2, 3), torch.full((2,), 4.0)]
+    buffer = ov.pack_bucket(grads, 4)
+    torch.testing.assert_close(buffer, torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.0, 1.0]))
+    torch.testing.assert_close(grads[1], torch.full((2,), 4.0))  # the gradients are untouched
+    ov.unpack_bucket(buffer, grads)
+    torch.testing.assert_close(grads[0], torch.arange(6.0).reshape(2, 3) / 4)

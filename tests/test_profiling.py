@@ -94,7 +94,7 @@ def test_bucket_copy_seconds_packs_and_unpacks_every_gradient_unchanged():
     grads = [torch.arange(6.0).reshape(2, 3), torch.ones(4)]
     seconds = bench.bucket_copy_seconds(grads)
     assert seconds > 0
-    # packed, divided by two ranks as start_bucket divides, and unpacked into the same tensors
+    # packed for two ranks (divided by 2, as start_bucket divides) and unpacked in place
     torch.testing.assert_close(grads[0], torch.arange(6.0).reshape(2, 3) / 2)
     torch.testing.assert_close(grads[1], torch.full((4,), 0.5))
 

@@ -118,13 +118,11 @@ def message_times(sizes, repeats, group, dev, before=None):
 
 
 def bucket_copy_seconds(grads) -> float:
-    """Seconds for the host to pack ``grads`` into one bucket (a new buffer, divided by the world
-    size, as ``overlap.start_bucket`` does) and to unpack it (``overlap.unpack_bucket``). Work
-    without FLOPs: an emulated device leaves it to the host, and a bucket's message waits for it."""
+    """Seconds for the host to pack ``grads`` into one bucket for two ranks
+    (``overlap.pack_bucket``) and to unpack it (``overlap.unpack_bucket``). Work without FLOPs:
+    an emulated device leaves it to the host, and a bucket's message waits for it."""
     start = time.perf_counter()
-    buffer = torch.cat([g.reshape(-1) for g in grads])
-    buffer /= 2
-    ov.unpack_bucket(buffer, grads)
+    ov.unpack_bucket(ov.pack_bucket(grads, 2), grads)
     return time.perf_counter() - start
 
 
