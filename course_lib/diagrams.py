@@ -256,3 +256,31 @@ def plot_rank_grid(layout, *, gpus_per_node: int, title: str = "Where each rank 
                              f"tensor-parallel group)", fontsize=9)
         fig.tight_layout()
     return fig
+
+
+def plot_plan_terms(ranked, terms, *, title: str = "The fastest plans that fit",
+                    empty: str = "no plan fits"):
+    """The planner's answer as a picture: one bar per ranked plan (``ranked``: objects with
+    ``plan``, ``time`` {term: seconds} and ``memory["total"]`` in bytes, fastest first), its
+    step time stacked term by term in the order of ``terms``, the plan and its memory at the
+    bar's end. An empty ``ranked`` draws the ``empty`` note instead."""
+    with course_style():
+        fig, ax = plt.subplots(figsize=(9, 0.45 * max(len(ranked), 2) + 1.6))
+        for i, r in enumerate(ranked):
+            left = 0.0
+            for k, term in enumerate(terms):
+                ax.barh(i, r.time[term], left=left, color=COLORS[k % len(COLORS)],
+                        label=term.replace("_", " ") if i == 0 else None)
+                left += r.time[term]
+            ax.text(left, i, f"  {r.plan}  ({r.memory['total'] / 2**30:.0f} GiB)", va="center",
+                    fontsize=8)
+        if not ranked:
+            ax.text(0.5, 0.5, empty, ha="center", transform=ax.transAxes)
+        ax.invert_yaxis()
+        ax.set_yticks([])
+        ax.set(xlabel="predicted step time (s)", title=title,
+               xlim=(0, 1.9 * max((r.time["total"] for r in ranked), default=1)))
+        if ranked:
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=len(terms),
+                      fontsize=8)
+    return fig

@@ -120,3 +120,26 @@ def test_the_masks_and_their_sum_are_drawn_row_by_row():
     with pytest.raises(ValueError, match="masks is empty"):
         diagrams.plot_masks([])
     plt.close("all")
+
+
+def test_the_plan_terms_stack_to_each_plans_predicted_step():
+    from course_lib import planner as P
+
+    model = P.Transformer(layers=32, hidden=4096, heads=32, seq=2048, vocab=51_200,
+                          global_batch=512)
+    cluster = P.Cluster(gpus_per_node=8, nodes=4, memory=80 * 2**30, peak_flops=312e12,
+                        intra_bandwidth=300e9, inter_bandwidth=25e9)
+    fits = [r for r in P.rank_plans(model, cluster) if r.fits][:5]
+    fig = diagrams.plot_plan_terms(fits, P.TERMS, title="7B")
+    ax = fig.axes[0]
+    for i, r in enumerate(fits):  # each bar's segments end where the plan's total does
+        ends = [p.get_x() + p.get_width() for p in ax.patches if abs(p.get_y() + 0.4 - i) < 1e-9]
+        assert len(ends) == len(P.TERMS)
+        assert max(ends) == pytest.approx(r.time["total"])
+    assert [t for t in texts(fig) if "GiB" in t] == \
+        [f"  {r.plan}  ({r.memory['total'] / 2**30:.0f} GiB)" for r in fits]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == \
+        [t.replace("_", " ") for t in P.TERMS]
+    empty = diagrams.plot_plan_terms([], P.TERMS, empty="no plan fits: more GPUs")
+    assert "no plan fits: more GPUs" in texts(empty) and empty.axes[0].get_legend() is None
+    plt.close("all")

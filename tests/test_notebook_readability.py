@@ -23,9 +23,7 @@ MAX_WORDS, MAX_LINES, MAX_LESSON_WORDS = 40, 30, 2500
 
 # notebook prefix -> code cells (index among all cells) still over MAX_LINES: to split, or to move
 # into course_lib and show with inspect.getsource where the code is the algorithm
-LONG_CELLS: dict[str, set[int]] = {
-    "12": {35, 38, 42, 62},
-}
+LONG_CELLS: dict[str, set[int]] = {}
 # notebook prefix -> why the lesson is still over MAX_LESSON_WORDS words of markdown
 LONG_LESSONS: dict[str, str] = {
     "06": "to split in two: the parameter server's modes, then decentralized and local SGD",
