@@ -1,0 +1,278 @@
+"""Context parallelism: attention over a sequence that is split across ranks.
+
+Lecture: long sequences. Attention is softmax(Q K^T / sqrt(d)) V over every pair of tokens, so
+its score matrix grows as T^2. Three ideas let a sequence outgrow one device:
+
+* **Blockwise attention with the online softmax** (Milakov & Gimelshein 2018; FlashAttention,
+  Dao et al. 2022): take the keys one block at a time and keep, per query, only a running
+  maximum ``m``, a running sum ``l`` of exponentials and a running output. When a block raises
+  the maximum, what was summed so far is rescaled by exp(m_old - m_new). The T x T matrix is
+  never held; the result is the same softmax. (:class:`OnlineSoftmax`)
+* **Ring attention** (Liu et al. 2023): the sequence is split over p ranks. Each rank keeps its
+  queries and passes its key/value block around the ring, so after p - 1 steps every query has
+  met every key; a rank computes on one block while the next one travels. With a causal mask a
+  block of keys that lies wholly after a rank's queries is skipped, so a **contiguous** split
+  leaves the first rank one block to compute and the last p of them; the **zigzag** split (rank
+  r holds chunks r and 2p - 1 - r of 2p) gives every rank the same work.
+  (:func:`ring_attention`)
+* **DeepSpeed-Ulysses** (Jacobs et al. 2023): an all-to-all trades the sequence split for a
+  split of the heads, each rank attends over the whole sequence for H/p heads, and a second
+  all-to-all trades back. (:func:`ulysses_attention`)
+
+Tensors are (heads, tokens, head_dim). Rank functions take ``group`` (default: all ranks) and
+compute on the device their tensors are on; the messages are real point-to-point sends
+(``isend``/``irecv``) and all-to-alls.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from course_lib.runtime.devices import device
+
+LAYOUTS = ("contiguous", "zigzag")
+
+
+def _scores(q, k, q_pos, k_pos, causal: bool):
+    """Q K^T / sqrt(d), with -inf where a causal mask hides a key from a query."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+    return s
+
+
+def hidden(q_pos, k_pos) -> bool:
+    """A block of keys wholly after every query: under a causal mask there is nothing to do."""
+    return bool(k_pos.min() > q_pos.max())
+
+
+class OnlineSoftmax:
+    """softmax(S) V over the key blocks given to :meth:`add` one at a time, holding per query
+    only the running maximum ``m``, the running sum ``l`` and the running output ``acc``."""
+
+    def __init__(self, q):
+        rows = q.shape[:-1]
+        self.m = torch.full(rows, float("-inf"), dtype=q.dtype, device=q.device)
+        self.l = torch.zeros(rows, dtype=q.dtype, device=q.device)  # noqa: E741
+        self.acc = torch.zeros_like(q)
+
+    def add(self, scores, v) -> None:
+        m_new = torch.maximum(self.m, scores.amax(dim=-1))
+        shift = torch.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
+        rescale = torch.exp(self.m - shift)  # what was summed so far, at the new maximum
+        p = torch.exp(scores - shift[..., None])
+        self.l = self.l * rescale + p.sum(dim=-1)
+        self.acc = self.acc * rescale[..., None] + p @ v
+        self.m = m_new
+
+    def result(self):
+        """(output, log-sum-exp of each query's scores): the lse is what backward needs."""
+        return self.acc / self.l[..., None], self.m + torch.log(self.l)
+
+
+def blockwise_attention(q, k, v, block: int, causal: bool = False):
+    """Attention of all of ``q`` over ``k``, ``v`` taken ``block`` keys at a time (one process):
+    the largest score tensor held is tokens x block, not tokens x tokens."""
+    if block < 1:
+        raise ValueError(f"block must be a positive number of keys, got {block}")
+    pos = torch.arange(q.shape[-2], device=q.device)
+    k_all = torch.arange(k.shape[-2], device=q.device)
+    state = OnlineSoftmax(q)
+    for start in range(0, k.shape[-2], block):
+        k_pos = k_all[start:start + block]
+        state.add(_scores(q, k[..., k_pos, :], pos, k_pos, causal), v[..., k_pos, :])
+    return state.result()[0]
+
+
+def sequence_positions(tokens: int, world_size: int, rank: int, layout: str = "contiguous"):
+    """The positions (in the whole sequence) of the tokens ``rank`` holds."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not one of {world_size} ranks")
+    pieces = world_size * (2 if layout == "zigzag" else 1)
+    if tokens < pieces or tokens % pieces:
+        raise ValueError(f"a {layout} split of {tokens} tokens over {world_size} ranks needs a "
+                         f"positive multiple of {pieces} tokens")
+    n = tokens // pieces
+    chunks = [rank] if layout == "contiguous" else [rank, 2 * world_size - 1 - rank]
+    return torch.cat([torch.arange(c * n, (c + 1) * n) for c in chunks])
+
+
+def split_sequence(x, world_size: int, rank: int, layout: str = "contiguous"):
+    """``rank``'s share of the tokens of ``x`` (tokens on dim -2)."""
+    pos = sequence_positions(x.shape[-2], world_size, rank, layout).to(x.device)
+    return x.index_select(-2, pos)
+
+
+def gather_sequence(parts, layout: str = "contiguous"):
+    """The whole sequence from every rank's share (``parts[r]`` from rank r), in order."""
+    tokens = sum(p.shape[-2] for p in parts)
+    out = torch.empty(*parts[0].shape[:-2], tokens, parts[0].shape[-1], dtype=parts[0].dtype,
+                      device=parts[0].device)
+    for r, part in enumerate(parts):
+        out[..., sequence_positions(tokens, len(parts), r, layout).to(out.device), :] = part
+    return out
+
+
+def _ring(group):
+    """(world size, this rank, the global ranks it sends to and receives from)."""
+    p, r = dist.get_world_size(group), dist.get_rank(group)
+    return p, r, (r + 1) % p, (r - 1) % p
+
+
+def _pass_on(tensor, group):
+    """Send ``tensor`` to the next rank and receive the previous one's: (requests, buffer)."""
+    p, _, nxt, prev = _ring(group)
+    buffer = torch.empty_like(tensor)
+    reqs = [dist.isend(tensor.contiguous(), group=group, group_dst=nxt),
+            dist.irecv(buffer, group=group, group_src=prev)]
+    return reqs, buffer
+
+
+def _wait(reqs) -> None:
+    for req in reqs:
+        req.wait()
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, layout, causal, group, counts):
+        p, r, _, _ = _ring(group)
+        tokens = q.shape[-2] * p
+        q_pos = sequence_positions(tokens, p, r, layout).to(q.device)
+        state, kv = OnlineSoftmax(q), torch.stack([k, v])
+        for step in range(p):
+            if step < p - 1:  # the next block travels while this one computes
+                reqs, incoming = _pass_on(kv, group)
+                counts["messages"] += 1
+                counts["bytes"] += kv.numel() * kv.element_size()
+            k_pos = sequence_positions(tokens, p, (r - step) % p, layout).to(q.device)
+            if causal and hidden(q_pos, k_pos):
+                counts["skipped"] += 1
+            else:
+                state.add(_scores(q, kv[0], q_pos, k_pos, causal), kv[1])
+                counts["blocks"] += 1
+            if step < p - 1:
+                _wait(reqs)
+                kv = incoming
+        out, lse = state.result()
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.layout, ctx.causal, ctx.group, ctx.counts = layout, causal, group, counts
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        p, r, _, _ = _ring(ctx.group)
+        tokens, scale = q.shape[-2] * p, 1 / math.sqrt(q.shape[-1])
+        q_pos = sequence_positions(tokens, p, r, ctx.layout).to(q.device)
+        delta = (d_out * out).sum(dim=-1, keepdim=True)  # rowsum(dO * O)
+        dq = torch.zeros_like(q)
+        block = torch.stack([k, v, torch.zeros_like(k), torch.zeros_like(v)])  # k, v, dk, dv
+        for step in range(p):
+            k_pos = sequence_positions(tokens, p, (r - step) % p, ctx.layout).to(q.device)
+            if not (ctx.causal and hidden(q_pos, k_pos)):
+                kb, vb = block[0], block[1]
+                prob = torch.exp(_scores(q, kb, q_pos, k_pos, ctx.causal) - lse[..., None])
+                d_score = prob * (d_out @ vb.transpose(-2, -1) - delta)
+                dq += d_score @ kb * scale
+                block[2] += d_score.transpose(-2, -1) @ q * scale
+                block[3] += prob.transpose(-2, -1) @ d_out
+            # p passes: the block, with the gradients of its keys and values, comes home
+            sent = block
+            reqs, block = _pass_on(sent, ctx.group)
+            _wait(reqs)
+            ctx.counts["messages"] += 1
+            ctx.counts["bytes"] += block.numel() * block.element_size()
+        return dq, block[2], block[3], None, None, None, None
+
+
+def ring_attention(q, k, v, *, causal: bool = False, layout: str = "contiguous", group=None,
+                   counts: dict | None = None):
+    """Attention of this rank's queries over the whole sequence, whose keys and values are
+    split over the ranks of ``group`` as ``layout`` splits them (:func:`split_sequence`): the
+    key/value blocks go around the ring. Differentiable (backward passes the blocks around
+    again, with their gradients). ``counts`` (if given) adds up blocks computed, blocks skipped
+    under the causal mask, messages and bytes sent."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if not q.shape == k.shape == v.shape:
+        raise ValueError(f"q, k and v must have one shape, got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if counts is None:
+        counts = {}
+    for key in ("blocks", "skipped", "messages", "bytes"):
+        counts.setdefault(key, 0)
+    return _RingAttention.apply(q, k, v, layout, causal, group, counts)
+
+
+class _AllToAll(torch.autograd.Function):
+    """(heads, n, d) split by sequence <-> (heads / p, p n, d) split by heads."""
+
+    @staticmethod
+    def forward(ctx, x, to_heads, group, counts):
+        ctx.to_heads, ctx.group, ctx.counts = to_heads, group, counts
+        return _exchange(x, to_heads, group, counts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _exchange(grad, not ctx.to_heads, ctx.group, ctx.counts), None, None, None
+
+
+def _exchange(x, to_heads, group, counts):
+    p = dist.get_world_size(group)
+    if to_heads:  # send head group s of my tokens to rank s
+        h, n, d = x.shape
+        send = x.reshape(p, h // p, n, d).contiguous()
+    else:  # send tokens of rank s (for my heads) back to rank s
+        h, t, d = x.shape
+        send = x.reshape(h, p, t // p, d).transpose(0, 1).contiguous()
+    received = torch.empty_like(send)
+    dist.all_to_all_single(received, send, group=group)
+    counts["messages"] += 1
+    counts["bytes"] += send.numel() * send.element_size() * (p - 1) // p
+    if to_heads:  # received[s]: my heads, rank s's tokens -> (h / p, p n, d)
+        return received.transpose(0, 1).reshape(h // p, p * n, d)
+    return received.reshape(p * h, t // p, d)  # received[s]: head group s, my tokens
+
+
+def ulysses_attention(q, k, v, *, causal: bool = False, group=None, counts: dict | None = None):
+    """DeepSpeed-Ulysses: this rank holds a contiguous share of the tokens of every head; an
+    all-to-all gives it every token of heads / p heads, it attends, and an all-to-all gives each
+    rank its tokens back. Needs the heads to divide among the ranks. Differentiable."""
+    p = dist.get_world_size(group)
+    if q.shape[0] % p:
+        raise ValueError(f"Ulysses splits the heads: {q.shape[0]} heads do not divide among "
+                         f"{p} ranks")
+    if counts is None:
+        counts = {}
+    for key in ("messages", "bytes"):
+        counts.setdefault(key, 0)
+    qh, kh, vh = (_AllToAll.apply(x, True, group, counts) for x in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)
+    return _AllToAll.apply(out, False, group, counts)
+
+
+def run_context_parallel(q, k, v, d_out, *, causal: bool = False, layout: str = "contiguous",
+                         kind: str = "ring", group=None) -> dict:
+    """On each rank: take this rank's share of the whole ``q``, ``k``, ``v`` (heads, tokens, d),
+    attend with ``kind`` ("ring" or "ulysses", which splits contiguously), and backpropagate the
+    share of ``d_out`` (the gradient of the output). Returns this rank's output and gradients of
+    its shares, and the counts."""
+    if kind not in ("ring", "ulysses"):
+        raise ValueError(f"kind must be 'ring' or 'ulysses', got {kind!r}")
+    p, r = dist.get_world_size(group), dist.get_rank(group)
+    layout = layout if kind == "ring" else "contiguous"
+    mine = [split_sequence(x, p, r, layout).to(device()) for x in (q, k, v, d_out)]
+    q_, k_, v_ = (x.clone().requires_grad_(True) for x in mine[:3])
+    counts: dict = {}
+    attend = ring_attention if kind == "ring" else ulysses_attention
+    options = dict(layout=layout) if kind == "ring" else {}
+    out = attend(q_, k_, v_, causal=causal, group=group, counts=counts, **options)
+    out.backward(mine[3])
+    return {"out": out.detach().cpu(), "dq": q_.grad.cpu(), "dk": k_.grad.cpu(),
+            "dv": v_.grad.cpu(), "counts": counts, "layout": layout}

@@ -1,0 +1,132 @@
+"""Context parallelism (course_lib.context_parallel): blockwise attention with the online
+softmax in one process, ring attention and Ulysses on gloo ranks, against one process's
+attention in float64."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course_lib import context_parallel as cp
+from course_lib import launch
+
+HEADS, TOKENS, DIM = 4, 24, 8
+
+
+def qkv(tokens=TOKENS, heads=HEADS, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(heads, tokens, DIM, generator=g, dtype=torch.float64) for _ in range(4)]
+
+
+def attention(q, k, v, causal):
+    """One process, written out: softmax(Q K^T / sqrt(d)) V, masked above the diagonal."""
+    s = q @ k.transpose(-2, -1) / DIM ** 0.5
+    if causal:
+        s = s.masked_fill(torch.ones(len(q[0]), len(k[0]), dtype=torch.bool).triu(1),
+                          float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def reference(q, k, v, d_out, causal):
+    q, k, v = (x.clone().requires_grad_(True) for x in (q, k, v))
+    out = attention(q, k, v, causal)
+    out.backward(d_out)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("block", [1, 5, 8, TOKENS, 100])
+def test_blockwise_attention_is_attention(block, causal):
+    q, k, v, _ = qkv()
+    torch.testing.assert_close(cp.blockwise_attention(q, k, v, block, causal),
+                               attention(q, k, v, causal))
+    torch.testing.assert_close(attention(q, k, v, causal),
+                               F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+
+
+def test_the_online_softmax_rescales_what_it_summed_when_the_maximum_rises():
+    q = torch.ones(1, 1, 1, dtype=torch.float64)
+    k = torch.tensor([[[0.0], [50.0]]], dtype=torch.float64)  # the second key's score is far larger
+    v = torch.tensor([[[1.0], [2.0]]], dtype=torch.float64)
+    state = cp.OnlineSoftmax(q)
+    state.add(q @ k[:, :1].transpose(-2, -1), v[:, :1])
+    assert state.m.item() == 0.0 and state.l.item() == 1.0
+    state.add(q @ k[:, 1:].transpose(-2, -1), v[:, 1:])
+    out, lse = state.result()
+    assert state.m.item() == 50.0
+    scores = torch.tensor([0.0, 50.0], dtype=torch.float64)
+    torch.testing.assert_close(lse.reshape(()), torch.logsumexp(scores, 0))
+    torch.testing.assert_close(out.reshape(1), torch.softmax(scores, 0) @ v[0])
+
+
+def test_blockwise_attention_refuses_an_empty_block():
+    q, k, v, _ = qkv()
+    with pytest.raises(ValueError, match="block must be a positive"):
+        cp.blockwise_attention(q, k, v, 0)
+
+
+def test_the_zigzag_split_pairs_chunk_r_with_chunk_2p_minus_1_minus_r():
+    assert cp.sequence_positions(8, 2, 0, "zigzag").tolist() == [0, 1, 6, 7]
+    assert cp.sequence_positions(8, 2, 1, "zigzag").tolist() == [2, 3, 4, 5]
+    assert cp.sequence_positions(6, 3, 2).tolist() == [4, 5]
+    x = torch.arange(2 * 12 * 3).reshape(2, 12, 3)
+    for layout in cp.LAYOUTS:
+        parts = [cp.split_sequence(x, 3, r, layout) for r in range(3)]
+        assert torch.equal(cp.gather_sequence(parts, layout), x)
+
+
+@pytest.mark.parametrize("tokens, ranks, layout, message", [
+    (10, 4, "contiguous", "multiple of 4"), (6, 2, "zigzag", "multiple of 4"),
+    (8, 2, "striped", "layout must be"), (8, 2, "contiguous", None)])
+def test_a_split_that_does_not_divide_is_refused(tokens, ranks, layout, message):
+    if message is None:
+        assert len(cp.sequence_positions(tokens, ranks, 1, layout)) == tokens // ranks
+        with pytest.raises(ValueError, match="rank 2 is not one of 2"):
+            cp.sequence_positions(tokens, ranks, 2, layout)
+        return
+    with pytest.raises(ValueError, match=message):
+        cp.sequence_positions(tokens, ranks, 0, layout)
+
+
+@pytest.mark.parametrize("ranks, layout, causal", [
+    (2, "contiguous", False), (2, "zigzag", True), (3, "contiguous", True), (3, "zigzag", True)])
+def test_ring_attention_on_ranks_is_one_process_attention_forward_and_backward(ranks, layout,
+                                                                              causal):
+    q, k, v, d_out = qkv()
+    results = launch(cp.run_context_parallel, ranks, args=(q, k, v, d_out),
+                     kwargs=dict(causal=causal, layout=layout))
+    out, dq, dk, dv = reference(q, k, v, d_out, causal)
+    for name, whole in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+        torch.testing.assert_close(cp.gather_sequence([r[name] for r in results], layout), whole)
+    for r in results:  # p - 1 blocks forward, p passes back; each block is k and v (and dk, dv)
+        share = HEADS * TOKENS // ranks * DIM * 8
+        assert r["counts"]["messages"] == 2 * ranks - 1
+        assert r["counts"]["bytes"] == (ranks - 1) * 2 * share + ranks * 4 * share
+
+
+def test_a_causal_contiguous_split_gives_the_last_rank_p_times_the_first_ranks_work():
+    q, k, v, d_out = qkv()
+    work = {layout: [r["counts"]["blocks"] for r in launch(
+        cp.run_context_parallel, 3, args=(q, k, v, d_out), kwargs=dict(causal=True,
+                                                                          layout=layout))]
+            for layout in cp.LAYOUTS}
+    assert work["contiguous"] == [1, 2, 3]
+    assert work["zigzag"] == [3, 3, 3]  # each block pair holds some unmasked pairs: none skipped
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_ulysses_on_two_ranks_is_one_process_attention(causal):
+    q, k, v, d_out = qkv()
+    results = launch(cp.run_context_parallel, 2, args=(q, k, v, d_out),
+                     kwargs=dict(causal=causal, kind="ulysses"))
+    out, dq, dk, dv = reference(q, k, v, d_out, causal)
+    for name, whole in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+        torch.testing.assert_close(cp.gather_sequence([r[name] for r in results]), whole)
+    for r in results:  # three all-to-alls forward and one back; their gradients' in reverse
+        assert r["counts"]["messages"] == 8
+        assert r["layout"] == "contiguous"
+
+
+def test_ulysses_refuses_heads_that_do_not_divide_among_the_ranks():
+    q, k, v, d_out = qkv(heads=3)
+    with pytest.raises(Exception, match="3 heads do not divide among 2 ranks"):
+        launch(cp.run_context_parallel, 2, args=(q, k, v, d_out), kwargs=dict(kind="ulysses"))
