@@ -160,6 +160,31 @@ def torch_all_reduce(tensor, group=None):
     return total, int(all_reduce_bytes("efficient ring", _bytes(total), p))
 
 
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        dist.all_to_all_single(out, x.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # the exchange is a permutation: its gradient goes back the same way
+        out = torch.empty_like(grad, memory_format=torch.contiguous_format)
+        dist.all_to_all_single(out, grad.contiguous(), group=ctx.group)
+        return out, None
+
+
+def all_to_all(x, group=None):
+    """All-to-all of ``x`` shaped (p, ...): slice s goes to rank s of ``group``, and slice s of
+    the result came from rank s. Differentiable: the gradient is exchanged back the same way."""
+    p = dist.get_world_size(group)
+    if x.shape[0] != p:
+        raise ValueError(f"all_to_all needs one slice per rank on dim 0: {p} ranks, "
+                         f"shape {tuple(x.shape)}")
+    return _AllToAll.apply(x, group)
+
+
 def time_all_reduce(all_reduce, numels, *, repeats: int = 5, warmup: int = 1,
                     dtype=torch.float32, group=None) -> dict[int, list[float]]:
     """On every rank of ``group``: wall times of ``all_reduce`` for vectors of each length in

@@ -31,6 +31,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from course_lib.collectives import all_to_all
 from course_lib.runtime.devices import device
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -210,32 +211,20 @@ def ring_attention(q, k, v, *, causal: bool = False, layout: str = "contiguous",
     return _RingAttention.apply(q, k, v, layout, causal, group, counts)
 
 
-class _AllToAll(torch.autograd.Function):
-    """(heads, n, d) split by sequence <-> (heads / p, p n, d) split by heads."""
-
-    @staticmethod
-    def forward(ctx, x, to_heads, group, counts):
-        ctx.to_heads, ctx.group, ctx.counts = to_heads, group, counts
-        return _exchange(x, to_heads, group, counts)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _exchange(grad, not ctx.to_heads, ctx.group, ctx.counts), None, None, None
-
-
-def _exchange(x, to_heads, group, counts):
+def _exchange(x, to_heads: bool, group, counts):
+    """(heads, n, d) split by sequence -> (heads / p, p n, d) split by heads (``to_heads``), or
+    back: an all-to-all of head groups, then the received token blocks laid end to end."""
     p = dist.get_world_size(group)
-    if to_heads:  # send head group s of my tokens to rank s
+    if to_heads:  # slice s: head group s of my tokens, for rank s
         h, n, d = x.shape
-        send = x.reshape(p, h // p, n, d).contiguous()
-    else:  # send tokens of rank s (for my heads) back to rank s
+        send = x.reshape(p, h // p, n, d)
+    else:  # slice s: rank s's tokens of my heads, back to rank s
         h, t, d = x.shape
-        send = x.reshape(h, p, t // p, d).transpose(0, 1).contiguous()
-    received = torch.empty_like(send)
-    dist.all_to_all_single(received, send, group=group)
+        send = x.reshape(h, p, t // p, d).transpose(0, 1)
+    received = all_to_all(send, group)
     counts["messages"] += 1
     counts["bytes"] += send.numel() * send.element_size() * (p - 1) // p
-    if to_heads:  # received[s]: my heads, rank s's tokens -> (h / p, p n, d)
+    if to_heads:  # received[s]: my heads, rank s's tokens
         return received.transpose(0, 1).reshape(h // p, p * n, d)
     return received.reshape(p * h, t // p, d)  # received[s]: head group s, my tokens
 
@@ -252,9 +241,9 @@ def ulysses_attention(q, k, v, *, causal: bool = False, group=None, counts: dict
         counts = {}
     for key in ("messages", "bytes"):
         counts.setdefault(key, 0)
-    qh, kh, vh = (_AllToAll.apply(x, True, group, counts) for x in (q, k, v))
+    qh, kh, vh = (_exchange(x, True, group, counts) for x in (q, k, v))
     out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)
-    return _AllToAll.apply(out, False, group, counts)
+    return _exchange(out, False, group, counts)
 
 
 def run_context_parallel(q, k, v, d_out, *, causal: bool = False, layout: str = "contiguous",

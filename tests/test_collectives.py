@@ -98,3 +98,40 @@ def time_two_sizes():
 def test_time_all_reduce_returns_repeats_per_size():
     times = launch(time_two_sizes, 2)
     assert set(times[0]) == {4, 4096} and all(len(v) == 2 for v in times[0].values())
+
+
+def _all_to_all_and_back(x, group=None):
+    import torch.distributed as dist
+
+    from course_lib.collectives import all_to_all
+
+    rank = dist.get_rank(group)
+    mine = (x[rank] * 1.0).requires_grad_(True)  # slice s of rank r: x[r, s]
+    strided = mine.t().contiguous().t()  # the same values, not laid out row by row
+    assert not strided.is_contiguous()
+    out = all_to_all(strided, group)
+    (out * torch.arange(1.0, 1 + out.numel()).reshape(out.shape)).sum().backward()
+    return out.detach(), mine.grad
+
+
+def test_all_to_all_sends_slice_s_to_rank_s_and_its_gradient_back():
+    p = 3
+    x = torch.arange(p * p * 2, dtype=torch.float64).reshape(p, p, 2)
+    results = launch(_all_to_all_and_back, p, args=(x,))
+    weights = torch.arange(1.0, 1 + p * 2, dtype=torch.float64).reshape(p, 2)
+    for r, (out, grad) in enumerate(results):
+        torch.testing.assert_close(out, x[:, r])  # slice s of the result came from rank s
+        # d(sum w * out)/d(mine[s]): rank s's out[r] holds mine[s], weighted by w[r]
+        torch.testing.assert_close(grad, weights[r].expand(p, 2))
+
+
+def test_all_to_all_refuses_a_tensor_without_one_slice_per_rank():
+
+    with pytest.raises(Exception, match="one slice per rank on dim 0: 2 ranks"):
+        launch(_all_to_all_wrong, 2)
+
+
+def _all_to_all_wrong(group=None):
+    from course_lib.collectives import all_to_all
+
+    return all_to_all(torch.zeros(3, 2), group)

@@ -88,7 +88,8 @@ def test_a_split_that_does_not_divide_is_refused(tokens, ranks, layout, message)
 
 
 @pytest.mark.parametrize("ranks, layout, causal", [
-    (2, "contiguous", False), (2, "zigzag", True), (3, "contiguous", True), (3, "zigzag", True)])
+    (2, "contiguous", False), (2, "zigzag", True), (4, "contiguous", True), (4, "zigzag", False),
+    (4, "zigzag", True)])
 def test_ring_attention_on_ranks_is_one_process_attention_forward_and_backward(ranks, layout,
                                                                               causal):
     q, k, v, d_out = qkv()
@@ -106,23 +107,25 @@ def test_ring_attention_on_ranks_is_one_process_attention_forward_and_backward(r
 def test_a_causal_contiguous_split_gives_the_last_rank_p_times_the_first_ranks_work():
     q, k, v, d_out = qkv()
     work = {layout: [r["counts"]["blocks"] for r in launch(
-        cp.run_context_parallel, 3, args=(q, k, v, d_out), kwargs=dict(causal=True,
+        cp.run_context_parallel, 4, args=(q, k, v, d_out), kwargs=dict(causal=True,
                                                                           layout=layout))]
             for layout in cp.LAYOUTS}
-    assert work["contiguous"] == [1, 2, 3]
-    assert work["zigzag"] == [3, 3, 3]  # each block pair holds some unmasked pairs: none skipped
+    assert work["contiguous"] == [1, 2, 3, 4]
+    assert work["zigzag"] == [4, 4, 4, 4]  # each block pair holds some unmasked pairs: none skipped
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_ulysses_on_two_ranks_is_one_process_attention(causal):
+@pytest.mark.parametrize("ranks, causal", [(2, False), (2, True), (4, True)])
+def test_ulysses_on_ranks_is_one_process_attention(ranks, causal):
     q, k, v, d_out = qkv()
-    results = launch(cp.run_context_parallel, 2, args=(q, k, v, d_out),
+    results = launch(cp.run_context_parallel, ranks, args=(q, k, v, d_out),
                      kwargs=dict(causal=causal, kind="ulysses"))
     out, dq, dk, dv = reference(q, k, v, d_out, causal)
     for name, whole in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
         torch.testing.assert_close(cp.gather_sequence([r[name] for r in results]), whole)
-    for r in results:  # three all-to-alls forward and one back; their gradients' in reverse
-        assert r["counts"]["messages"] == 8
+    share = HEADS * TOKENS // ranks * DIM * 8  # bytes of one rank's q (or k, v, output)
+    for r in results:  # q, k, v to heads and the output back (forward; backward as many again)
+        assert r["counts"]["messages"] == 4
+        assert r["counts"]["bytes"] == 4 * share * (ranks - 1) // ranks
         assert r["layout"] == "contiguous"
 
 
