@@ -1,0 +1,173 @@
+"""Mixture of experts and expert parallelism: many feed-forward networks, each token sent to few.
+
+Lecture: long sequences and experts. A mixture-of-experts block (GShard, Lepikhin et al. 2020;
+Switch Transformer, Fedus et al. 2021; Mixtral, Jiang et al. 2024) replaces the feed-forward
+network of a Transformer block by E of them and a **router**, a linear map giving each token a
+probability per expert. Each token goes to its top k experts (k = 1 in Switch, 2 in GShard and
+Mixtral), and their outputs are summed, weighted by the **gates** (the chosen probabilities,
+renormalised to sum to 1 when k > 1). The parameters grow E-fold; a token's FLOPs only k-fold.
+
+* **Capacity.** An expert takes at most C = ceil(factor x tokens x k / E) tokens of a batch, so
+  that every expert's input has one fixed size. First choices are served before second choices,
+  in token order; a token past an expert's capacity is **dropped** there (it adds nothing; in a
+  Transformer the residual connection carries it on).
+* **Load balancing.** Switch's auxiliary loss E sum_i f_i P_i, with f_i the share of the
+  assignments that went to expert i and P_i its mean router probability, is smallest when the
+  tokens spread evenly.
+* **Expert parallelism.** The experts are spread over the ranks (E / ep each). Every rank routes
+  its own tokens, and an all-to-all sends each expert its tokens (the ``dispatch``), a second one
+  brings the outputs home (the ``combine``). The capacity makes every message one size.
+
+Tokens are rows of x: (tokens, d_model). Rank functions take ``group`` (default: all ranks) and
+compute on the device their tensors are on.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from course_lib.collectives import all_to_all
+from course_lib.models import feed_forward
+from course_lib.runtime.devices import device
+
+
+def route(logits, k: int):
+    """(experts, gates, probabilities): each token's top ``k`` experts (tokens, k), their gates
+    (renormalised to sum to 1 when k > 1) and every expert's probability (tokens, E)."""
+    if not 1 <= k <= logits.shape[-1]:
+        raise ValueError(f"k must be between 1 and the number of experts "
+                         f"({logits.shape[-1]}), got {k}")
+    probs = torch.softmax(logits, dim=-1)
+    gates, experts = probs.topk(k, dim=-1)
+    if k > 1:
+        gates = gates / gates.sum(dim=-1, keepdim=True)
+    return experts, gates, probs
+
+
+def capacity(tokens: int, experts: int, k: int, factor: float) -> int:
+    """Tokens one expert takes from a batch of ``tokens``: ceil(factor x tokens x k / E)."""
+    if not factor > 0:
+        raise ValueError(f"the capacity factor must be positive, got {factor}")
+    return max(1, math.ceil(factor * tokens * k / experts))
+
+
+def assign_slots(experts, num_experts: int, cap: int):
+    """Each assignment's slot in its expert's input (tokens, k), or -1 where the expert is full:
+    all first choices in token order, then all second choices, and so on."""
+    slots = torch.full_like(experts, -1)
+    filled = torch.zeros(num_experts, dtype=torch.long, device=experts.device)
+    for choice in range(experts.shape[1]):
+        chosen = experts[:, choice]
+        one_hot = torch.nn.functional.one_hot(chosen, num_experts)
+        before = (one_hot.cumsum(dim=0) - one_hot)[torch.arange(len(chosen)), chosen]
+        slot = filled[chosen] + before  # how many this expert took before this token
+        slots[:, choice] = torch.where(slot < cap, slot, -1)
+        filled += one_hot.sum(dim=0)
+    return slots
+
+
+def balancing_loss(probs, experts, num_experts: int):
+    """Switch Transformer's auxiliary loss E sum_i f_i P_i (1 when the load is even)."""
+    share = torch.bincount(experts.reshape(-1), minlength=num_experts) / experts.numel()
+    return num_experts * (share.to(probs.dtype) * probs.mean(dim=0)).sum()
+
+
+def dispatch(x, experts, slots, num_experts: int, cap: int):
+    """Each expert's input, (E, capacity, d): the tokens in their slots, zeros where free."""
+    out = x.new_zeros(num_experts, cap, x.shape[-1])
+    token, choice = (slots >= 0).nonzero(as_tuple=True)
+    return out.index_put((experts[token, choice], slots[token, choice]), x[token])
+
+
+def combine(expert_out, experts, slots, gates):
+    """Each token's output: its kept experts' outputs, weighted by their gates."""
+    kept = slots >= 0
+    picked = expert_out[experts, slots.clamp(min=0)]  # (tokens, k, d)
+    return (picked * (gates * kept)[..., None]).sum(dim=1)
+
+
+class MixtureOfExperts(torch.nn.Module):
+    """A router and ``num_experts`` feed-forward networks (``models.feed_forward``); forward
+    returns (output, balancing loss) and keeps the last batch's ``stats``."""
+
+    def __init__(self, d_model: int = 16, d_hidden: int = 32, num_experts: int = 4, k: int = 2,
+                 capacity_factor: float = 1.25, seed: int = 0, dtype=torch.float32):
+        super().__init__()
+        if num_experts < 1:
+            raise ValueError(f"a mixture needs at least one expert, got {num_experts}")
+        torch.manual_seed(seed)
+        self.router = torch.nn.Linear(d_model, num_experts, bias=False, dtype=dtype)
+        self.experts = torch.nn.ModuleList(
+            feed_forward(d_model, d_hidden, seed=seed + 1 + e, dtype=dtype)
+            for e in range(num_experts))
+        self.num_experts, self.k, self.capacity_factor = num_experts, k, capacity_factor
+        self.stats: dict = {}
+
+    def run_experts(self, inputs):
+        """(E, capacity, d) -> each expert applied to its own rows (one process: all of them)."""
+        pairs = zip(self.experts, inputs, strict=True)
+        return torch.stack([expert(rows) for expert, rows in pairs])
+
+    def forward(self, x):
+        experts, gates, probs = route(self.router(x), self.k)
+        cap = capacity(len(x), self.num_experts, self.k, self.capacity_factor)
+        slots = assign_slots(experts, self.num_experts, cap)
+        expert_out = self.run_experts(dispatch(x, experts, slots, self.num_experts, cap))
+        self.stats = {"tokens_per_expert": torch.bincount(experts.reshape(-1),
+                                                          minlength=self.num_experts).tolist(),
+                      "dropped": int((slots < 0).sum()), "capacity": cap}
+        return combine(expert_out, experts, slots, gates), balancing_loss(probs, experts,
+                                                                          self.num_experts)
+
+
+class ExpertParallel(MixtureOfExperts):
+    """The same block with its experts spread over the ranks of ``group``: this rank keeps
+    experts [rank E / ep, (rank + 1) E / ep) and the router (replicated); between routing and
+    combining, two all-to-alls move the tokens to their experts and back."""
+
+    def __init__(self, moe: MixtureOfExperts, group=None):
+        torch.nn.Module.__init__(self)
+        ep, rank = dist.get_world_size(group), dist.get_rank(group)
+        if moe.num_experts % ep:
+            raise ValueError(f"{moe.num_experts} experts do not divide among {ep} ranks")
+        self.local = moe.num_experts // ep
+        self.router = moe.router
+        self.experts = moe.experts[rank * self.local:(rank + 1) * self.local]
+        self.num_experts, self.k, self.capacity_factor = moe.num_experts, moe.k, \
+            moe.capacity_factor
+        self.group, self.stats, self.sent = group, {}, {"messages": 0, "bytes": 0}
+
+    def run_experts(self, inputs):
+        ep = dist.get_world_size(self.group)
+        cap, d = inputs.shape[1:]
+        arrived = all_to_all(inputs.reshape(ep, self.local, cap, d), self.group)  # dispatch
+        by_expert = arrived.transpose(0, 1).reshape(self.local, ep * cap, d)
+        pairs = zip(self.experts, by_expert, strict=True)
+        out = torch.stack([expert(rows) for expert, rows in pairs])
+        back = out.reshape(self.local, ep, cap, d).transpose(0, 1)
+        self.sent["messages"] += 2
+        self.sent["bytes"] += 2 * inputs.numel() * inputs.element_size() * (ep - 1) // ep
+        return all_to_all(back, self.group).reshape(self.num_experts, cap, d)  # combine
+
+
+def run_expert_parallel(moe: MixtureOfExperts, x, d_out, group=None) -> dict:
+    """On each rank: route this rank's share of the tokens ``x`` (an equal split) through
+    ``moe`` with its experts spread over the ranks, and backpropagate the share of ``d_out``.
+    Returns the output, the gradients of this rank's experts and of the router (summed over the
+    ranks, as data parallelism would), the stats and what was sent."""
+    ep, rank = dist.get_world_size(group), dist.get_rank(group)
+    if len(x) % ep:
+        raise ValueError(f"{len(x)} tokens do not split evenly over {ep} ranks")
+    n = len(x) // ep
+    layer = ExpertParallel(moe.to(device()), group)
+    mine = slice(rank * n, (rank + 1) * n)
+    y, aux = layer(x[mine].to(device()))
+    y.backward(d_out[mine].to(device()))
+    router_grad = layer.router.weight.grad.clone()
+    dist.all_reduce(router_grad, group=group)
+    return {"out": y.detach().cpu(), "aux": float(aux), "stats": layer.stats, "sent": layer.sent,
+            "expert_grads": [[p.grad.cpu() for p in e.parameters()] for e in layer.experts],
+            "router_grad": router_grad.cpu()}

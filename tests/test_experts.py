@@ -1,0 +1,109 @@
+"""Mixture of experts (course_lib.experts): routing, capacity, the balancing loss, and expert
+parallelism on gloo ranks against one process in float64."""
+
+import pytest
+import torch
+
+from course_lib import experts as ex
+from course_lib import launch
+
+D = 6
+
+
+def tokens(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, D, generator=g, dtype=torch.float64), \
+        torch.randn(n, D, generator=g, dtype=torch.float64)
+
+
+def moe(num_experts=4, k=2, factor=100.0):
+    return ex.MixtureOfExperts(D, 10, num_experts, k, factor, seed=3, dtype=torch.float64)
+
+
+def test_the_gates_are_the_top_k_probabilities_renormalised_when_k_is_two():
+    logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0]])
+    experts, gates, probs = ex.route(logits, 1)
+    assert experts[:, 0].tolist() == [1, 0]
+    torch.testing.assert_close(gates[:, 0], probs.max(dim=-1).values)
+    experts, gates, _ = ex.route(logits, 2)
+    assert experts.tolist() == [[1, 2], [0, 1]] or experts.tolist() == [[1, 2], [0, 2]]
+    torch.testing.assert_close(gates.sum(dim=-1), torch.ones(2))
+    for k in (0, 4):
+        with pytest.raises(ValueError, match="k must be between 1 and the number of experts"):
+            ex.route(logits, k)
+
+
+def test_capacity_is_the_factor_times_an_even_share():
+    assert ex.capacity(10, 4, 2, 1.0) == 5 and ex.capacity(10, 4, 2, 1.25) == 7
+    assert ex.capacity(1, 8, 1, 1.0) == 1
+    for factor in (0, -1.0):
+        with pytest.raises(ValueError, match="capacity factor must be positive"):
+            ex.capacity(10, 4, 2, factor)
+
+
+def test_first_choices_are_served_before_second_choices_in_token_order():
+    experts = torch.tensor([[0, 1], [0, 1], [0, 1]])
+    assert ex.assign_slots(experts, 2, 2).tolist() == [[0, 0], [1, 1], [-1, -1]]
+    # expert 1 is full of first choices before token 0's second choice reaches it
+    experts = torch.tensor([[0, 1], [1, 0], [1, 0]])
+    assert ex.assign_slots(experts, 2, 2).tolist() == [[0, -1], [0, 1], [1, -1]]
+
+
+def test_the_balancing_loss_is_one_for_an_even_load_and_more_for_a_skewed_one():
+    even = ex.balancing_loss(torch.full((4, 2), 0.5), torch.tensor([[0], [1], [0], [1]]), 2)
+    torch.testing.assert_close(even, torch.tensor(1.0))
+    skewed = ex.balancing_loss(torch.tensor([[0.9, 0.1]] * 4), torch.zeros(4, 1, dtype=int), 2)
+    assert skewed > 1.5
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_without_drops_each_token_gets_its_experts_outputs_weighted_by_its_gates(k):
+    layer, (x, _) = moe(k=k), tokens(12)
+    y, _ = layer(x)
+    assert layer.stats["dropped"] == 0
+    experts, gates, _ = ex.route(layer.router(x), k)
+    for t in range(len(x)):  # token by token, by hand
+        want = sum(gates[t, j] * layer.experts[int(experts[t, j])](x[t]) for j in range(k))
+        torch.testing.assert_close(y[t], want)
+
+
+def test_the_tokens_dropped_at_a_capacity_factor_are_counted_exactly():
+    layer, (x, _) = moe(k=2, factor=0.5), tokens(40)
+    y, _ = layer(x)
+    cap = ex.capacity(40, 4, 2, 0.5)
+    load = layer.stats["tokens_per_expert"]
+    assert layer.stats["capacity"] == cap and sum(load) == 80
+    assert layer.stats["dropped"] == sum(max(0, n - cap) for n in load) > 0
+    experts, gates, _ = ex.route(layer.router(x), 2)
+    slots = ex.assign_slots(experts, 4, cap)
+    for t in range(len(x)):  # a dropped assignment adds nothing
+        want = sum(gates[t, j] * layer.experts[int(experts[t, j])](x[t]) for j in range(2)
+                   if slots[t, j] >= 0)
+        torch.testing.assert_close(y[t], want if torch.is_tensor(want) else torch.zeros(D,
+                                   dtype=torch.float64))
+
+
+@pytest.mark.parametrize("ranks, k, factor", [(2, 1, 100.0), (2, 2, 100.0), (2, 2, 0.5),
+                                              (4, 2, 1.0)])
+def test_experts_spread_over_ranks_compute_what_one_process_does(ranks, k, factor):
+    layer, (x, d_out) = moe(k=k, factor=factor), tokens(8 * ranks)
+    results = launch(ex.run_expert_parallel, ranks, args=(layer, x, d_out))
+    n = len(x) // ranks
+    for r in range(ranks):  # one process, each rank's tokens as one batch (capacity per batch)
+        y, _ = layer(x[r * n:(r + 1) * n])
+        y.backward(d_out[r * n:(r + 1) * n])
+        torch.testing.assert_close(results[r]["out"], y.detach())
+        assert results[r]["stats"]["dropped"] == layer.stats["dropped"]
+    local = 4 // ranks
+    for r, result in enumerate(results):
+        torch.testing.assert_close(result["router_grad"], layer.router.weight.grad)
+        for j, grads in enumerate(result["expert_grads"]):
+            for got, p in zip(grads, layer.experts[r * local + j].parameters(), strict=True):
+                torch.testing.assert_close(got, p.grad)
+        assert result["sent"]["messages"] == 2
+
+
+def test_experts_that_do_not_divide_among_the_ranks_are_refused():
+    layer, (x, d_out) = moe(num_experts=3), tokens(8)
+    with pytest.raises(Exception, match="3 experts do not divide among 2 ranks"):
+        launch(ex.run_expert_parallel, 2, args=(layer, x, d_out))
