@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from course_lib import context_parallel as cp
 from course_lib import launch
+from course_lib.cost_models import context_parallel_bytes
 
 HEADS, TOKENS, DIM = 4, 24, 8
 
@@ -101,7 +102,8 @@ def test_ring_attention_on_ranks_is_one_process_attention_forward_and_backward(r
     for r in results:  # p - 1 blocks forward, p passes back; each block is k and v (and dk, dv)
         share = HEADS * TOKENS // ranks * DIM * 8
         assert r["counts"]["messages"] == 2 * ranks - 1
-        assert r["counts"]["bytes"] == (ranks - 1) * 2 * share + ranks * 4 * share
+        backward = ranks * 4 * share
+        assert r["counts"]["bytes"] == context_parallel_bytes(share, ranks, "ring") + backward
 
 
 def test_a_causal_contiguous_split_gives_the_last_rank_p_times_the_first_ranks_work():
@@ -125,7 +127,7 @@ def test_ulysses_on_ranks_is_one_process_attention(ranks, causal):
     share = HEADS * TOKENS // ranks * DIM * 8  # bytes of one rank's q (or k, v, output)
     for r in results:  # q, k, v to heads and the output back (forward; backward as many again)
         assert r["counts"]["messages"] == 4
-        assert r["counts"]["bytes"] == 4 * share * (ranks - 1) // ranks
+        assert r["counts"]["bytes"] == context_parallel_bytes(share, ranks, "ulysses")
         assert r["layout"] == "contiguous"
 
 

@@ -134,3 +134,36 @@ def test_federated_bytes_and_quantized_error_bound():
     assert M.quantized_sum_error_bound(4, 0.5) == pytest.approx(2.0)
     assert M.quantized_sum_error_bound(4, 0.5, stochastic=False) == pytest.approx(1.0)
     assert math.isclose(M.quantized_sum_error_bound(1, 1.0), 1.0)
+
+
+def test_an_all_to_all_sends_p_minus_1_slices_of_n_over_p():
+    assert M.all_to_all_time(400, 4, 1.0, 0.01) == pytest.approx(3 * (1 + 1))
+    assert M.all_to_all_time(400, 1, 1.0, 0.01) == 0
+    assert M.expert_parallel_time(400, 4, 1.0, 0.01) == pytest.approx(12)
+
+
+def test_ring_attention_hides_its_messages_under_blocks_that_take_longer():
+    # messages alone: p - 1 steps of alpha + beta 2n
+    assert M.ring_attention_time(100, 4, 1.0, 0.01) == pytest.approx(3 * 3.0)
+    assert M.ring_attention_time(100, 4, 1.0, 0.01, block_seconds=5.0) == pytest.approx(4 * 5.0)
+    assert M.ring_attention_time(100, 4, 1.0, 0.01, block_seconds=2.0) == pytest.approx(2 + 9)
+
+
+def test_ulysses_sends_two_over_p_of_the_rings_bytes_in_four_times_the_messages():
+    for p in (2, 4, 8):
+        ring, ulysses = (M.context_parallel_bytes(1000, p, k) for k in M.CONTEXT_PARALLEL)
+        assert ring / ulysses == pytest.approx(p / 2)
+    assert M.ulysses_time(800, 4, 1.0, 0.01) == pytest.approx(4 * 3 * (1 + 2))
+    with pytest.raises(ValueError, match="kind must be one of"):
+        M.context_parallel_bytes(1000, 4, "zigzag")
+
+
+@pytest.mark.parametrize("p", [3, 4, 8, 64])
+def test_at_the_crossover_ring_and_ulysses_take_equal_time(p):
+    alpha, beta = 20e-6, 1 / 10e9
+    n = M.ring_ulysses_crossover(p, alpha, beta)
+    assert M.ring_attention_time(n, p, alpha, beta) == pytest.approx(M.ulysses_time(n, p, alpha,
+                                                                                     beta))
+    assert M.ring_attention_time(n / 2, p, alpha, beta) < M.ulysses_time(n / 2, p, alpha, beta)
+    assert M.ring_attention_time(2 * n, p, alpha, beta) > M.ulysses_time(2 * n, p, alpha, beta)
+    assert M.ring_ulysses_crossover(2, alpha, beta) == float("inf")

@@ -1,0 +1,77 @@
+"""Scaling laws and the cost of waiting: Amdahl's and Gustafson's speedups and their fits, the
+chance that one of p workers fails, a bulk-synchronous timeline. Part of
+``course_lib.cost_models``."""
+
+import numpy as np
+import torch
+
+
+def check_processes(p, name: str = "p"):
+    """``p`` itself, if it is (or every entry of it is) a number of processes, at least 1."""
+    if not (isinstance(p, (int, float)) and not isinstance(p, bool) and p >= 1) and not (
+            np.size(p) and (np.asarray(p, dtype=float) >= 1).all()):
+        raise ValueError(f"{name} (the number of processes) must be at least 1, got {p!r}")
+    return p
+
+
+# -- speedup -------------------------------------------------------------------------------------
+
+
+def amdahl_speedup(p, f: float):
+    """Strong scaling (fixed total work): S(p) = 1 / ((1 - f) + f / p)."""
+    p = np.asarray(check_processes(p), dtype=float)
+    return 1.0 / ((1.0 - f) + f / p)
+
+
+def gustafson_speedup(p, f: float):
+    """Weak scaling (work grows with p): S(p) = (1 - f) + f p."""
+    return (1.0 - f) + f * np.asarray(check_processes(p), dtype=float)
+
+
+def fit_amdahl(p, speedups) -> float:
+    """Least-squares f in [0, 1] for Amdahl's law; 1/S = 1 - f (1 - 1/p) is linear in f."""
+    p, s = np.asarray(p, dtype=float), np.asarray(speedups, dtype=float)
+    if p.shape != s.shape or p.size == 0:
+        raise ValueError("p and speedups must be non-empty and of the same length")
+    x = 1.0 - 1.0 / check_processes(p)
+    if not np.any(x > 0):
+        return 1.0  # one process only: nothing to fit
+    return float(np.clip(np.dot(x, 1.0 - 1.0 / s) / np.dot(x, x), 0.0, 1.0))
+
+
+def fit_gustafson(p, speedups) -> float:
+    """Least-squares f in [0, 1] for Gustafson's law; S - 1 = f (p - 1) is linear in f."""
+    p, s = np.asarray(p, dtype=float), np.asarray(speedups, dtype=float)
+    if p.shape != s.shape or p.size == 0:
+        raise ValueError("p and speedups must be non-empty and of the same length")
+    x = check_processes(p) - 1.0
+    if not np.any(x > 0):
+        return 1.0  # one process only: nothing to fit
+    return float(np.clip(np.dot(x, s - 1.0) / np.dot(x, x), 0.0, 1.0))
+
+
+def probability_any_fails(p, q: float):
+    """P(at least one of p independent workers fails), each with probability q: 1 - (1 - q)^p
+    (lecture note, section 2.4: the straggler effect)."""
+    return 1.0 - (1.0 - q) ** torch.as_tensor(check_processes(p), dtype=torch.float64)
+
+
+def bulk_synchronous_timeline(compute_seconds, communication: float, iterations: int = 3):
+    """The model of bulk-synchronous iterations (slides part 1: everyone waits for the slowest
+    worker): worker k computes for ``compute_seconds[k]``, idles until the slowest is done, then
+    all communicate for ``communication`` seconds. Returns Gantt spans."""
+    from course_lib.runtime.timing import Span
+
+    check_processes(len(compute_seconds), "len(compute_seconds)")
+    spans, t, slowest = [], 0.0, max(compute_seconds)
+    for _ in range(iterations):
+        for k, c in enumerate(compute_seconds):
+            spans.append(Span(k, t, c, "compute"))
+            if slowest > c:
+                spans.append(Span(k, t + c, slowest - c, "idle (waiting for the straggler)"))
+            spans.append(Span(k, t + slowest, communication, "communicate / wait"))
+        t += slowest + communication
+    return spans
+
+
+# -- messages and collectives --------------------------------------------------------------------

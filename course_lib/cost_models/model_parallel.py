@@ -1,0 +1,92 @@
+"""Cost models of model parallelism: a pipeline's bubble and timeline, Megatron's all-reduces,
+ZeRO's bytes per rank (GPipe, Megatron-LM, ZeRO). Imported by ``course_lib.cost_models``, the one
+vocabulary of the course's predictions (``p``, ``n_bytes``, ``alpha``, ``beta``, ...)."""
+
+from course_lib.cost_models.laws import check_processes
+from course_lib.cost_models.messages import all_reduce_bytes
+
+
+def bubble_fraction(p: int, micro_batches: int, chunks: int = 1) -> float:
+    """Idle fraction of a pipeline flush with p stages (GPipe, 1F1B): (p - 1) / (m + p - 1).
+    Interleaved 1F1B with ``chunks`` v model chunks per stage cuts the bubble time v-fold:
+    ((p - 1) / v) / (m + (p - 1) / v)."""
+    if p < 1 or micro_batches < 1 or chunks < 1:
+        raise ValueError(f"need p, micro_batches, chunks >= 1, got {p}, {micro_batches}, {chunks}")
+    bubble = (p - 1) / chunks
+    return bubble / (micro_batches + bubble)
+
+
+def pipeline_timeline(p: int, micro_batches: int, schedule: str = "1F1B",
+                      forward=1.0, backward=2.0) -> list:
+    """A model (not a measurement) of a pipeline run with p stages: every forward takes
+    ``forward`` time units, every backward ``backward`` (each a number, or a list of p numbers:
+    one per stage, for stages of unequal work), messages are free. A stage runs its schedule
+    (``pipeline_schedules.SCHEDULES``) in order; an action starts when the stage is free and its
+    input is there (forward i on stage s needs forward i on s - 1; backward i needs backward i
+    on s + 1, or on the last stage its own forward i). Returns Gantt spans."""
+    from course_lib.pipeline_schedules import SCHEDULES
+    from course_lib.runtime.timing import Span
+
+    check_processes(p), check_processes(micro_batches, "micro_batches")
+
+    times = {}
+    for kind, value in (("forward", forward), ("backward", backward)):
+        times[kind] = list(value) if isinstance(value, (list, tuple)) else [value] * p
+        if len(times[kind]) != p:
+            raise ValueError(f"{kind} needs one time per stage: {p}, got {len(times[kind])}")
+    orders = [SCHEDULES[schedule](s, p, micro_batches) for s in range(p)]
+    done, free, position, spans = {}, [0.0] * p, [0] * p, []  # done: (kind, stage, i) -> end
+    while any(position[s] < len(orders[s]) for s in range(p)):
+        progressed = False
+        for s in range(p):
+            if position[s] == len(orders[s]):
+                continue
+            kind, i = orders[s][position[s]]
+            if kind == "forward":
+                needs = ("forward", s - 1, i) if s > 0 else None
+            else:
+                needs = ("backward", s + 1, i) if s < p - 1 else ("forward", s, i)
+            if needs is not None and needs not in done:
+                continue  # its input is not there yet
+            start = max(free[s], done.get(needs, 0.0))
+            duration = times[kind][s]
+            done[(kind, s, i)] = free[s] = start + duration
+            spans.append(Span(s, start, duration, kind))
+            position[s] += 1
+            progressed = True
+        if not progressed:  # pragma: no cover - a schedule that waits for itself
+            raise RuntimeError(f"{schedule} deadlocks with p={p}, m={micro_batches}")
+    return spans
+
+
+def idle_fraction(spans, lanes: int) -> float:
+    """Idle fraction of a timeline of busy spans: 1 - busy / (lanes x makespan)."""
+    makespan = max(start + duration for _, start, duration, _ in spans)
+    return 1.0 - sum(duration for _, _, duration, _ in spans) / (lanes * makespan)
+
+
+def megatron_all_reduces(blocks: int = 1) -> dict:
+    """Megatron-LM's all-reduces per training step of ``blocks`` tensor-parallel MLP or attention
+    blocks: one in the forward pass (g) and one in the backward pass (f) for each."""
+    return {"forward": blocks, "backward": blocks}
+
+
+def megatron_bytes(tokens: int, d_model: int, p: int, blocks: int = 1,
+                   bytes_per_number: int = 4) -> float:
+    """Bytes each rank sends per step: every all-reduce carries a tokens x d_model activation
+    (or its gradient) on the efficient ring."""
+    n = tokens * d_model * bytes_per_number
+    calls = sum(megatron_all_reduces(blocks).values())
+    return calls * all_reduce_bytes("efficient ring", n, p)
+
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def zero_bytes_per_rank(psi: float, p: int, stage: int) -> float:
+    """Mixed-precision Adam's bytes per rank (ZeRO): baseline 16 Psi; stage 1 shards the optimizer
+    state (4 Psi + 12 Psi / p), 2 the gradients (2 Psi + 14 Psi / p), 3 all (16 Psi / p)."""
+    if stage not in ZERO_STAGES:
+        raise ValueError(f"ZeRO stage must be one of {ZERO_STAGES}, got {stage!r}")
+    return {0: 16 * psi, 1: 4 * psi + 12 * psi / check_processes(p), 2: 2 * psi + 14 * psi / p,
+            3: 16 * psi / p}[stage]
