@@ -152,11 +152,11 @@ class _RingAttention(torch.autograd.Function):
                 counts["messages"] += 1
                 counts["bytes"] += kv.numel() * kv.element_size()
             k_pos = sequence_positions(tokens, p, (r - step) % p, layout).to(q.device)
-            if causal and hidden(q_pos, k_pos):
-                counts["skipped"] += 1
-            else:
+            skip = causal and hidden(q_pos, k_pos)
+            if not skip:
                 state.add(_scores(q, kv[0], q_pos, k_pos, causal), kv[1])
-                counts["blocks"] += 1
+            counts["skipped" if skip else "blocks"] += 1
+            counts["trace"].append((step, (r - step) % p, not skip))  # (step, owner, computed)
             if step < p - 1:
                 _wait(reqs)
                 kv = incoming
@@ -198,7 +198,8 @@ def ring_attention(q, k, v, *, causal: bool = False, layout: str = "contiguous",
     split over the ranks of ``group`` as ``layout`` splits them (:func:`split_sequence`): the
     key/value blocks go around the ring. Differentiable (backward passes the blocks around
     again, with their gradients). ``counts`` (if given) adds up blocks computed, blocks skipped
-    under the causal mask, messages and bytes sent."""
+    under the causal mask, messages and bytes sent, and keeps the forward's ``trace``: (step, the
+    rank whose keys were here, computed or skipped) for each step."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if not q.shape == k.shape == v.shape:
@@ -208,6 +209,7 @@ def ring_attention(q, k, v, *, causal: bool = False, layout: str = "contiguous",
         counts = {}
     for key in ("blocks", "skipped", "messages", "bytes"):
         counts.setdefault(key, 0)
+    counts.setdefault("trace", [])
     return _RingAttention.apply(q, k, v, layout, causal, group, counts)
 
 

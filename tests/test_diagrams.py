@@ -143,3 +143,53 @@ def test_the_plan_terms_stack_to_each_plans_predicted_step():
     empty = diagrams.plot_plan_terms([], P.TERMS, empty="no plan fits: more GPUs")
     assert "no plan fits: more GPUs" in texts(empty) and empty.axes[0].get_legend() is None
     plt.close("all")
+
+
+def test_the_ring_steps_show_whose_keys_each_rank_holds_and_what_causality_skips():
+    from course_lib import context_parallel as cp
+    from course_lib import launch
+
+    p = 4
+    q, k, v, d_out = (torch.randn(2, 16, 4, dtype=torch.float64) for _ in range(4))
+    results = launch(cp.run_context_parallel, p, args=(q, k, v, d_out),
+                     kwargs=dict(causal=True, layout="contiguous"))
+    traces = [r["counts"]["trace"] for r in results]
+    for r, trace in enumerate(traces):  # rank r holds rank (r - s) mod p's block at step s
+        assert [(s, o) for s, o, _ in trace] == [(s, (r - s) % p) for s in range(p)]
+        assert [computed for *_, computed in trace] == [(r - s) % p <= r for s in range(p)]
+    fig = diagrams.plot_ring_steps(traces)
+    shown = texts(fig)
+    assert sum("skipped" in t for t in shown) == sum(r["counts"]["skipped"] for r in results) == 6
+    assert {f"step {s}" for s in range(p)} <= set(shown) and "rank 3" in shown
+    with pytest.raises(ValueError, match="traces is empty"):
+        diagrams.plot_ring_steps([])
+    plt.close("all")
+
+
+def test_the_causal_work_shares_are_each_ranks_unmasked_pairs():
+    from course_lib.context_parallel import LAYOUTS, sequence_positions
+
+    tokens, p = 16, 4
+    splits = {layout: [sequence_positions(tokens, p, r, layout) for r in range(p)]
+              for layout in LAYOUTS}
+    fig = diagrams.plot_causal_work(splits, tokens)
+    titles = [ax.get_title() for ax in fig.axes]
+    pairs = [sum(q + 1 for q in range(4 * r, 4 * r + 4)) for r in range(p)]  # contiguous rows
+    assert titles[0] == "contiguous\nrank shares: " + ", ".join(
+        f"{w / sum(pairs):.0%}" for w in pairs)
+    assert titles[1] == "zigzag\nrank shares: 25%, 25%, 25%, 25%"
+    plt.close("all")
+
+
+def test_the_token_path_dashes_exactly_the_dropped_routes():
+    from course_lib import experts as ex
+
+    torch.manual_seed(0)
+    chosen, gates, _ = ex.route(torch.randn(6, 4), 2)
+    slots = ex.assign_slots(chosen, 4, 2)
+    fig = diagrams.plot_token_path(chosen, slots, gates, experts_per_rank=2)
+    arrows = [a for a in fig.axes[0].texts if getattr(a, "arrow_patch", None) is not None]
+    dashed = [a for a in arrows if a.arrow_patch.get_linestyle() in ("--", "dashed")]
+    assert len(arrows) == 12 and len(dashed) == int((slots < 0).sum()) > 0
+    assert "expert 3\nrank 1" in texts(fig)
+    plt.close("all")

@@ -1,37 +1,14 @@
-"""Diagrams of the lessons' ideas, drawn from the objects a lesson runs (not typed in).
-
-A measurement shows what happened; a diagram shows the idea the measurement is about. Each
-function here takes plain data a lesson reads off its own objects — the pids of the workers it
-launched, the shapes its layers produced, the buckets its synchroniser built, the shards ZeRO
-gives each rank, the ranks a plan's device mesh lays out — and draws the lectures' picture of
-it. Nothing here computes the idea itself: a diagram is only as right as the objects it is given.
-"""
+"""Diagrams of the lessons on workers, backpropagation and data parallelism: who started whom, a
+layer chain both ways, gradient buckets, who averages with whom, secure aggregation's masks."""
 
 from __future__ import annotations
 
 import math
 
-import matplotlib.patches
 import matplotlib.pyplot as plt
-from matplotlib.colors import to_rgba
 
-from course_lib.plots import STYLE, course_style
-
-COLORS = STYLE["axes.prop_cycle"].by_key()["color"]
-NODE_COLORS = plt.get_cmap("tab10")  # up to 10 nodes told apart (then the colours repeat)
-MAX_REPLICAS = 4  # a plan with more data-parallel replicas shows its first four
-
-
-def _box(ax, x, y, w, h, text, color, *, fontsize=8):
-    ax.add_patch(matplotlib.patches.FancyBboxPatch(
-        (x, y), w, h, boxstyle="round,pad=0.02", facecolor=to_rgba(color, 0.35),
-        edgecolor=color, linewidth=1.2))
-    ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize)
-
-
-def _blank(ax):
-    ax.set_axis_off()
-    ax.set_aspect("auto")
+from course_lib.diagrams.shapes import COLORS, blank, box
+from course_lib.plots import course_style
 
 
 def plot_process_tree(kernel: int, parents: dict[int, int], ranks: dict[int, int], *,
@@ -56,7 +33,7 @@ def plot_process_tree(kernel: int, parents: dict[int, int], ranks: dict[int, int
         levels = [("notebook kernel", kernel)] + [(names.get(p, "process")[:28], p)
                                                   for p in reversed(chain)]
         for depth, (name, pid) in enumerate(levels):
-            _box(ax, 3.0, -depth, 2.0, 0.6, f"{name}\npid {pid}", COLORS[0])
+            box(ax, 3.0, -depth, 2.0, 0.6, f"{name}\npid {pid}", COLORS[0])
             if depth:
                 ax.annotate("", (4.0, -depth + 0.6), (4.0, -depth + 1.0),
                             arrowprops=dict(arrowstyle="->", color="0.4"))
@@ -64,7 +41,7 @@ def plot_process_tree(kernel: int, parents: dict[int, int], ranks: dict[int, int
         width = 8.0 / len(ranks)
         for i, (rank, pid) in enumerate(sorted(ranks.items())):
             x = i * width + (width - 1.8) / 2
-            _box(ax, x, y, 1.8, 0.6, f"rank {rank}\npid {pid}", COLORS[1])
+            box(ax, x, y, 1.8, 0.6, f"rank {rank}\npid {pid}", COLORS[1])
             ax.annotate("", (x + 0.9, y + 0.6), (4.0, y + 1.0),
                         arrowprops=dict(arrowstyle="->", color="0.4"))
         if len(ranks) > 1:
@@ -74,7 +51,7 @@ def plot_process_tree(kernel: int, parents: dict[int, int], ranks: dict[int, int
             ax.text((first + last) / 2, y - 0.45, "process group: messages between the ranks",
                     ha="center", va="top", fontsize=8, color=COLORS[2])
         ax.set(xlim=(-0.2, 8.2), ylim=(y - 0.9, 0.9), title=title)
-        _blank(ax)
+        blank(ax)
     return fig
 
 
@@ -95,7 +72,7 @@ def plot_layer_chain(names, shapes, grad_shapes, *,
     with course_style():
         fig, ax = plt.subplots(figsize=(1.7 * len(names) + 2.5, 2.6))
         for i, name in enumerate(names):
-            _box(ax, 1.7 * i + 0.6, 0.0, 1.2, 0.8, name, COLORS[i % len(COLORS)], fontsize=8)
+            box(ax, 1.7 * i + 0.6, 0.0, 1.2, 0.8, name, COLORS[i % len(COLORS)], fontsize=8)
         for i, (shape, grad) in enumerate(zip(shapes, grad_shapes, strict=True)):
             x = 1.7 * i + 0.5
             ax.annotate("", (x + 0.1, 0.6), (x - 0.4, 0.6),
@@ -109,7 +86,7 @@ def plot_layer_chain(names, shapes, grad_shapes, *,
         ax.text(-0.5, 0.2, "backward: gradients", ha="right", va="center", fontsize=8,
                 color=COLORS[1])
         ax.set(xlim=(-2.4, 1.7 * len(names) + 0.6), ylim=(-0.6, 1.3), title=title)
-        _blank(ax)
+        blank(ax)
     return fig
 
 
@@ -194,93 +171,4 @@ def plot_masks(masks, *, title: str = "Each client's mask, and their sum"):
         ax.grid(False)
         ax.set_title(title)
         fig.tight_layout()
-    return fig
-
-
-def plot_zero_stages(numel: int, bounds, *,
-                     title: str = "What each rank keeps, by ZeRO stage"):
-    """The ZeRO stages on p ranks of a model of ``numel`` numbers: ``bounds`` = each rank's
-    shard as (start, end, ...) of the flat vector, as the optimiser's own sharding gives them.
-    Stage 0 is plain data parallelism; stage 1 shards the optimiser state, stage 2 also the
-    gradients, stage 3 (FSDP) also the parameters."""
-    p = len(bounds)
-    if p == 0:
-        raise ValueError("bounds is empty: pass each rank's (start, stop, numel)")
-    if numel < 1:
-        raise ValueError(f"numel must be positive, got {numel}")
-    kinds = ("parameters", "gradients", "optimiser state")
-    with course_style():
-        fig, axes = plt.subplots(1, 4, figsize=(10.0, 1.0 + 0.45 * p), sharey=True)
-        for stage, ax in enumerate(axes):
-            for r, (start, stop, *_) in enumerate(bounds):
-                for k, kind in enumerate(kinds):
-                    sharded = stage >= (3, 2, 1)[k]  # stage 1 shards state, 2 grads, 3 params
-                    lo, hi = (start, stop) if sharded else (0, numel)
-                    ax.barh(r + (k - 1) * 0.27, (hi - lo) / numel, left=lo / numel, height=0.25,
-                            color=COLORS[k], label=kind if (stage, r) == (0, 0) else None)
-            ax.set(title=("stage 0 (data parallel)", "stage 1", "stage 2", "stage 3 (FSDP)")[stage],
-                   xlim=(0, 1), xticks=[0, 1], xlabel="share of the model")
-            ax.grid(False)
-        axes[0].set_yticks(range(p), [f"rank {r}" for r in range(p)])
-        axes[0].invert_yaxis()
-        fig.legend(loc="lower center", ncol=3, bbox_to_anchor=(0.5, -0.12), frameon=False)
-        fig.suptitle(title)
-        fig.tight_layout()
-    return fig
-
-
-def plot_rank_grid(layout, *, gpus_per_node: int, title: str = "Where each rank sits"):
-    """A plan's ranks: ``layout[d][s][t]`` the rank that is data-parallel replica d, pipeline
-    stage s, tensor-parallel slice t (a device mesh's ``view(dp, pp, tp)``). One panel per
-    replica, stages as rows, tensor slices as columns; the colour is the node a rank is on, so
-    a group that crosses nodes shows as one of several colours."""
-    dp, pp, tp = len(layout), len(layout[0]), len(layout[0][0])
-    if gpus_per_node < 1:
-        raise ValueError(f"gpus_per_node must be positive, got {gpus_per_node}")
-    shown = min(dp, MAX_REPLICAS)
-    with course_style():
-        fig, axes = plt.subplots(1, shown, figsize=(min(2.0 + 0.7 * tp * shown, 12.0),
-                                                    1.0 + 0.6 * pp), squeeze=False)
-        for d, ax in enumerate(axes[0]):
-            for s in range(pp):
-                for t in range(tp):
-                    rank = int(layout[d][s][t])
-                    _box(ax, t, -s, 0.85, 0.7, str(rank),
-                         NODE_COLORS((rank // gpus_per_node) % 10), fontsize=7)
-            more = f" (of {dp})" if d == shown - 1 and dp > shown else ""
-            ax.set(xlim=(-0.1, tp), ylim=(-pp + 0.8, 0.8), title=f"replica {d}{more}")
-            _blank(ax)
-        for s in range(pp):
-            axes[0][0].text(-0.2, -s + 0.35, f"stage {s}", ha="right", va="center", fontsize=8)
-        fig.suptitle(title + f"\n(colour: the node, {gpus_per_node} GPUs each; a row: one "
-                             f"tensor-parallel group)", fontsize=9)
-        fig.tight_layout()
-    return fig
-
-
-def plot_plan_terms(ranked, terms, *, title: str = "The fastest plans that fit",
-                    empty: str = "no plan fits"):
-    """The planner's answer as a picture: one bar per ranked plan (``ranked``: objects with
-    ``plan``, ``time`` {term: seconds} and ``memory["total"]`` in bytes, fastest first), its
-    step time stacked term by term in the order of ``terms``, the plan and its memory at the
-    bar's end. An empty ``ranked`` draws the ``empty`` note instead."""
-    with course_style():
-        fig, ax = plt.subplots(figsize=(9, 0.45 * max(len(ranked), 2) + 1.6))
-        for i, r in enumerate(ranked):
-            left = 0.0
-            for k, term in enumerate(terms):
-                ax.barh(i, r.time[term], left=left, color=COLORS[k % len(COLORS)],
-                        label=term.replace("_", " ") if i == 0 else None)
-                left += r.time[term]
-            ax.text(left, i, f"  {r.plan}  ({r.memory['total'] / 2**30:.0f} GiB)", va="center",
-                    fontsize=8)
-        if not ranked:
-            ax.text(0.5, 0.5, empty, ha="center", transform=ax.transAxes)
-        ax.invert_yaxis()
-        ax.set_yticks([])
-        ax.set(xlabel="predicted step time (s)", title=title,
-               xlim=(0, 1.9 * max((r.time["total"] for r in ranked), default=1)))
-        if ranked:
-            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=len(terms),
-                      fontsize=8)
     return fig
