@@ -63,6 +63,8 @@ PIECES = [
     ("lesson12", "block_recompute_bytes", "return without - (k - 1) * saved"),
     ("lesson12", "stage_activation_bytes",
      "head = tokens * (2 * model.hidden + 2 + model.vocab) * model.value_bytes"),
+    # lesson 13, exercise 2 (the assignments a capacity drops): the near-miss counts it names
+    ("lesson13", "_capacity_hint", "floor = max(1, math.floor(factor * TOKENS * k / EXPERTS))"),
 ]
 
 
