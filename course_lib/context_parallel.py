@@ -35,6 +35,7 @@ from course_lib.collectives import all_to_all
 from course_lib.runtime.devices import device
 
 LAYOUTS = ("contiguous", "zigzag")
+CHUNKS = {"contiguous": 1, "zigzag": 2}  # runs of consecutive positions a rank holds
 
 
 def _scores(q, k, q_pos, k_pos, causal: bool):
@@ -48,6 +49,26 @@ def _scores(q, k, q_pos, k_pos, causal: bool):
 def hidden(q_pos, k_pos) -> bool:
     """A block of keys wholly after every query: under a causal mask there is nothing to do."""
     return bool(k_pos.min() > q_pos.max())
+
+
+def block_scores(q, k, q_pos, k_pos, causal: bool, chunks: int = 1):
+    """This rank's queries against one block of keys, chunk by chunk (each side holds ``chunks``
+    runs of consecutive positions: 2 under the zigzag split): a pair of chunks that the causal
+    mask hides wholly is not computed, its scores stay -inf. Returns (the scores, or None when
+    every pair is hidden; how many scores per head were computed)."""
+    nq, nk = q.shape[-2] // chunks, k.shape[-2] // chunks
+    scores, computed = None, 0
+    for i in range(chunks):
+        for j in range(chunks):
+            rows, cols = slice(i * nq, (i + 1) * nq), slice(j * nk, (j + 1) * nk)
+            if causal and hidden(q_pos[rows], k_pos[cols]):
+                continue
+            if scores is None:
+                scores = q.new_full((*q.shape[:-1], k.shape[-2]), float("-inf"))
+            scores[..., rows, cols] = _scores(q[..., rows, :], k[..., cols, :], q_pos[rows],
+                                              k_pos[cols], causal)
+            computed += nq * nk
+    return scores, computed
 
 
 class OnlineSoftmax:
@@ -139,7 +160,9 @@ def _wait(reqs) -> None:
         req.wait()
 
 
-class _RingAttention(torch.autograd.Function):
+class RingAttention(torch.autograd.Function):
+    """Ring attention's forward and backward: see :func:`ring_attention`."""
+
     @staticmethod
     def forward(ctx, q, k, v, layout, causal, group, counts):
         p, r, _, _ = _ring(group)
@@ -152,10 +175,12 @@ class _RingAttention(torch.autograd.Function):
                 counts["messages"] += 1
                 counts["bytes"] += kv.numel() * kv.element_size()
             k_pos = sequence_positions(tokens, p, (r - step) % p, layout).to(q.device)
-            skip = causal and hidden(q_pos, k_pos)
+            scores, computed = block_scores(q, kv[0], q_pos, k_pos, causal, CHUNKS[layout])
+            skip = scores is None
             if not skip:
-                state.add(_scores(q, kv[0], q_pos, k_pos, causal), kv[1])
+                state.add(scores, kv[1])
             counts["skipped" if skip else "blocks"] += 1
+            counts["scores"] += computed
             counts["trace"].append((step, (r - step) % p, not skip))  # (step, owner, computed)
             if step < p - 1:
                 _wait(reqs)
@@ -176,9 +201,10 @@ class _RingAttention(torch.autograd.Function):
         block = torch.stack([k, v, torch.zeros_like(k), torch.zeros_like(v)])  # k, v, dk, dv
         for step in range(p):
             k_pos = sequence_positions(tokens, p, (r - step) % p, ctx.layout).to(q.device)
-            if not (ctx.causal and hidden(q_pos, k_pos)):
+            scores, _ = block_scores(q, block[0], q_pos, k_pos, ctx.causal, CHUNKS[ctx.layout])
+            if scores is not None:
                 kb, vb = block[0], block[1]
-                prob = torch.exp(_scores(q, kb, q_pos, k_pos, ctx.causal) - lse[..., None])
+                prob = torch.exp(scores - lse[..., None])
                 d_score = prob * (d_out @ vb.transpose(-2, -1) - delta)
                 dq += d_score @ kb * scale
                 block[2] += d_score.transpose(-2, -1) @ q * scale
@@ -197,9 +223,9 @@ def ring_attention(q, k, v, *, causal: bool = False, layout: str = "contiguous",
     """Attention of this rank's queries over the whole sequence, whose keys and values are
     split over the ranks of ``group`` as ``layout`` splits them (:func:`split_sequence`): the
     key/value blocks go around the ring. Differentiable (backward passes the blocks around
-    again, with their gradients). ``counts`` (if given) adds up blocks computed, blocks skipped
-    under the causal mask, messages and bytes sent, and keeps the forward's ``trace``: (step, the
-    rank whose keys were here, computed or skipped) for each step."""
+    again, with their gradients). ``counts`` (if given) adds up blocks computed and skipped
+    under the causal mask, scores computed per head (forward), messages and bytes sent, and
+    keeps the forward's ``trace``: (step, whose keys were here, computed or not) per step."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if not q.shape == k.shape == v.shape:
@@ -207,10 +233,10 @@ def ring_attention(q, k, v, *, causal: bool = False, layout: str = "contiguous",
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     if counts is None:
         counts = {}
-    for key in ("blocks", "skipped", "messages", "bytes"):
+    for key in ("blocks", "skipped", "scores", "messages", "bytes"):
         counts.setdefault(key, 0)
     counts.setdefault("trace", [])
-    return _RingAttention.apply(q, k, v, layout, causal, group, counts)
+    return RingAttention.apply(q, k, v, layout, causal, group, counts)
 
 
 def _exchange(x, to_heads: bool, group, counts):

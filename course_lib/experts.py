@@ -171,3 +171,34 @@ def run_expert_parallel(moe: MixtureOfExperts, x, d_out, group=None) -> dict:
     return {"out": y.detach().cpu(), "aux": float(aux), "stats": layer.stats, "sent": layer.sent,
             "expert_grads": [[p.grad.cpu() for p in e.parameters()] for e in layer.experts],
             "router_grad": router_grad.cpu()}
+
+
+def train_with_experts(x, y, *, balance: float, steps: int = 60, seed: int = 0,
+                       num_experts: int = 4, k: int = 1, width: int = 16, batch: int = 128,
+                       lr: float = 1e-2) -> dict:
+    """A small classifier with a mixture of experts in its middle (features -> ReLU(linear) ->
+    plus the mixture's output -> linear -> classes), trained in one process by Adam for
+    ``steps`` batches of ``batch`` rows on the cross-entropy plus ``balance`` x the balancing
+    loss (no capacity limit: nothing dropped). Returns each step's tokens per expert
+    (``loads``: steps x experts) and ``losses`` (the cross-entropy)."""
+    if steps < 1 or batch < 1:
+        raise ValueError(f"steps and batch must be positive, got {steps} and {batch}")
+    torch.manual_seed(seed)
+    first, last = torch.nn.Linear(x.shape[1], width), torch.nn.Linear(width, int(y.max()) + 1)
+    moe = MixtureOfExperts(width, 2 * width, num_experts, k, capacity_factor=float(num_experts),
+                           seed=seed)
+    params = [*first.parameters(), *last.parameters(), *moe.parameters()]
+    adam = torch.optim.Adam(params, lr=lr)
+    rows = torch.Generator().manual_seed(seed)
+    loads, losses = [], []
+    for _ in range(steps):
+        pick = torch.randint(0, len(x), (batch,), generator=rows)
+        h = torch.relu(first(x[pick].float()))
+        mixed, aux = moe(h)
+        loss = torch.nn.functional.cross_entropy(last(h + mixed), y[pick])
+        adam.zero_grad()
+        (loss + balance * aux).backward()
+        adam.step()
+        loads.append(moe.stats["tokens_per_expert"])
+        losses.append(loss.item())
+    return {"loads": torch.tensor(loads), "losses": losses}

@@ -116,6 +116,23 @@ def test_a_causal_contiguous_split_gives_the_last_rank_p_times_the_first_ranks_w
     assert work["zigzag"] == [4, 4, 4, 4]  # each block pair holds some unmasked pairs: none skipped
 
 
+def test_zigzag_gives_every_rank_the_same_scores_to_compute_chunk_by_chunk():
+    q, k, v, d_out = qkv()  # 24 tokens on 4 ranks: 6 each, zigzag chunks of 3
+    scores = {layout: [r["counts"]["scores"] for r in launch(
+        cp.run_context_parallel, 4, args=(q, k, v, d_out), kwargs=dict(causal=True,
+                                                                          layout=layout))]
+        for layout in cp.LAYOUTS}
+    assert scores["contiguous"] == [36, 72, 108, 144]  # r + 1 blocks of 6 x 6
+    assert scores["zigzag"] == [81] * 4  # 9 of the 2 x 8 chunk pairs of 3 x 3: chunk r and 7 - r
+    pos = torch.arange(4)
+    s, computed = cp.block_scores(q[:, :4], k[:, 4:8], pos, pos + 4, causal=True)
+    assert s is None and computed == 0  # keys wholly after the queries
+    s, computed = cp.block_scores(q[:, :4], k[:, :4], torch.tensor([0, 1, 6, 7]),
+                                  torch.tensor([2, 3, 4, 5]), causal=True, chunks=2)
+    assert computed == 2 * (2 * 2)  # queries 6, 7 see both key chunks; 0, 1 see neither
+    assert torch.isinf(s[:, :2]).all() and torch.isfinite(s[:, 2:]).all()
+
+
 @pytest.mark.parametrize("ranks, causal", [(2, False), (2, True), (4, True)])
 def test_ulysses_on_ranks_is_one_process_attention(ranks, causal):
     q, k, v, d_out = qkv()

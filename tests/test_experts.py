@@ -107,3 +107,18 @@ def test_experts_that_do_not_divide_among_the_ranks_are_refused():
     layer, (x, d_out) = moe(num_experts=3), tokens(8)
     with pytest.raises(Exception, match="3 experts do not divide among 2 ranks"):
         launch(ex.run_expert_parallel, 2, args=(layer, x, d_out))
+
+
+def test_training_records_every_steps_load_and_the_balancing_loss_evens_it():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(200, 12, generator=g), torch.randint(0, 3, (200,), generator=g)
+    plain = ex.train_with_experts(x, y, balance=0.0, steps=40, batch=64)
+    again = ex.train_with_experts(x, y, balance=0.0, steps=40, batch=64)
+    assert plain["loads"].shape == (40, 4) and (plain["loads"].sum(dim=1) == 64).all()
+    assert torch.equal(plain["loads"], again["loads"]) and plain["losses"] == again["losses"]
+    balanced = ex.train_with_experts(x, y, balance=1.0, steps=40, batch=64)
+    busiest = [(r["loads"][-10:].max(dim=1).values / 64).mean() for r in (plain, balanced)]
+    assert busiest[1] < busiest[0]
+    assert plain["losses"][-1] < plain["losses"][0]
+    with pytest.raises(ValueError, match="steps and batch must be positive"):
+        ex.train_with_experts(x, y, balance=0.0, steps=0)
