@@ -168,7 +168,7 @@ def run_expert_parallel(moe: MixtureOfExperts, x, d_out, group=None) -> dict:
     y.backward(d_out[mine].to(device()))
     router_grad = layer.router.weight.grad.clone()
     dist.all_reduce(router_grad, group=group)
-    return {"out": y.detach().cpu(), "aux": float(aux), "stats": layer.stats, "sent": layer.sent,
+    return {"out": y.detach().cpu(), "aux": aux.item(), "stats": layer.stats, "sent": layer.sent,
             "expert_grads": [[p.grad.cpu() for p in e.parameters()] for e in layer.experts],
             "router_grad": router_grad.cpu()}
 

@@ -191,5 +191,7 @@ def test_the_token_path_dashes_exactly_the_dropped_routes():
     arrows = [a for a in fig.axes[0].texts if getattr(a, "arrow_patch", None) is not None]
     dashed = [a for a in arrows if a.arrow_patch.get_linestyle() in ("--", "dashed")]
     assert len(arrows) == 12 and len(dashed) == int((slots < 0).sum()) > 0
-    assert "expert 3\nrank 1" in texts(fig)
+    assert "expert 3\nrank 1" in texts(fig) and "token 5" in texts(fig)
+    later = diagrams.plot_token_path(chosen[3:], slots[3:], gates[3:], 2, first=3)
+    assert [t for t in texts(later) if t.startswith("token")] == ["token 3", "token 4", "token 5"]
     plt.close("all")

@@ -69,11 +69,12 @@ def plot_causal_work(splits, tokens: int, *, title: str = "Causal attention: who
     return fig
 
 
-def plot_token_path(experts, slots, gates, experts_per_rank: int, *,
+def plot_token_path(experts, slots, gates, experts_per_rank: int, *, first: int = 0,
                     title: str = "Each token's path: router, experts, ranks"):
     """A few tokens' routes: ``experts`` (tokens, k) their chosen experts, ``slots`` (tokens, k)
     their slots (-1: dropped, the expert was full), ``gates`` (tokens, k). Experts are grouped
-    by the rank that holds them (``experts_per_rank`` each); a dropped route is dashed."""
+    by the rank that holds them (``experts_per_rank`` each); a dropped route is dashed. The
+    tokens are numbered from ``first`` (their place in the batch)."""
     experts, slots, gates = (np.asarray(a) for a in (experts, slots, gates))
     n, num_experts = len(experts), int(experts.max()) + 1 if experts.size else 0
     if not n:
@@ -83,7 +84,7 @@ def plot_token_path(experts, slots, gates, experts_per_rank: int, *,
     with course_style():
         fig, ax = plt.subplots(figsize=(7.5, 0.6 + 0.5 * max(n, num_experts)))
         for t in range(n):
-            box(ax, 0.0, -t, 1.2, 0.4, f"token {t}", COLORS[0], fontsize=7)
+            box(ax, 0.0, -t, 1.2, 0.4, f"token {first + t}", COLORS[0], fontsize=7)
         for e in range(ranks * experts_per_rank):
             rank = e // experts_per_rank
             box(ax, 4.0, -e, 1.4, 0.4, f"expert {e}\nrank {rank}",
