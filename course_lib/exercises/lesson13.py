@@ -152,7 +152,7 @@ returns (output, log-sum-exp)."""
 
 # -- exercise 2: the assignments a capacity factor drops, predicted, then run -------------------
 
-TOKENS, D_MODEL, EXPERTS = 50, 8, 4  # 50: a capacity factor x 12.5 is rarely whole
+TOKENS, D_MODEL, EXPERTS = 50, 8, 4  # 50 tokens: f x 50 k / 4 is often not whole: rounding counts
 
 
 def draw_capacity(rng) -> list:
