@@ -10,6 +10,7 @@ from course_lib import context_parallel as cp
 from course_lib import launch
 from course_lib.cost_models import context_parallel_bytes
 
+pytestmark = pytest.mark.filterwarnings("ignore:.*oversubscribed")  # 4 ranks: results only
 HEADS, TOKENS, DIM = 4, 24, 8
 
 

@@ -145,6 +145,7 @@ def test_the_plan_terms_stack_to_each_plans_predicted_step():
     plt.close("all")
 
 
+@pytest.mark.filterwarnings("ignore:.*oversubscribed")  # 4 ranks on 2 cores: a trace, no times
 def test_the_ring_steps_show_whose_keys_each_rank_holds_and_what_causality_skips():
     from course_lib import context_parallel as cp
     from course_lib import launch
