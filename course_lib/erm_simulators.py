@@ -46,6 +46,15 @@ def fedavg_round(problem: ERMProblem, w, client_rows, q: int, lr: float):
     return w - step
 
 
+def fedavg_losses(problem: ERMProblem, client_rows, q: int, lr: float, rounds: int) -> list:
+    """The objective after each of ``rounds`` rounds of :func:`fedavg_round` from w = 0."""
+    w, losses = torch.zeros(problem.d, dtype=torch.float64), []
+    for _ in range(rounds):
+        w = fedavg_round(problem, w, client_rows, q, lr)
+        losses.append(problem.loss(w))
+    return losses
+
+
 def decentralized_step(problem: ERMProblem, params, client_rows, graph, lr: float):
     """One step of decentralized gradient descent on a graph (no server).
 

@@ -59,3 +59,14 @@ def test_consensus_distance():
     assert sim.consensus_distance([torch.ones(3), torch.ones(3)]) == pytest.approx(0.0)
     assert sim.consensus_distance([torch.zeros(1), torch.full((1,), 2.0)]) == pytest.approx(1.0)
 
+
+
+def test_fedavg_losses_are_the_objective_after_each_round_from_zero(problem):
+    rows = shard_rows(problem.n, 4)
+    losses = sim.fedavg_losses(problem, rows, 3, 0.1, 5)
+    w = torch.zeros(problem.d, dtype=torch.float64)
+    for got in losses:
+        w = sim.fedavg_round(problem, w, rows, 3, 0.1)
+        assert got == pytest.approx(problem.loss(w), rel=1e-12)
+    assert len(losses) == 5 and losses[-1] < losses[0]
+    assert sim.fedavg_losses(problem, rows, 3, 0.1, 0) == []

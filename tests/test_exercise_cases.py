@@ -41,9 +41,22 @@ from course_lib.exercises import lesson10 as ex10
 from course_lib.exercises import lesson11 as ex11
 from course_lib.exercises import lesson12 as ex12
 from course_lib.exercises import lesson13 as ex13
-from course_lib.exercises.cases import merged
+from course_lib.exercises.cases import gradient_by_autograd, gradient_mismatch, merged
 
 # -- the helper ------------------------------------------------------------------------------------
+
+
+def test_a_gradient_judge_s_reference_is_autograd_and_its_mismatch_says_where():
+    x = torch.tensor([[1.0, -2.0], [0.5, 3.0]], dtype=torch.float64)
+    upstream = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64)
+    right = gradient_by_autograd(lambda z: z ** 3, x, upstream)
+    torch.testing.assert_close(right, 3 * x ** 2 * upstream)
+    assert x.grad is None  # the caller's tensor is left alone
+    assert gradient_mismatch("dQ/dx", right.clone(), right, "a 2x2 case", 1e-8) is None
+    wrong = right.clone()
+    wrong[1, 0] += 1.0
+    message = gradient_mismatch("dQ/dx", wrong, right, "a 2x2 case", 1e-8)
+    assert "dQ/dx" in message and "a 2x2 case" in message
 
 
 def test_merged_takes_the_outputs_from_the_data_and_the_inputs_from_the_judge():

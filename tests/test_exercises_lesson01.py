@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from test_practice import graded_and_practice_draws
 
 from course_lib import backprop as bp
 from course_lib.exercises import common
@@ -74,15 +75,16 @@ def test_backward_cost_accepts_the_counts_of_every_drawn_network(channels, hidde
     assert f"{forward:,} multiply-adds forward, {backward:,} backward" in verdict
 
 
-def test_backward_cost_draws_change_the_answer():
-    """The notebook draws within the check's ranges; the counts of the draws differ by a factor
-    of about 100, and one run's counts are rejected for another draw."""
+def test_backward_cost_draws_change_the_answer(monkeypatch):
+    """The notebook draws within the check's ranges (the grader's runs from all of them, other
+    runs one of the practice draws); the counts of the draws differ by a factor of about 100,
+    and one run's counts are rejected for another draw."""
     notebook = json.loads((ROOT / "notebooks" / "01_backprop.ipynb").read_text())
     draw = next("".join(c["source"]) for c in notebook["cells"]
                 if "COST_BATCH = " in "".join(c["source"]))
     assert 'drawn("lesson01.cost_sizes", draw_cost_sizes)' in draw and "seed(" not in draw
-    sizes = {common.drawn("lesson01.cost_sizes", ex.draw_cost_sizes) for _ in range(200)}
-    assert len(sizes) > 100  # fresh on every run
+    sizes = graded_and_practice_draws(monkeypatch, "lesson01.cost_sizes", ex.draw_cost_sizes)
+    assert len(sizes) > 100  # the grader's runs draw from the whole ranges
     for i, (lo, hi) in enumerate((ex.CHANNELS_RANGE, ex.HIDDEN_RANGE, ex.BATCH_RANGE)):
         assert {s[i] for s in sizes} <= set(range(lo, hi + 1))
     ranges = (ex.CHANNELS_RANGE, ex.HIDDEN_RANGE, ex.BATCH_RANGE)

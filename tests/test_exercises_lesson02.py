@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_practice import graded_and_practice_draws
 
 from course_lib import erm_simulators as sim
 from course_lib.data import shard_rows
@@ -46,15 +47,16 @@ def test_rounds_accepts_the_count_of_every_draw(q, after):
     assert f"worth {right} rounds" in ex.check_rounds_to_match(right, losses, q, 0.1, after)
 
 
-def test_rounds_draws_change_the_answer():
-    """The notebook draws within the check's ranges, with no seed; the counts at the ends of
-    the ranges are far apart, and one draw's count is rejected for another."""
+def test_rounds_draws_change_the_answer(monkeypatch):
+    """The notebook draws within the check's ranges, with no seed (the grader's runs from all of
+    them, other runs one of the practice draws); the counts at the ends of the ranges are far
+    apart, and one draw's count is rejected for another."""
     notebook = json.loads((ROOT / "notebooks" / "02_parallel_gradient_descent.ipynb").read_text())
     draw = next("".join(c["source"]) for c in notebook["cells"]
                 if "Q, AFTER = " in "".join(c["source"]))
     assert 'drawn("lesson02.q_after", draw_q_after)' in draw and "seed(" not in draw
-    values = {common.drawn("lesson02.q_after", ex.draw_q_after) for _ in range(200)}
-    assert len(values) > 30  # fresh on every run
+    values = graded_and_practice_draws(monkeypatch, "lesson02.q_after", ex.draw_q_after)
+    assert len(values) > 30  # the grader's runs draw from the whole ranges
     assert {q for q, _ in values} <= set(range(ex.Q_RANGE[0], ex.Q_RANGE[1] + 1))
     assert {a for _, a in values} <= set(range(ex.AFTER_RANGE[0], ex.AFTER_RANGE[1] + 1))
     (q_lo, q_hi), (a_lo, a_hi) = ex.Q_RANGE, ex.AFTER_RANGE

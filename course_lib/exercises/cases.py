@@ -13,7 +13,7 @@ are concerned: the grader reports only that), never passed.
 
 from __future__ import annotations
 
-from course_lib.exercises.common import ExerciseFailed, HiddenTestFailed
+from course_lib.exercises.common import ExerciseFailed, HiddenTestFailed, check_gradient
 
 
 def _refuse(hidden: bool, what: str):
@@ -85,3 +85,20 @@ def projections(values, k: int = 3) -> list[float]:
     g = torch.Generator().manual_seed(20260101)
     return [float(flat @ torch.randn(flat.numel(), generator=g, dtype=torch.float64))
             for _ in range(k)]
+
+
+def gradient_by_autograd(forward, x, upstream):
+    """dQ/dx for Q = sum(forward(x) * upstream), by autograd: a gradient judge's reference."""
+    leaf = x.detach().clone().requires_grad_(True)
+    (forward(leaf) * upstream).sum().backward()
+    return leaf.grad
+
+
+def gradient_mismatch(name, answer, right, case, tol) -> str | None:
+    """What :func:`~course_lib.exercises.common.check_gradient` says is wrong with ``answer``
+    (shape, largest difference and where), or None if it is within ``tol`` of ``right``."""
+    try:
+        check_gradient(name, answer, right, tol=tol, case=case)
+    except ExerciseFailed as wrong:
+        return str(wrong)
+    return None

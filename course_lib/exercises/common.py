@@ -33,6 +33,7 @@ HIDDEN_SEED = "COURSE_LIB_HIDDEN_SEED"
 JUDGES: dict = {}  # name -> judge, filled as the lesson modules define their checks
 STUB_MESSAGE = "write your solution here"  # what the student edition's stubs raise
 LIBRARY_HAS_IT = "not in the student edition"  # what its library's stripped references raise
+PRACTICE_DRAWS, PRACTICE_SEED = 16, 20261204  # the practice draws (exercises.practice)
 NOT_SOLVED, FAILED = "__not_solved__", "__failed__"  # a check's data when there is no answer
 _SENT = [0]  # how many records this process has sent: a check that sent none says why
 
@@ -158,14 +159,28 @@ def drawn(name: str, draw):
     """The parameters of exercise ``name`` for this run: ``draw(rng)`` with a numpy generator
     that is fresh on every run -- except in a graded run, where it is seeded by the grading run
     and the name, so that the grader's judge can draw them again and see that they were not
-    changed (a number copied from someone else's run then fails, whatever the cells say)."""
+    changed (a number copied from someone else's run then fails, whatever the cells say).
+    A draw function marked ``practice`` draws one of a few fixed sets outside a graded run."""
     import zlib
 
     import numpy as np
 
     seed = grading_seed()
+    if seed is None and getattr(draw, "practice", False):  # one of its practice draws
+        return draw(practice_rng(name, int(np.random.default_rng().integers(PRACTICE_DRAWS))))
     return draw(np.random.default_rng(None if seed is None else
                                       [seed, zlib.crc32(name.encode())]))
+
+
+def practice_rng(name: str, k: int):
+    """The generator of exercise ``name``'s practice draw ``k`` (0 to PRACTICE_DRAWS - 1): an
+    exercise whose draw function has ``practice = True`` (:mod:`~course_lib.exercises.practice`)
+    draws one of these outside the grader, so that the student edition can judge its answer."""
+    import zlib
+
+    import numpy as np
+
+    return np.random.default_rng([PRACTICE_SEED, zlib.crc32(name.encode()), k])
 
 
 def check_drawn(name: str, draw, got) -> None:

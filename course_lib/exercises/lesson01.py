@@ -1,14 +1,11 @@
 """Checks for lesson 1's exercises: leaky ReLU's backward, the kernel gradient of a depthwise
 convolution, and the multiply-adds of the forward and backward passes of the lesson network with
-widths and batch drawn afresh in every run (another run's counts are no answer).
+widths and batch drawn for each run (another run's counts are no answer).
 
-Lecture note "BackPropagation for fully-connected and convolutional networks": section 2 (through
-an elementwise activation), sections 5-6 (convolution as a matrix product and its gradient),
-section 4 (backpropagation, layer by layer). Each check is a probe (runs in the student's kernel,
-returns plain data: the inputs and the answers) and a judge (decides from the data alone; the
-grader runs it outside the kernel): see :mod:`course_lib.exercises.common`. The judges' references
-are autograd and torch's flop counter, never a hand-written formula; the gradients' judges draw
-their inputs themselves and take only the answers from the data (:mod:`.cases`).
+Lecture note "BackPropagation for fully-connected and convolutional networks": sections 2, 5-6
+and 4. Each check is a probe and a judge (:mod:`course_lib.exercises.common`). The judges'
+references are autograd and torch's flop counter, never a hand-written formula; the gradients'
+judges draw their inputs themselves and take only the answers from the data (:mod:`.cases`).
 """
 
 from __future__ import annotations
@@ -18,12 +15,12 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from course_lib.exercises.cases import merged
+from course_lib.exercises import practice
+from course_lib.exercises.cases import gradient_by_autograd, gradient_mismatch, merged
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
     check_drawn,
-    check_gradient,
     checked,
     grading_seed,
     hidden_seed,
@@ -32,22 +29,6 @@ from course_lib.exercises.common import (
 
 SLOPE = 0.1  # leaky ReLU's slope for z <= 0
 TOL = 1e-8  # float64 throughout: a right answer is off by ~1e-15
-
-
-def _autograd(forward, x, upstream):
-    """dQ/dx for Q = sum(forward(x) * upstream), by autograd."""
-    leaf = x.detach().clone().requires_grad_(True)
-    (forward(leaf) * upstream).sum().backward()
-    return leaf.grad
-
-
-def _wrong(name, answer, right, case) -> str | None:
-    """check_gradient's message (shape, largest difference and where), or None if right."""
-    try:
-        check_gradient(name, answer, right, tol=TOL, case=case)
-    except ExerciseFailed as wrong:
-        return str(wrong)
-    return None
 
 
 # -- exercise 1: leaky ReLU's backward (section 2) -----------------------------------------------
@@ -78,8 +59,9 @@ def _probe_leaky(leaky_relu_backward) -> dict:
 
 def _leaky_wrong(cases) -> str | None:
     for case in cases:
-        right = _autograd(lambda z: F.leaky_relu(z, SLOPE), case["Z"], case["dXp"])
-        wrong = _wrong("dQ/dZ", case["dZ"], right, f"Z of shape {tuple(case['Z'].shape)}")
+        right = gradient_by_autograd(lambda z: F.leaky_relu(z, SLOPE), case["Z"], case["dXp"])
+        where = f"Z of shape {tuple(case['Z'].shape)}"
+        wrong = gradient_mismatch("dQ/dZ", case["dZ"], right, where, TOL)
         if wrong:
             return wrong
     return None
@@ -143,10 +125,10 @@ def _depthwise_wrong(cases) -> str | None:
     for case in cases:
         X, K, stride, padding = case["X"], case["K"], case["stride"], case["padding"]
         conv = partial(F.conv2d, X, stride=stride, padding=padding, groups=X.shape[1])
-        right = _autograd(conv, K, case["dOut"])  # conv(kk) = F.conv2d(X, kk, ...)
+        right = gradient_by_autograd(conv, K, case["dOut"])  # conv(kk) = F.conv2d(X, kk, ...)
         where = (f"batch {X.shape[0]}, {X.shape[1]} channels, {X.shape[2]}x{X.shape[3]}, "
                  f"k={K.shape[-1]}, stride {stride}, padding {padding}")
-        wrong = _wrong("dQ/dK", case["dK"], right, where)
+        wrong = gradient_mismatch("dQ/dK", case["dK"], right, where, TOL)
         if wrong:
             return wrong
     return None
@@ -171,16 +153,17 @@ autograd."""
 
 # -- exercise 3: what the backward pass costs (section 4) ----------------------------------------
 
-# The notebook draws the network's widths and the batch afresh on every run, within these
-# ranges, so that the counts differ from run to run (by a factor of about 100) and cannot be
-# copied from another student's run; the largest network and batch count in milliseconds. A graded
-# run seeds the draw, and the judge checks that the network and batch are the ones drawn for it.
+# The grader's run draws the network's widths and the batch within these ranges (seeded), so
+# that the counts differ (by a factor of about 100) and cannot be copied from another student's
+# run; the judge checks that the network and batch are the ones drawn for it. Other runs draw one
+# of the practice draws, which the student edition judges by digests (exercises.practice).
 CHANNELS_RANGE, HIDDEN_RANGE, BATCH_RANGE = (2, 16), (8, 64), (8, 128)
 
 
+@practice.practised
 def draw_cost_sizes(rng) -> tuple[int, int, int]:
     """Exercise 3's (CHANNELS, HIDDEN, COST_BATCH): ``common.drawn("lesson01.cost_sizes",
-    draw_cost_sizes)`` in the notebook (fresh every run; the grader's run seeds it)."""
+    draw_cost_sizes)`` in the notebook (a practice draw; the grader's run draws its own)."""
     return tuple(int(rng.integers(lo, hi + 1))
                  for lo, hi in (CHANNELS_RANGE, HIDDEN_RANGE, BATCH_RANGE))
 
@@ -194,6 +177,7 @@ def cost_variant(channels: int, hidden: int) -> list:
 # Section 7's network, whose counts a student who ignores the drawn widths would give.
 SECTION_7 = cost_variant(8, 32)
 SECTION_7_BATCH = 32
+IMAGE = [1, 8, 8]  # the digits' images: the practice cases' shape
 
 
 def _layers(module) -> list:
@@ -243,30 +227,38 @@ def count_macs(layers, batch, image) -> tuple[int, int]:
     ### END SOLUTION
 
 
+def _widths(layers) -> list:
+    """The network's [CHANNELS, HIDDEN] (or None) if it is the exercise's network."""
+    try:
+        return [layers[0][2], layers[3][2]]
+    except (IndexError, KeyError, TypeError):
+        return [None, None]
+
+
 def _sizes_drawn(data) -> None:
     """In a graded run: the network's widths and the batch must be the ones drawn for the run."""
     if grading_seed() is None:
         return
-    layers = data["layers"]
-    try:
-        channels, hidden = layers[0][2], layers[3][2]
-    except (IndexError, KeyError, TypeError):
-        channels = hidden = None
-    check_drawn("lesson01.cost_sizes", draw_cost_sizes, [channels, hidden, data["batch"]])
-    if layers != cost_variant(channels, hidden):
+    check_drawn("lesson01.cost_sizes", draw_cost_sizes, [*_widths(data["layers"]), data["batch"]])
+    if data["layers"] != cost_variant(*_widths(data["layers"])):
         raise ExerciseFailed("pass the exercise's network, cost_module, as drawn in this run")
 
 
 def _judge_cost(data) -> str:
     """Recount on the run's network and batch (as drawn in that run) with the flop counter."""
     _sizes_drawn(data)
-    f, b = count_macs(data["layers"], data["batch"], data["image"])
     batch = data["batch"]
+    for what in ("forward", "backward"):
+        if not is_whole(data[what]):
+            raise ExerciseFailed(f"give the {what} count as a whole number, not {data[what]!r}")
+    try:
+        f, b = count_macs(data["layers"], batch, data["image"])
+    except NotImplementedError:  # the student edition: the practice draw's digests
+        return practice.judge("lesson01.cost_sizes", _case(data),
+                              {what: int(data[what]) for what in ("forward", "backward")})
     section_7 = {batch: count_macs(SECTION_7, batch, data["image"]),
                  SECTION_7_BATCH: count_macs(SECTION_7, SECTION_7_BATCH, data["image"])}
     for what, got, right in (("forward", data["forward"], f), ("backward", data["backward"], b)):
-        if not is_whole(got):
-            raise ExerciseFailed(f"give the {what} count as a whole number, not {got!r}")
         if got == right:
             continue
         index = 0 if what == "forward" else 1
@@ -289,6 +281,17 @@ def _judge_cost(data) -> str:
             f"backward costs {b / f:.3g} times the forward")
 
 
+def _case(data) -> list:
+    """The practice case of a check's data: the network's widths, the batch, the image shape."""
+    return [*_widths(data["layers"]), data["batch"], data["image"]]
+
+
+def _practice_answers(case) -> dict:
+    forward, backward = count_macs(cost_variant(case[0], case[1]), case[2], case[3])
+    return {"forward": [forward], "backward": [backward]}
+
+
+practice.register("lesson01.cost_sizes", _practice_answers, draw_cost_sizes, [IMAGE])
 check_backward_cost = checked("lesson01.backward_cost", _probe_cost, _judge_cost)
 check_backward_cost.__doc__ = """Check the multiply-adds of one forward and one autograd backward
 pass of the exercise's variant of section 7's network (widths and batch drawn in the run):

@@ -2,14 +2,12 @@
 count read off this run), and a decentralized step that adapts before it combines.
 
 Lecture note "Parallel computing for empirical risk minimization", sections 4.1 (FedAvg) and
-4.2 (decentralized optimisation on a graph); slides part 2 (decentralized networks). Each check
-is a probe (runs in the student's kernel, returns plain data) and a judge (decides from the data;
-the grader runs it outside the kernel): see :mod:`course_lib.exercises.common`. The step's judge
-draws its cases itself and takes only the new vectors from the data (:mod:`.cases`).
+4.2 (decentralized optimisation on a graph). Each check is a probe and a judge
+(:mod:`course_lib.exercises.common`); the step's judge draws its cases itself (:mod:`.cases`).
 
 The library simulates the note's FedAvg and combine-then-adapt steps (``erm_simulators``), so
 neither is asked for: the first exercise asks for a number only a run gives (with q and the round
-count drawn afresh in every run: another run's number is no answer), the second for the
+count drawn for each run: another run's number is no answer), the second for the
 adapt-then-combine order with a mixing matrix, which the library does not have.
 """
 
@@ -17,6 +15,11 @@ from __future__ import annotations
 
 import torch
 
+from course_lib.data import shard_rows
+from course_lib.decentralized import mixing_matrix
+from course_lib.erm import breast_cancer_problem, diabetes_problem
+from course_lib.erm_simulators import SEVEN_NODE_GRAPH, fedavg_losses
+from course_lib.exercises import practice
 from course_lib.exercises.cases import merged, projections
 from course_lib.exercises.common import (
     ExerciseFailed,
@@ -32,17 +35,17 @@ MAX_ROUNDS = 20_000  # more than GD needs for any target of the lesson's curves
 
 # -- Exercise 1: rounds of plain gradient descent that q local steps are worth ------------------
 
-# The notebook draws q and AFTER afresh on every run, within these ranges, so that the count
-# differs from run to run (41 to 143 rounds) and cannot be copied from another student's run;
-# q >= 4 and AFTER >= 8 keep the naive guess "q steps = q rounds" (q x AFTER) wrong, and
-# q x AFTER <= 160 local steps keep the exercise a fraction of a second. A graded run seeds the
-# draw, and the judge checks that q and AFTER are the ones drawn for it.
+# A graded run draws q and AFTER within these ranges (41 to 143 rounds: no copying); others draw
+# a practice draw (exercises.practice). q >= 4, AFTER >= 8 keep the naive "q x AFTER" wrong, and
+# q x AFTER <= 160 local steps keep the exercise a fraction of a second.
 Q_RANGE, AFTER_RANGE = (4, 8), (8, 20)
+LESSON_LR, LESSON_CLIENTS = 0.1, 4  # the notebook's FED_LR and clients (the practice cases')
 
 
+@practice.practised
 def draw_q_after(rng) -> tuple[int, int]:
     """Exercise 1's (Q, AFTER): ``common.drawn("lesson02.q_after", draw_q_after)`` in the
-    notebook (fresh every run; the grader's run seeds it)."""
+    notebook (a practice draw; the grader's run draws its own)."""
     return tuple(int(rng.integers(lo, hi + 1)) for lo, hi in (Q_RANGE, AFTER_RANGE))
 
 
@@ -62,8 +65,6 @@ def _gd_losses_until(target: float, lr: float) -> list[float]:
     whole gradient instead of the clients' weighted sum: an independent reference). The student
     edition of the library leaves this out: it is the exercise's answer."""
     ### BEGIN SOLUTION
-    from course_lib.erm import diabetes_problem
-
     problem = diabetes_problem()
     w = torch.zeros(problem.d, dtype=torch.float64)
     losses = []
@@ -85,7 +86,10 @@ def _judge_rounds(data) -> str:
         raise ExerciseFailed(f"pass this run's q_losses, q and AFTER (a curve with q > 1 local "
                              f"steps and at least {after} rounds)")
     target = curve[after - 1]
-    gd = _gd_losses_until(target, data["lr"])
+    try:
+        gd = _gd_losses_until(target, data["lr"])
+    except NotImplementedError:  # the student edition: the practice draw's digests
+        return practice.judge("lesson02.q_after", [q, after, data["lr"]], {"rounds": int(answer)})
     if gd[-1] > target:
         raise ExerciseFailed(f"even {MAX_ROUNDS} rounds of q = 1 stay above {target:.6g}: pass "
                              f"this run's losses and learning rate")
@@ -111,6 +115,15 @@ def _judge_rounds(data) -> str:
                          f"there{naive}")
 
 
+def _practice_answers(case) -> dict:
+    """A practice case's count: the exercise cell's q_losses (FedAvg with q local steps on the
+    lesson's clients), then gradient descent until it gets as low."""
+    (q, after, lr), problem = case, diabetes_problem()
+    curve = fedavg_losses(problem, shard_rows(problem.n, LESSON_CLIENTS), q, lr, after)
+    return {"rounds": [len(_gd_losses_until(curve[-1], lr))]}
+
+
+practice.register("lesson02.q_after", _practice_answers, draw_q_after, [LESSON_LR])
 check_rounds_to_match = checked("lesson02.rounds_to_match", _probe_rounds, _judge_rounds)
 check_rounds_to_match.__doc__ = """Check the number of rounds of FedAvg with q = 1 (plain
 gradient descent) needed to reach the objective FedAvg with ``q`` local steps reaches after
@@ -136,9 +149,6 @@ def _cases(seed) -> dict:
     """Visible: the seven-node graph with the note's equal weights (not symmetric) and with
     lr = 0 (pure averaging, checked first), and a five-node tree with Metropolis weights on the
     logistic problem. A graded run adds random graphs, weights and steps."""
-    from course_lib.decentralized import mixing_matrix
-    from course_lib.erm_simulators import SEVEN_NODE_GRAPH
-
     tree = {0: [1, 2, 3], 1: [0], 2: [0, 4], 3: [0], 4: [2]}  # degrees 1 to 3: weights differ
     equal = mixing_matrix(SEVEN_NODE_GRAPH, "equal")
     cases = {"visible": [
@@ -153,15 +163,11 @@ def _cases(seed) -> dict:
 
 
 def _problem(name: str):
-    from course_lib.erm import breast_cancer_problem, diabetes_problem
-
     return {"diabetes": diabetes_problem, "breast cancer": breast_cancer_problem}[name]()
 
 
 def _inputs(seed) -> dict:
     """Each case's problem (by name), nodes' rows, parameters, W and lr, by group."""
-    from course_lib.data import shard_rows
-
     inputs = {}
     for kind, cases in _cases(seed).items():
         inputs[kind] = []

@@ -19,6 +19,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from course_lib.exercises import practice
 from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
@@ -194,8 +195,6 @@ def _probe_crossover(n_cross, alpha_msg, beta_msg, ranks) -> dict:
 
 
 def _judge_crossover(data) -> str:
-    from course_lib.cost_models import ring_all_reduce_time
-
     answer, alpha, beta, p = data["answer"], data["alpha"], data["beta"], data["p"]
     if not is_number(answer):
         raise ExerciseFailed(f"give n_cross as a number of bytes, not {answer!r}")
@@ -204,19 +203,14 @@ def _judge_crossover(data) -> str:
     if not (alpha > 0 and beta > 0 and math.isfinite(alpha) and math.isfinite(beta)):
         raise ExerciseFailed(f"pass this run's alpha_msg and beta_msg (positive), not "
                              f"{alpha!r}, {beta!r}")
-    # the crossing (the exercise's answer) and what a wrong one misses: the student edition of
-    # the library leaves them out
-    ### BEGIN SOLUTION
-    def ring(n):
-        return float(ring_all_reduce_time(n, p, alpha, beta))
-
-    def doubling(n):  # log2 p messages, each the whole vector
-        return math.log2(p) * (alpha + beta * n)
-
-    # both times are straight lines in n: find where they meet from two points of each
-    scale = alpha / beta
-    gap0, gap1 = ring(0) - doubling(0), ring(scale) - doubling(scale)
-    right = scale * gap0 / (gap0 - gap1)
+    if answer <= 0:
+        raise ExerciseFailed(f"n_cross = {answer:.4g} bytes: a message size is positive")
+    try:
+        ring, doubling = _costs(p, alpha, beta)
+    except NotImplementedError:  # the student edition: the practice case's digests
+        return practice.judge("lesson03.crossover_size", [p],
+                              {"n_cross": _ratio_bin(answer * beta / alpha)}, {"n_cross": answer})
+    right = crossing(p, alpha, beta)
     if abs(answer - right) <= 0.01 * right:
         return (f"correct: on {p} ranks the ring and recursive doubling cost the same at "
                 f"{right / 1e3:.4g} kB: smaller messages are faster by recursive doubling "
@@ -224,8 +218,6 @@ def _judge_crossover(data) -> str:
     for unit, factor in (("kB", 1e3), ("KiB", 2 ** 10), ("MB", 1e6), ("MiB", 2 ** 20)):
         if abs(answer * factor - right) <= 0.01 * right:
             raise ExerciseFailed(f"that looks like the size in {unit}: give it in bytes")
-    if answer <= 0:
-        raise ExerciseFailed(f"n_cross = {answer:.4g} bytes: a message size is positive")
     faster = "the ring" if ring(answer) < doubling(answer) else "recursive doubling"
     raise ExerciseFailed(
         f"at n = {answer:.4g} bytes on {p} ranks the ring takes {ring(answer) * 1e3:.4g} ms and "
@@ -233,7 +225,40 @@ def _judge_crossover(data) -> str:
         f"so the crossing is at {'smaller' if faster == 'the ring' else 'larger'} n). The ring "
         f"costs 2 (p - 1) alpha + 2 (p - 1) / p n beta; count recursive doubling's messages "
         f"and their size")
+
+
+def _costs(p: int, alpha: float, beta: float):
+    """The ring's and recursive doubling's all-reduce times, as functions of the size n in
+    bytes. The student edition of the library leaves them out: they are the exercise's answer."""
+    from course_lib.cost_models import ring_all_reduce_time
+
+    ### BEGIN SOLUTION
+    def ring(n):
+        return float(ring_all_reduce_time(n, p, alpha, beta))
+
+    def doubling(n):  # log2 p messages, each the whole vector
+        return math.log2(p) * (alpha + beta * n)
+
+    return ring, doubling
     ### END SOLUTION
+
+
+def crossing(p: int, alpha: float, beta: float) -> float:
+    """The size in bytes where the two times meet: both are straight lines in n, so where the
+    line through two points of each crosses."""
+    ring, doubling = _costs(p, alpha, beta)
+    scale = alpha / beta
+    gap0, gap1 = ring(0) - doubling(0), ring(scale) - doubling(scale)
+    return scale * gap0 / (gap0 - gap1)
+
+
+def _ratio_bin(ratio: float) -> int:
+    """The bin of n_cross / (alpha / beta), which depends on p only: 1% wide in log scale."""
+    return practice.bin_of(math.log(ratio), math.log(1.01))
+
+
+practice.register("lesson03.crossover_size", lambda case: {"n_cross": practice.near(
+    math.log(crossing(case[0], 1.0, 1.0)), math.log(1.01))}, cases=[[4], [8], [16], [32], [64]])
 
 
 check_crossover_size = checked("lesson03.crossover_size", _probe_crossover, _judge_crossover)

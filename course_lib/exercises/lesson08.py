@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from course_lib import partitions as pt
-from course_lib.exercises.cases import merged
+from course_lib.exercises import practice
+from course_lib.exercises.cases import digest, merged
 from course_lib.exercises.common import (
     ExerciseFailed,
     check_drawn,
@@ -162,16 +163,19 @@ clients with proportions ~ Dir(alpha); seeded."""
 
 
 # -- exercise 2: the label mix of the uniformly weighted objective -------------------------------
-# The partition is drawn afresh on every run (alpha and seed, in the notebook), so the number is
+# The partition is drawn for each run (alpha and seed, in the notebook), so the number is
 # this run's: the judge rebuilds the partition from them with the library and recomputes it.
 
 MIN_SIZE = 5  # section 1's floor for the per-class Dirichlet partition
+TV_TOL = 1e-3  # how far from the distance an answer may be
+LESSON_CLIENTS = 50  # the notebook's K
 
 
+@practice.practised
 def draw_partition(rng) -> tuple[float, int]:
     """Exercise 2's partition parameters (alpha in 0.25-1, two decimals: skewed, and never a
     PartitionError; a seed below 10**6): ``common.drawn("lesson08.partition", draw_partition)``
-    in the notebook (fresh every run; the grader's run seeds it)."""
+    in the notebook (a practice draw; the grader's run draws its own)."""
     return round(float(rng.uniform(0.25, 1.0)), 2), int(rng.integers(10**6))
 
 
@@ -207,19 +211,17 @@ def _judge_uniform_mix(data) -> str:
     parts = _rebuild(data)
     sizes = [len(p) for p in parts]
     where = f" (alpha = {data['alpha']}, seed = {data['seed']})"
-    # the distance (the exercise's answer) and how far a wrong one is from it: the student
-    # edition of the library leaves them out
+    try:
+        right = uniform_mix_distance(labels, parts)
+    except NotImplementedError:  # the student edition: the practice draw's digests
+        case = [data["alpha"], data["seed"], len(parts), digest(data["labels"])[:20]]
+        return practice.judge("lesson08.partition", case, {"tv": practice.bin_of(tv, TV_TOL)},
+                              {"tv": tv})
+    # how far a wrong answer is from it: the student edition of the library leaves it out
     ### BEGIN SOLUTION
-    # the objective (1/K) sum_k (1/n_k) sum_{i in k} loss_i puts weight 1/(K n_k) on each row;
-    # its label mix is the weight each label gets (the weighted objective's is p itself)
-    weight = np.zeros(len(labels))
-    for p in parts:
-        weight[p] = 1 / (len(parts) * len(p))
     classes = int(labels.max()) + 1
-    mix = np.bincount(labels, weights=weight, minlength=classes)
     p = np.bincount(labels, minlength=classes) / len(labels)
-    right = 0.5 * np.abs(mix - p).sum()
-    if abs(tv - right) <= 1e-3:
+    if abs(tv - right) <= TV_TOL:
         return (f"correct: uniform weights train on a label mix at total-variation distance "
                 f"{tv:.4f} from the data's{where}; {len(parts)} clients of {min(sizes)} to "
                 f"{max(sizes)} rows")
@@ -243,6 +245,38 @@ def _judge_uniform_mix(data) -> str:
     ### END SOLUTION
 
 
+def uniform_mix_distance(labels, parts) -> float:
+    """The total-variation distance between the label mix of the uniformly weighted objective
+    over the clients' ``parts`` and the data's. The student edition of the library leaves this
+    out: it is the exercise's answer."""
+    ### BEGIN SOLUTION
+    # the objective (1/K) sum_k (1/n_k) sum_{i in k} loss_i puts weight 1/(K n_k) on each row;
+    # its label mix is the weight each label gets (the weighted objective's is p itself)
+    weight = np.zeros(len(labels))
+    for part in parts:
+        weight[part] = 1 / (len(parts) * len(part))
+    classes = int(labels.max()) + 1
+    mix = np.bincount(labels, weights=weight, minlength=classes)
+    p = np.bincount(labels, minlength=classes) / len(labels)
+    return float(0.5 * np.abs(mix - p).sum())
+    ### END SOLUTION
+
+
+def _lesson_labels() -> list[int]:
+    """The notebook's labels: the digits' training labels."""
+    from course_lib.data import load_digits
+
+    return load_digits().y_train.tolist()
+
+
+def _practice_answers(case) -> dict:
+    labels = _lesson_labels()
+    parts = _rebuild({"labels": labels, "clients": case[2], "alpha": case[0], "seed": case[1]})
+    return {"tv": practice.near(uniform_mix_distance(np.asarray(labels), parts), TV_TOL)}
+
+
+practice.register("lesson08.partition", _practice_answers, draw_partition,
+                  lambda: [LESSON_CLIENTS, digest(_lesson_labels())[:20]])
 check_uniform_mix = checked("lesson08.uniform_mix", _probe_uniform_mix, _judge_uniform_mix)
 check_uniform_mix.__doc__ = """Check ``tv``, the total-variation distance between the label mix
 that FedAvg with uniform client weights (1/K) trains on and the data's label mix, for this run's

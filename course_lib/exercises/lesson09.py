@@ -17,6 +17,7 @@ import torch
 
 from course_lib import federated as fl
 from course_lib import fl_security as sec
+from course_lib.exercises import practice
 from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
@@ -116,16 +117,18 @@ seed)``), when the clients not in ``senders`` dropped out after masking."""
 
 
 # -- exercise 2: the attackers a round tolerates, and the rounds of this run that had more --------
-# The federation's numbers (clients per round m, trim, attackers' share and seed) are drawn afresh
-# on every run of the notebook, so the answer is the run's: the judge recomputes it from them.
+# The federation's numbers (clients per round m, trim, attackers' share and seed) are drawn in
+# the notebook (a practice draw; the grader's run draws its own): the judge recomputes the answer.
 
 CLIENTS = 20  # section 5's federation: pt.iid(..., 20)
+LESSON_ROUNDS, LESSON_SEEDS = 12, [0, 1, 2]  # section 5's ROUNDS and SEEDS
 
 
+@practice.practised
 def draw_federation(rng) -> tuple[int, float, float, int]:
     """Exercise 2's federation: m (5-15 clients per round, of 20), trim (0.1-0.4), attackers'
     share (0.2-0.4) and attack seed (below 10**6): ``common.drawn("lesson09.federation",
-    draw_federation)`` in the notebook (fresh every run; the grader's run seeds it)."""
+    draw_federation)`` in the notebook (a practice draw; the grader's run draws its own)."""
     m = int(rng.integers(5, 16))
     trim = float(rng.choice([0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4]))
     share = float(rng.choice([0.2, 0.25, 0.3, 0.35, 0.4]))
@@ -174,18 +177,16 @@ def _judge_breakdown(data) -> str:
     if not all(isinstance(v, (list, tuple)) and len(v) == 2 and all(map(is_whole, v))
                for v in answer.values()):
         raise ExerciseFailed(rule)
-    # the answer, both halves, and what a wrong one missed: the student edition of the library
-    # leaves them out
+    try:
+        tolerated = _tolerated(m, trim)
+        drawn = _attackers_per_round(m, share, attack_seed, int(rounds), [int(s) for s in seeds])
+    except NotImplementedError:  # the student edition: the practice draw's digests
+        case = [m, trim, share, attack_seed, int(rounds), [int(s) for s in seeds]]
+        return practice.judge("lesson09.federation", case, {
+            f"{name}, {what}": int(value) for name, pair in answer.items()
+            for what, value in zip(("attackers", "rounds"), pair, strict=True)})
+    # what a wrong answer missed: the student edition of the library leaves it out
     ### BEGIN SOLUTION
-    # the breakdown points by brute force: the most attackers, all beyond every honest value in
-    # one coordinate, that leave the rule's result inside the honest values' range
-    honest, bad = 0.0, 1e9
-    tolerated = {}
-    for name, rule_fn in (("trimmed mean", lambda u: sec.trimmed_mean(u, trim=trim)),
-                          ("median", sec.coordinate_median)):
-        tolerated[name] = max(b for b in range(m) if
-                              rule_fn(torch.tensor([[bad]] * b + [[honest]] * (m - b))) < 1)
-    drawn = _attackers_per_round(m, share, attack_seed, int(rounds), [int(s) for s in seeds])
     where = (f" ({len(seeds)} seeds x {int(rounds)} rounds of m = {m} clients, {share:.0%} "
              f"attackers, attack seed {attack_seed})")
     for name, (b, over) in answer.items():
@@ -219,6 +220,32 @@ def _judge_breakdown(data) -> str:
     ### END SOLUTION
 
 
+def _tolerated(m: int, trim: float) -> dict:
+    """The most attackers per round each rule tolerates with m clients. The student edition of
+    the library leaves this out: it is the exercise's answer."""
+    ### BEGIN SOLUTION
+    # the breakdown points by brute force: the most attackers, all beyond every honest value in
+    # one coordinate, that leave the rule's result inside the honest values' range
+    honest, bad = 0.0, 1e9
+    tolerated = {}
+    for name, rule_fn in (("trimmed mean", lambda u: sec.trimmed_mean(u, trim=trim)),
+                          ("median", sec.coordinate_median)):
+        tolerated[name] = max(b for b in range(m) if
+                              rule_fn(torch.tensor([[bad]] * b + [[honest]] * (m - b))) < 1)
+    return tolerated
+    ### END SOLUTION
+
+
+def _practice_answers(case) -> dict:
+    m, trim, share, attack_seed, rounds, seeds = case
+    tolerated, drawn = _tolerated(m, trim), _attackers_per_round(m, share, attack_seed, rounds,
+                                                                 seeds)
+    return {f"{name}, {what}": [value] for name, b in tolerated.items()
+            for what, value in (("attackers", b), ("rounds", sum(a > b for a in drawn)))}
+
+
+practice.register("lesson09.federation", _practice_answers, draw_federation,
+                  [LESSON_ROUNDS, LESSON_SEEDS])
 check_breakdown = checked("lesson09.breakdown", _probe_breakdown, _judge_breakdown)
 check_breakdown.__doc__ = """Check, for the federation the exercise cell drew (m of the 20
 clients per round, a trimmed mean with ``trim``, a ``share`` of attackers drawn with seed
