@@ -6,7 +6,9 @@ a model of Psi parameters keeps 16 Psi bytes of training state -- in fp32, 4 for
 gradients and 12 for fp32 master weights and moments -- before a single activation.
 :func:`state_bytes` counts them from a model; :func:`measure_step` measures a real Adam step
 with PyTorch's memory tracker, on the CPU as on a GPU; :class:`SavedBytes` counts the bytes
-autograd saves for backward (``train_gpt``'s activations), whichever schedule runs the passes.
+autograd saves for backward (``train_gpt``'s activations), whichever schedule runs the passes;
+:func:`peak_bytes` measures the most bytes any function holds at once (lesson 13's attention in
+blocks).
 """
 
 from __future__ import annotations
@@ -91,6 +93,19 @@ def measure_step(model, x, y, lr: float = 1e-3, precision: str = "fp32") -> dict
             out[key] += n_bytes
     out["total"] = sum(out.values())
     return out
+
+
+def peak_bytes(fn, *args, **kwargs) -> int:
+    """Measured: the most bytes of tensors that ``fn(*args, **kwargs)`` holds at once, on every
+    device together -- what it allocates while it runs, its inputs left out -- by PyTorch's
+    memory tracker, on the CPU as on a GPU."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    with tracker:
+        fn(*args, **kwargs)
+    peak = tracker.get_tracker_snapshot("peak")
+    return int(sum(by_kind.get("Total", 0) for by_kind in peak.values()))
 
 
 class SavedBytes:

@@ -49,3 +49,19 @@ def test_a_measured_mixed_precision_step_halves_weights_and_gradients():
     assert counted["optimizer"] <= measured["optimizer"] <= 1.05 * counted["optimizer"]
     with pytest.raises(ValueError, match="precision"):
         M.measure_step(model, x, y, precision="fp8")
+
+
+def test_peak_bytes_is_the_most_held_at_once_not_the_sum():
+    def one_after_another():
+        for _ in range(3):
+            a = torch.ones(1000, dtype=torch.float64)  # 8,000 bytes, freed before the next
+            del a
+
+    def all_at_once():
+        return [torch.ones(1000, dtype=torch.float64) for _ in range(3)]
+
+    inputs = torch.ones(10**5)  # the inputs are not counted
+    assert M.peak_bytes(lambda x: x * 0, torch.zeros(1)) < 1000
+    assert 8000 <= M.peak_bytes(one_after_another) < 16000
+    assert 24000 <= M.peak_bytes(all_at_once) < 32000
+    assert M.peak_bytes(lambda x: x.sum(), inputs) < 1000
