@@ -274,3 +274,26 @@ def test_a_send_waits_for_the_device_and_posting_a_receive_does_not():
     assert sent == ["wait", "wait"]    # before the send (it needs its data), at the block's end
     assert received == ["wait"]        # only at the block's end
     torch.testing.assert_close(buf, torch.ones(4))
+
+
+def _time_after_compute(numels):
+    from course_lib.benchmarks.emulation import time_after_compute
+    from course_lib.collectives import torch_all_reduce
+
+    device = EmulatedDevice(5e9)
+    times = time_after_compute(torch_all_reduce, numels, device, products=2, size=64, repeats=3)
+    return times, device.device_seconds
+
+
+def test_time_after_compute_times_each_size_past_the_device_s_compute():
+    """Two gloo ranks: a time per repetition and size, none below zero (the host sleeps until
+    the device is done before it sends); the device modelled every repetition's products,
+    warm-up included. Whether a message after compute costs more than one after another is a
+    timing: lesson 12 prints it."""
+    numels = [16, 4096]
+    by_rank = launch(_time_after_compute, 2, args=(numels,))
+    for times, device_seconds in by_rank:
+        assert sorted(times) == numels
+        assert all(len(runs) == 3 and min(runs) >= 0 for runs in times.values())
+        flops = 2 * 2 * 64 ** 3 * (3 + 1) * len(numels)  # 2 products, 4 runs a size
+        assert device_seconds == pytest.approx(flops / 5e9)

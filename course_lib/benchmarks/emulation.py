@@ -9,6 +9,9 @@ bookkeeping add a little, and a busy machine more). Prints, asserts nothing:
     python -m course_lib.benchmarks.emulation [--repeats 9] [--slower 4] [--busy]
 
 ``--busy`` runs it beside a process that keeps one core busy (a browser, a second kernel).
+
+:func:`time_after_compute` times all-reduces as a step on the emulated device sends them, right
+after the device's compute (lesson 12 fits the emulated cluster's link to them).
 """
 
 from __future__ import annotations
@@ -29,6 +32,29 @@ def matrix_products(a: torch.Tensor, n: int = 20) -> torch.Tensor:
     for _ in range(n):
         a = torch.tanh(a @ a / len(a))
     return a
+
+
+def time_after_compute(all_reduce, numels, emulated: EmulatedDevice, *, products: int = 8,
+                       size: int = 256, repeats: int = 5, warmup: int = 1,
+                       group=None) -> dict[int, list[float]]:
+    """On every CPU rank of ``group``: what each ``all_reduce`` of a vector of each length in
+    ``numels`` adds to a step on the emulated device, where a message comes after the device's
+    compute, not right after another message. Each repetition queues ``products`` matrix
+    products of ``size`` x ``size`` on ``emulated``, then all-reduces; its time is the wall
+    time less the device's modelled time for the products (the host sleeps until the device is
+    done, then sends). Returns {numel: [seconds, ...]} (this rank's view)."""
+    a, times = torch.randn(size, size, generator=torch.Generator().manual_seed(0)), {}
+    with emulated.queued():
+        for numel in numels:
+            tensor, runs = torch.ones(numel), []
+            for r in range(warmup + repeats):
+                start, before = time.perf_counter(), emulated.device_seconds
+                matrix_products(a, products)
+                all_reduce(tensor, group=group)
+                if r >= warmup:
+                    runs.append(time.perf_counter() - start - (emulated.device_seconds - before))
+            times[numel] = runs
+    return times
 
 
 def paced_steps(size: int = 300, slower: float = 4.0, repeats: int = 9) -> dict:
