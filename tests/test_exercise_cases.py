@@ -15,6 +15,7 @@ import test_exercises_lesson03 as t03
 import test_exercises_lesson04 as t04
 import test_exercises_lesson05 as t05
 import test_exercises_lesson06 as t06
+import test_exercises_lesson06b as t06b
 import test_exercises_lesson07 as t07
 import test_exercises_lesson08 as t08
 import test_exercises_lesson09 as t09
@@ -34,6 +35,7 @@ from course_lib.exercises import lesson03 as ex03
 from course_lib.exercises import lesson04 as ex04
 from course_lib.exercises import lesson05 as ex05
 from course_lib.exercises import lesson06 as ex06
+from course_lib.exercises import lesson06b as ex06b
 from course_lib.exercises import lesson07 as ex07
 from course_lib.exercises import lesson08 as ex08
 from course_lib.exercises import lesson09 as ex09
@@ -217,14 +219,35 @@ def staleness_forge(data):
         row["m"], row["s"], row["k"] = ex06.VISIBLE_SETTINGS[0]
 
 
+def rates_of_a_visible_cluster(mode, seconds, bound):
+    known = [c for c, _ in ex06.VISIBLE_CLUSTERS]
+    return t06.gradients_per_second(mode, seconds if seconds in known else known[0], bound)
+
+
+def rates_forge(data):
+    for row in data["hidden"]:
+        row["seconds"], row["bound"] = ex06.VISIBLE_CLUSTERS[0]
+
+
+def gossip_never_on_hidden(W, eps):  # right on the visible matrices, "never agrees" elsewhere
+    visible = [c["W"] for c in ex06b._matrices(None)["visible"]]
+    known = any(W.shape == v.shape and torch.equal(W, v) for v in visible)
+    return t06b.gossip_steps(W, eps) if known else None
+
+
+def gossip_forge(data):  # the disconnected graph, whose answer is None, for every hidden case
+    for row in data["hidden"]:
+        row["W"] = ex06b._matrices(None)["visible"][0]["W"]
+
+
 CYCLE = [[1], [2], [3], [0]]
 
 
 def push_sum_on_a_cycle(z, out_neighbours, in_neighbours):  # ignores the hidden graphs
     if z.numel() == 3:
-        return t06.push_sum_step(z, out_neighbours, in_neighbours)
+        return t06b.push_sum_step(z, out_neighbours, in_neighbours)
     i, n = dist.get_rank(), dist.get_world_size()
-    return t06.push_sum_step(z, [(i + 1) % n], [(i - 1) % n])
+    return t06b.push_sum_step(z, [(i + 1) % n], [(i - 1) % n])
 
 
 def push_sum_forge(data):
@@ -356,8 +379,12 @@ FORGERIES = {
     "lesson06.mean_staleness": Forgery(ex06._probe_staleness, t06.mean_staleness,
                                        staleness_of_a_visible_setting, staleness_forge,
                                        pop_hidden),
-    "lesson06.push_sum": Forgery(ex06._probe_push_sum, t06.push_sum_step, push_sum_on_a_cycle,
-                                 push_sum_forge, pop_hidden),
+    "lesson06.gradients_per_second": Forgery(ex06._probe_rates, t06.gradients_per_second,
+                                             rates_of_a_visible_cluster, rates_forge, pop_hidden),
+    "lesson06b.push_sum": Forgery(ex06b._probe_push_sum, t06b.push_sum_step,
+                                  push_sum_on_a_cycle, push_sum_forge, pop_hidden),
+    "lesson06b.gossip_steps": Forgery(ex06b._probe_gossip, t06b.gossip_steps,
+                                      gossip_never_on_hidden, gossip_forge, pop_hidden),
     "lesson07.fp16_stochastic_round": Forgery(ex07._probe_fp16_round, t07.right_round,
                                               round_negated, round_forge, drop_group),
     "lesson08.dirichlet_with_floor": Forgery(ex08._probe_partition, t08.with_floor,

@@ -3,7 +3,6 @@ only in a graded run (course_lib.exercises.lesson06)."""
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from course_lib.exercises import common
 from course_lib.exercises import lesson06 as ex
@@ -14,19 +13,9 @@ def mean_staleness(m, s, k):
     return (m - s - 1) + s / k, (m - s) * k + (s - 1)
 
 
-def push_sum_step(z, out_neighbours, in_neighbours):
-    share = z / (len(out_neighbours) + 1)
-    received = [torch.empty_like(z) for _ in in_neighbours]
-    requests = [dist.isend(share, j) for j in out_neighbours]
-    requests += [dist.irecv(buffer, j) for buffer, j in zip(received, in_neighbours, strict=True)]
-    for request in requests:
-        request.wait()
-    return share + sum(received)
-
-
-def shares_by_out_degree(z, out_neighbours, in_neighbours):  # forgets its own share
-    return push_sum_step(z * (len(out_neighbours) + 1) / len(out_neighbours), out_neighbours,
-                         in_neighbours)
+def gradients_per_second(mode, seconds, bound):
+    # async: every worker at its own pace; sync and SSP: at the slowest's, whatever the bound
+    return sum(1 / c for c in seconds) if mode == "async" else len(seconds) / max(seconds)
 
 
 def test_staleness_accepts_the_rates_argument_and_rejects_the_one_straggler_theory():
@@ -50,19 +39,6 @@ def test_simulated_staleness_is_what_the_rates_argument_predicts_at_the_hidden_e
             assert abs(predicted / measured - 1) < ex.STALENESS_TOL / 2
 
 
-@pytest.mark.filterwarnings("ignore:.*oversubscribed")  # 4 ranks on 2 cores: correctness only
-def test_push_sum_accepts_the_right_step_and_explains_lost_mass_and_wrong_values():
-    assert "correct: every rank's z matches" in ex.check_push_sum(push_sum_step)
-    # a step that sends nothing keeps the mass: judged from the data its ranks would return
-    # (no launch: the launches above already cover the way there)
-    case = ex.push_sum_cases(None)["visible"]
-    kept = [case["z0"][i].repeat(ex.STEPS, 1) for i in range(ex.WORLD_SIZE)]
-    with pytest.raises(common.ExerciseFailed, match="rank 3 holds .* but should hold"):
-        ex.judge_push_sum({"visible": case | {"ranks": kept}})
-    with pytest.raises(common.ExerciseFailed, match="neither creates nor loses mass"):
-        ex.check_push_sum(shares_by_out_degree)
-
-
 def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):
     def right_on_visible_only(m, s, k):  # hard-coded for the two settings the student sees
         return mean_staleness(m, s, k) if (m, s, k) in ex.VISIBLE_SETTINGS else (1.0, 1.0)
@@ -77,20 +53,6 @@ def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):
     assert len(list(tmp_path.glob("*-lesson06.mean_staleness.json"))) == 2
 
 
-@pytest.mark.filterwarnings("ignore:.*oversubscribed")
-def test_push_sum_judges_the_hidden_graphs_only_in_a_graded_run(monkeypatch, tmp_path):
-    def right_on_visible_only(z, out_neighbours, in_neighbours):  # the visible z has 3 entries
-        new = push_sum_step(z, out_neighbours, in_neighbours)
-        return new if z.numel() == 3 else new * 2
-
-    assert "correct" in ex.check_push_sum(right_on_visible_only)
-    monkeypatch.setenv(common.HIDDEN_SEED, "12345")
-    with pytest.raises(common.HiddenTestFailed):
-        ex.check_push_sum(right_on_visible_only)
-    monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))  # the grader's kernel: to a file
-    assert "recorded" in ex.check_push_sum(right_on_visible_only)
-
-
 def test_the_visible_runs_are_the_simulators_and_judge_the_student_edition(monkeypatch):
     for setting, runs in ex.VISIBLE_RUNS.items():
         torch.testing.assert_close(ex.simulated_staleness(*setting), runs, rtol=1e-12, atol=0)
@@ -103,3 +65,50 @@ def test_the_visible_runs_are_the_simulators_and_judge_the_student_edition(monke
     assert ex.check_mean_staleness(mean_staleness).startswith("correct")
     with pytest.raises(common.ExerciseFailed, match="fast workers' staleness, 5, is 37% above"):
         ex.check_mean_staleness(lambda m, s, k: (m - 1, k * (m - 1)))
+
+
+def test_rates_accept_the_slowest_sets_the_pace_and_explain_ssp_as_async():
+    assert "correct" in ex.check_rates(gradients_per_second)
+
+    def ssp_as_async(mode, seconds, bound):  # the bound read as "nobody waits"
+        return gradients_per_second("async" if mode == "ssp" else mode, seconds, bound)
+
+    with pytest.raises(common.ExerciseFailed, match=r"your ssp rate, 625 per second, is \d+% "
+                                                    r"above.*how fast does the slowest go"):
+        ex.check_rates(ssp_as_async)
+    with pytest.raises(common.ExerciseFailed, match="your sync rate.*waits for every worker"):
+        ex.check_rates(lambda mode, seconds, bound: 1 / max(seconds) if mode == "sync" else
+                       gradients_per_second(mode, seconds, bound))
+    with pytest.raises(common.ExerciseFailed, match="finite number"):
+        ex.check_rates(lambda mode, seconds, bound: float("nan"))
+
+
+def test_the_rates_hold_over_the_whole_hidden_range():
+    # the corners of the drawn clusters: a right answer within half the tolerance of the run
+    for seconds, bound in [([0.001] * 5 + [0.008], 4), ([0.008, 0.001, 0.001], 0),
+                           ([0.001, 0.002, 0.004, 0.008, 0.003, 0.005], 3)]:
+        for mode in ex.MODES:
+            run = ex.simulated_rate(mode, seconds, bound)
+            assert abs(gradients_per_second(mode, seconds, bound) / run - 1) < ex.RATE_TOL / 2
+
+
+def test_rates_judge_hidden_clusters_only_in_a_graded_run_and_the_student_edition_by_digest(
+        monkeypatch):
+    def right_on_visible_only(mode, seconds, bound):
+        known = [c for c, _ in ex.VISIBLE_CLUSTERS]
+        return gradients_per_second(mode, seconds, bound) * (1 if seconds in known else 2)
+
+    assert "correct" in ex.check_rates(right_on_visible_only)
+    with monkeypatch.context() as m:
+        m.setenv(common.HIDDEN_SEED, "12345")
+        with pytest.raises(common.HiddenTestFailed):
+            ex.check_rates(right_on_visible_only)
+
+    def stripped(*args):
+        raise NotImplementedError("not in the student edition: the grader has it")
+
+    monkeypatch.setattr(ex, "simulated_rate", stripped)  # as the student edition has it
+    assert ex.check_rates(gradients_per_second).startswith("correct for the visible clusters")
+    with pytest.raises(common.ExerciseFailed, match="ssp: 625.0 is not right"):
+        ex.check_rates(lambda mode, seconds, bound: gradients_per_second(
+            "async" if mode == "ssp" else mode, seconds, bound))

@@ -26,7 +26,6 @@ MAX_WORDS, MAX_LINES, MAX_LESSON_WORDS = 40, 30, 2500
 LONG_CELLS: dict[str, set[int]] = {}
 # notebook prefix -> why the lesson is still over MAX_LESSON_WORDS words of markdown
 LONG_LESSONS: dict[str, str] = {
-    "06": "to split in two: the parameter server's modes, then decentralized and local SGD",
     "12": "to split in two: the planner against published runs, then the plans run here",
 }
 
@@ -90,7 +89,7 @@ def test_every_sentence_has_at_most_40_words(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_code_cells_are_short(path):
-    listed = LONG_CELLS.get(path.stem[:2], set())
+    listed = LONG_CELLS.get(path.stem.split("_")[0], set())
     over = {i for i, source in cells(path, "code") if len(source.splitlines()) > MAX_LINES}
     assert over <= listed, f"code cells over {MAX_LINES} lines: {sorted(over - listed)}"
     assert listed <= over, f"no longer over {MAX_LINES} lines, take off LONG_CELLS: " \
@@ -100,7 +99,7 @@ def test_code_cells_are_short(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_a_lesson_is_read_in_a_sitting(path):
     total = sum(words(s) for _, md in cells(path, "markdown") for s in sentences(md))
-    if path.stem[:2] in LONG_LESSONS:
+    if path.stem.split("_")[0] in LONG_LESSONS:
         assert total > MAX_LESSON_WORDS, f"{total} words now: take it off LONG_LESSONS"
     else:
         assert total <= MAX_LESSON_WORDS, f"{total} words of markdown"

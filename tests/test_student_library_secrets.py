@@ -27,7 +27,7 @@ from course_lib.exercises.verdicts import MODE
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = Path(course_lib.__file__).resolve().parent
-LESSONS = sorted(p.stem for p in (LIBRARY / "exercises").glob("lesson[0-9][0-9].py"))
+LESSONS = sorted(p.stem for p in (LIBRARY / "exercises").glob("lesson[0-9][0-9]*.py"))
 
 # (lesson module, function, a line of it that computes the answer: not in the student's copy)
 PIECES = [
@@ -46,6 +46,10 @@ PIECES = [
     # lesson 6, exercise 1 (staleness with s slow workers): mean_staleness's very signature
     ("lesson06", "simulated_staleness",
      "pad = {w: (k if w > m - s else 1.0) for w in range(1, m + 1)}"),
+    # lesson 6, exercise 2 (gradients per second in each mode): the simulated run's rate
+    ("lesson06", "simulated_rate", 'return len(log["staleness"]) / log["time"][-1]'),
+    # lesson 6b, exercise 2 (gossip steps to agree): the largest |eigenvalue| off consensus
+    ("lesson06b", "steps_to_agree", "lam = torch.linalg.matrix_norm(W.double() - 1.0 / n, ord=2)"),
     # lesson 7, exercise 2 (stochastic rounding to fp16): the two fp16 values around x
     ("lesson07", "_neighbours",
      "lo = np.where(h.astype(np.float64) > x, np.nextafter(h, np.float16(-np.inf)), h)"),
@@ -126,7 +130,8 @@ RIGHT_ANSWERS = textwrap.dedent("""
     from course_lib.data import load_digits, shard_rows
     from course_lib.erm import diabetes_problem
     from course_lib.exercises import (lesson00, lesson01, lesson02, lesson03, lesson04,
-                                      lesson06, lesson07, lesson08, lesson09, practice)
+                                      lesson06, lesson06b, lesson07, lesson08, lesson09,
+                                      practice)
 
     def practice_draw(name, draw):  # what a run outside the grader draws: a practice draw
         return practice.draws(name, draw)[3]
@@ -202,6 +207,16 @@ RIGHT_ANSWERS = textwrap.dedent("""
 
     verdict("lesson06.simulated_staleness", lesson06.check_mean_staleness,
             lambda m, s, k: ((m - s - 1) + s / k, (m - s) * k + (s - 1)))
+    verdict("lesson06.simulated_rate", lesson06.check_rates,
+            lambda mode, c, s: sum(1 / x for x in c) if mode == "async" else len(c) / max(c))
+
+    def gossip_steps(W, eps):
+        lam = torch.linalg.matrix_norm(W - 1.0 / len(W), ord=2).item()
+        if lam > 1 - 1e-9:
+            return None
+        return 1 if lam < 1e-12 else int(np.ceil(np.log(eps) / np.log(lam)))
+
+    verdict("lesson06b.steps_to_agree", lesson06b.check_gossip_steps, gossip_steps)
 
     def fp16_round(x, generator):
         near = x.half()
@@ -240,7 +255,8 @@ RIGHT_ANSWERS = textwrap.dedent("""
 """)
 JUDGED = {"lesson00._simulate", "lesson01.count_macs", "lesson02._gd_losses_until",
           "lesson02._judge_one", "lesson03._judge_crossover", "lesson04.worth",
-          "lesson06.simulated_staleness", "lesson07._neighbours", "lesson08._judge_uniform_mix",
+          "lesson06.simulated_staleness", "lesson06.simulated_rate",
+          "lesson06b.steps_to_agree", "lesson07._neighbours", "lesson08._judge_uniform_mix",
           "lesson09._judge_breakdown"}  # lesson09._attackers_per_round: in _judge_breakdown
 
 

@@ -57,13 +57,14 @@ def class_rate(lesson: Path, students: int, jobs: int, cell_timeout: float = 300
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lessons", nargs="*", default=None, help="lesson numbers (all: none)")
+    parser.add_argument("--lessons", nargs="*", default=None,
+                        help="lesson numbers, as 06 or 06b (all: none)")
     parser.add_argument("--students", type=int, default=4)
     parser.add_argument("--class-lesson", default="03")
     parser.add_argument("--notebooks", type=Path, default=NOTEBOOKS)
     args = parser.parse_args(argv)
     every = sorted(args.notebooks.glob("[0-9]*.ipynb"))
-    lessons = [p for p in every if args.lessons is None or p.name[:2] in args.lessons]
+    lessons = [p for p in every if args.lessons is None or p.name.split("_")[0] in args.lessons]
     rows = per_lesson(lessons)
     print(f"{'lesson':32s} {'sliced':>8s} {'whole':>8s} {'same verdicts':>14s}  ran (sliced)")
     for r in rows:

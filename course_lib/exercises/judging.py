@@ -22,8 +22,8 @@ def judge_names(lesson_path: Path, lesson, check_cell: str) -> list[str]:
     library (imported here, outside the sandbox): the lesson modules its number and its cells
     name, then the shared checks."""
     text = lesson_path.name + "\n" + "\n".join(c.source for c in lesson.cells)
-    numbers = dict.fromkeys(re.findall(r"^(\d+)", lesson_path.name) +
-                            re.findall(r"course_lib\.exercises\.lesson(\d+)", text))
+    numbers = dict.fromkeys(re.findall(r"^(\d+[a-z]?)", lesson_path.name) +
+                            re.findall(r"course_lib\.exercises\.lesson(\d+[a-z]?)\b", text))
     modules = []
     for number in numbers:
         with contextlib.suppress(ImportError):

@@ -1,13 +1,13 @@
 """Checks for lesson 6's exercises: the staleness of fast and slow workers' gradients when several
-workers are slow, predicted and checked against simulated runs; and push-sum gossip on a directed
-graph over point-to-point messages.
+workers are slow, and the rate at which the server applies gradients in each mode, both predicted
+and checked against simulated runs.
 
 Slides "Parallel computing for machine learning", part 2 (asynchronous GD and staleness: the
-notebook's section 3; decentralized networks: section 9); push-sum is Kempe et al. 2003, the
-gossip inside Assran et al.'s Stochastic Gradient Push (2019). Each check is a probe (runs in the
-student's kernel, returns plain data) and a judge (decides from that data alone, recomputing every
-reference; the grader runs it outside the kernel): see :mod:`course_lib.exercises.common`. Both
-judges draw their cases themselves and take only the answers from the data (:mod:`.cases`).
+notebook's section 3; stale-synchronous parallel, Ho et al. 2013: section 5). Each check is a probe
+(runs in the student's kernel, returns plain data) and a judge (decides from that data alone,
+recomputing every reference; the grader runs it outside the kernel): see
+:mod:`course_lib.exercises.common`. Both judges draw their cases themselves and take only the
+answers from the data (:mod:`.cases`). Lesson 6b's (push-sum, gossip) are in :mod:`.lesson06b`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import functools
 import math
 
 import torch
-import torch.distributed as dist
 
 from course_lib.async_sgd import simulate_parameter_server
 from course_lib.erm import ERMProblem
+from course_lib.exercises import practice
 from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
@@ -28,7 +28,6 @@ from course_lib.exercises.common import (
     checked,
     hidden_seed,
     is_number,
-    launch_checked,
 )
 from course_lib.parameter_server import sgd
 
@@ -145,124 +144,113 @@ staleness of a fast and of a slow worker's gradients when the last s of m asynch
 k times slower, within 5% of simulated runs."""
 
 
-# -- exercise 2: push-sum on a directed graph ------------------------------------------------------
+# -- exercise 2: how many gradients per second each mode applies -----------------------------------
 
-WORLD_SIZE, STEPS = 4, 4
-PUSH_TOL = 1e-9  # float64; a right step differs from A z only in the order of its additions
-VISIBLE_GRAPH = [[1, 2], [2], [3], [0]]  # node i's out-neighbours: 0->1, 0->2, 1->2, 2->3, 3->0
+MODES = ("sync", "async", "ssp")
+RATE_TOL = 0.05  # relative; a right answer lands within 1.1% of every run drawn (2,000 gradients)
+RATE_GRADIENTS = 2000
+# (each worker's seconds per gradient, SSP's bound s): section 4's straggler, and three speeds
+VISIBLE_CLUSTERS = [([0.005, 0.005, 0.005, 0.04], 2), ([0.01, 0.02, 0.03], 1)]
 
 
-def push_sum_cases(seed) -> dict:
-    """Directed graphs (out-neighbour lists) and starting z = (x_i, weight 1) for each node; a
-    graded run adds random strongly connected graphs (a random cycle plus random extra arcs)
-    with longer vectors."""
-    z0 = torch.tensor([[0.0, 8.0, 1.0], [4.0, -4.0, 1.0], [8.0, 2.0, 1.0], [-2.0, 6.0, 1.0]],
-                      dtype=torch.float64)
-    cases = {"visible": {"outs": VISIBLE_GRAPH, "z0": z0}}
+def _clusters(seed) -> dict:
+    """Visible clusters, and in a graded run three drawn ones (3..6 workers, each 1 to 8 ms per
+    gradient, bound 0..4)."""
+    cases = {"visible": [{"seconds": c, "bound": b} for c, b in VISIBLE_CLUSTERS]}
     if seed is not None:
-        g = torch.Generator().manual_seed(seed)
+        g = torch.Generator().manual_seed(seed + 6)
         hidden = []
-        for _ in range(2):
-            order = torch.randperm(WORLD_SIZE, generator=g).tolist()
-            arcs = {(order[i], order[(i + 1) % WORLD_SIZE]) for i in range(WORLD_SIZE)}
-            arcs |= {(i, j) for i in range(WORLD_SIZE) for j in range(WORLD_SIZE)
-                     if i != j and torch.rand((), generator=g).item() < 0.3}
-            x = torch.randn(WORLD_SIZE, 3, generator=g, dtype=torch.float64)
-            outs = [sorted(j for a, j in arcs if a == i) for i in range(WORLD_SIZE)]
-            ones = torch.ones(WORLD_SIZE, 1, dtype=x.dtype)  # every weight starts at 1
-            hidden.append({"outs": outs, "z0": torch.cat([x, ones], 1)})
+        for _ in range(3):
+            m = int(torch.randint(3, 7, (), generator=g))
+            seconds = [round(0.001 * (1 + 7 * torch.rand((), generator=g).item()), 4)
+                       for _ in range(m)]
+            hidden.append({"seconds": seconds, "bound": int(torch.randint(0, 5, (),
+                                                                          generator=g))})
         cases["hidden"] = hidden
     return cases
 
 
-def _push_sum_ranks(step, cases):
-    """Runs on every rank: ``STEPS`` calls of the student's step per case, on this node's own z
-    (never the others': a node learns them only from messages). Returns z after every step."""
-    i = dist.get_rank()
-    out = []
-    for outs, z0 in cases:
-        ins = [j for j in range(len(outs)) if i in outs[j]]
-        z, history = z0[i].clone(), []
-        for _ in range(STEPS):
-            new = step(z.clone(), list(outs[i]), ins)
-            if not (isinstance(new, torch.Tensor) and new.shape == z.shape):
-                raise TypeError(f"push_sum_step returned {type(new).__name__} "
-                                f"{tuple(getattr(new, 'shape', ()))}: return the new z, a tensor "
-                                f"of z's shape {tuple(z.shape)}")
-            z = new.detach().to("cpu", torch.float64)
-            history.append(z.clone())
-        out.append(torch.stack(history))
-    return out
+def _probe_rates(gradients_per_second) -> dict:
+    data = {}
+    for name, clusters in _clusters(hidden_seed()).items():
+        rows = []
+        for cluster in clusters:
+            row = dict(cluster)
+            for mode in MODES:
+                got = gradients_per_second(mode, list(cluster["seconds"]), cluster["bound"])
+                row[mode] = as_number(got, f"gradients_per_second({mode!r}, "
+                                           f"{cluster['seconds']}, {cluster['bound']})")
+            rows.append(row)
+        data[name] = rows
+    return data
 
 
-def _probe_push_sum(push_sum_step, timeout: float = 30) -> dict:
-    cases = push_sum_cases(hidden_seed())
-    flat = [cases["visible"], *cases.get("hidden", [])]
-    per_rank = launch_checked(
-        _push_sum_ranks, WORLD_SIZE, (push_sum_step, [(c["outs"], c["z0"]) for c in flat]),
-        timeout=timeout, hint="does each node send to its out-neighbours and receive from its "
-                              "in-neighbours, posting all before waiting?")
-    runs = [c | {"ranks": [r[n] for r in per_rank]} for n, c in enumerate(flat)]
-    return {"visible": runs[0], "hidden": runs[1:]} if "hidden" in cases else {"visible": runs[0]}
+def simulated_rate(mode: str, seconds, bound: int) -> float:
+    """The run a prediction is checked against: section 6's simulator, ``mode`` with worker w
+    taking ``seconds[w - 1]`` per gradient, no jitter, no message latency; the gradients the
+    server applied per second over 2,000 of them. The student edition leaves this out."""
+    ### BEGIN SOLUTION
+    m = len(seconds)
+    problem = ERMProblem(torch.zeros(4 * m, 1, dtype=torch.float64),
+                         torch.zeros(4 * m, dtype=torch.float64), 0.0, "least_squares")
+    log = simulate_parameter_server(problem, m, sgd(0.0), mode=mode, batch=1,
+                                    bound=bound if mode == "ssp" else None,
+                                    gradients=RATE_GRADIENTS,
+                                    pad={w + 1: float(c) for w, c in enumerate(seconds)})
+    return len(log["staleness"]) / log["time"][-1]
+    ### END SOLUTION
 
 
-def push_matrix(outs) -> torch.Tensor:
-    """Push-sum's mixing matrix, column stochastic: node i's column gives 1 / (d_i + 1) to itself
-    and to each of its d_i out-neighbours (z <- A z, rows of z = nodes)."""
-    n = len(outs)
-    A = torch.zeros(n, n, dtype=torch.float64)
-    for i, neighbours in enumerate(outs):
-        for j in {i, *(int(j) for j in neighbours)}:
-            A[j, i] = 1.0 / (len(set(neighbours)) + 1)
-    return A
+def _rate_bin(rate: float) -> int:
+    return practice.bin_of(math.log(rate), math.log(1 + RATE_TOL))
 
 
-def _short(v: torch.Tensor) -> str:
-    return "[" + ", ".join(f"{x:.6g}" for x in v.tolist()) + "]"
-
-
-def _push_wrong(case) -> str | None:
-    outs, z0, ranks = case["outs"], case["z0"].double(), case["ranks"]
-    A = push_matrix(outs)
-    if not isinstance(ranks, list) or len(ranks) != len(outs) or any(
-            not isinstance(r, torch.Tensor) or r.shape != (STEPS, z0.shape[1]) for r in ranks):
-        return f"expected {STEPS} steps of z from each of {len(outs)} ranks"
-    got = torch.stack([r.double() for r in ranks], dim=1)  # steps x nodes x len(z)
-    want = z0
-    for t in range(STEPS):
-        want = A @ want
-        total, right = got[t].sum(0), want.sum(0)
-        if not torch.allclose(total, right, atol=PUSH_TOL, rtol=0):
-            return (f"after step {t + 1} the nodes' z add up to {_short(total)}, not "
-                    f"{_short(right)}: push-sum neither creates nor loses mass. Keep one share "
-                    f"z / (out-degree + 1) and send one to each out-neighbour")
-        diff = (got[t] - want).abs().nan_to_num(nan=math.inf).amax(1)
-        if diff.max() > PUSH_TOL:
-            r = int(diff.argmax())
-            return (f"after step {t + 1} rank {r} holds {_short(got[t, r])} but should hold "
-                    f"{_short(want[r])} (out-neighbours {list(outs[r])})")
+def _rates_wrong(rows) -> str | None:
+    """What is wrong with these predictions, or None (the cluster and how far off, not the run's
+    rate: a hidden cluster's message is never shown)."""
+    for row in rows:
+        for mode in MODES:
+            measured = simulated_rate(mode, row["seconds"], row["bound"])
+            off = row[mode] / measured - 1
+            if not abs(off) <= RATE_TOL:
+                hint = {"sync": "A round waits for every worker",
+                        "async": "Every worker pushes at its own pace",
+                        "ssp": "No worker may run more than s gradients ahead of the slowest: "
+                               "how fast does the slowest go?"}[mode]
+                return (f"seconds per gradient {row['seconds']}, bound {row['bound']}: your "
+                        f"{mode} rate, {row[mode]:.4g} per second, is {abs(off):.0%} "
+                        f"{'above' if off > 0 else 'below'} the run's ({RATE_TOL:.0%} allowed). "
+                        f"{hint}")
     return None
 
 
-def judge_push_sum(data) -> str:
-    data = merged(push_sum_cases(hidden_seed()), data, ("ranks",))  # graphs and z0 drawn here
-    if wrong := _push_wrong(data["visible"]):
+def _judge_rates(data) -> str:
+    data = merged(_clusters(hidden_seed()), data, MODES)  # the clusters drawn here, not read
+    for row in data["visible"]:
+        if not all(is_number(row[mode]) and row[mode] > 0 for mode in MODES):
+            raise ExerciseFailed(f"seconds {row['seconds']}: a rate is a positive number")
+    try:
+        wrong = _rates_wrong(data["visible"])
+    except NotImplementedError:  # the student edition: the visible clusters' digests
+        for row in data["visible"]:
+            case = [row["seconds"], row["bound"]]
+            practice.judge("lesson06.gradients_per_second", case,
+                           {mode: _rate_bin(row[mode]) for mode in MODES},
+                           {mode: row[mode] for mode in MODES})
+        return "correct for the visible clusters (the grader runs your code on clusters of its own)"
+    if wrong:
         raise ExerciseFailed(wrong)
-    if any(_push_wrong(case) for case in data.get("hidden", [])):
+    if "hidden" in data and _rates_wrong(data["hidden"]):
         raise HiddenTestFailed("a hidden case failed")
-    z0 = data["visible"]["z0"].double()
-    average = z0[:, :-1].mean(0)
-
-    def off(t):  # how far the nodes' estimates s_i / w_i are from the average after t steps
-        z = torch.linalg.matrix_power(push_matrix(VISIBLE_GRAPH), t) @ z0
-        return (z[:, :-1] / z[:, -1:] - average).abs().max().item()
-
-    return (f"correct: every rank's z matches A^t z0 for t = 1..{STEPS}; the estimates s/w are "
-            f"{off(STEPS):.2g} from the average {average.tolist()} after {STEPS} steps, "
-            f"{off(40):.1e} after 40")
+    return (f"correct: every mode's rate within {RATE_TOL:.0%} of a simulated run; with a "
+            f"straggler SSP goes at the synchronous server's pace, whatever its bound")
 
 
-check_push_sum = checked("lesson06.push_sum", _probe_push_sum, judge_push_sum)
-check_push_sum.__doc__ = """Check ``push_sum_step(z, out_neighbours, in_neighbours)``: launched
-on 4 ranks of a directed graph for 4 steps, each rank's z after every step equals row i of
-A^t z0 (A: push-sum's column-stochastic matrix)."""
+practice.register("lesson06.gradients_per_second", lambda case: {
+    mode: practice.near(math.log(simulated_rate(mode, *case)), math.log(1 + RATE_TOL))
+    for mode in MODES}, cases=[[c, b] for c, b in VISIBLE_CLUSTERS])
+
+check_rates = checked("lesson06.gradients_per_second", _probe_rates, _judge_rates)
+check_rates.__doc__ = """Check ``gradients_per_second(mode, seconds, bound)``: the long-run rate
+at which the server applies gradients in mode "sync", "async" or "ssp" (bound s) when worker w
+takes seconds[w] per gradient, within 5% of simulated runs."""
