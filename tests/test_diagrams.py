@@ -91,6 +91,22 @@ def test_the_rank_grid_places_each_rank_of_the_mesh():
     plt.close("all")
 
 
+def test_the_server_star_draws_a_line_per_worker_as_thick_as_its_share():
+    panels = {"sync": {"shares": [0.25] * 4, "labels": ["0"] * 4},
+              "async": {"shares": [0.3, 0.3, 0.3, 0.1], "labels": ["a", "b", "c", "late"]}}
+    fig = diagrams.plot_server_star(panels, title="two runs")
+    widths = {ax.get_title(): [round(line.get_linewidth(), 3) for line in ax.lines]
+              for ax in fig.axes}
+    assert widths == {"sync": [3.5] * 4, "async": [4.1, 4.1, 4.1, 1.7]}
+    assert {"S", "1", "4", "late"} <= set(texts(fig))
+    assert [t.get_text() for t in fig.texts] == ["two runs"]
+    with pytest.raises(ValueError, match="panels is empty"):
+        diagrams.plot_server_star({})
+    with pytest.raises(ValueError, match="one share .* per worker, got 2 shares and 1 labels"):
+        diagrams.plot_server_star({"x": {"shares": [0.5, 0.5], "labels": ["a"]}})
+    plt.close("all")
+
+
 def test_gossip_graphs_draw_an_edge_per_positive_weight():
     from course_lib import decentralized as dec
 

@@ -16,6 +16,7 @@ from course_lib.diagrams.data_parallel import (  # noqa: F401
     plot_layer_chain,
     plot_masks,
     plot_process_tree,
+    plot_server_star,
 )
 from course_lib.diagrams.model_parallel import (  # noqa: F401
     plot_plan_terms,

@@ -1,5 +1,6 @@
 """Diagrams of the lessons on workers, backpropagation and data parallelism: who started whom, a
-layer chain both ways, gradient buckets, who averages with whom, secure aggregation's masks."""
+layer chain both ways, gradient buckets, a parameter server's star, who averages with whom, secure
+aggregation's masks."""
 
 from __future__ import annotations
 
@@ -114,6 +115,38 @@ def plot_buckets(sizes, buckets, *, unit: float = 2**10, unit_name: str = "KiB",
                       f"(the order the buckets expect backward to write them)")
         ax.grid(False)
         fig.tight_layout()
+    return fig
+
+
+def plot_server_star(panels, *, title: str = "Who the server hears from"):
+    """Parameter-server runs as stars: ``panels`` {name: {"shares": [...], "labels": [...]}},
+    one entry per worker. The server (S) sits in the middle; worker w sits on a circle, its line
+    to the server as thick as its share of the gradients the server applied, and its label
+    (e.g. the mean staleness of its gradients) beside it."""
+    if not panels:
+        raise ValueError("panels is empty: pass {name: {'shares': [...], 'labels': [...]}}")
+    with course_style():
+        fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.0), squeeze=False)
+        for ax, (name, panel) in zip(axes[0], panels.items(), strict=True):
+            shares, labels = list(panel["shares"]), list(panel["labels"])
+            if not shares or len(shares) != len(labels) or min(shares) < 0:
+                raise ValueError(f"{name}: give one share (>= 0) and one label per worker, got "
+                                 f"{len(shares)} shares and {len(labels)} labels")
+            m = len(shares)
+            for w, (share, label) in enumerate(zip(shares, labels, strict=True)):
+                x, y = math.sin(2 * math.pi * w / m), math.cos(2 * math.pi * w / m)
+                ax.plot([0, x], [0, y], color="0.5", lw=0.5 + 12 * float(share), zorder=1)
+                ax.scatter([x], [y], s=260, color=COLORS[0], zorder=2)
+                ax.text(x, y, str(w + 1), ha="center", va="center", color="white", fontsize=8)
+                side = "left" if x > 0.3 else "right" if x < -0.3 else "center"
+                ax.text(x + 0.32 * math.copysign(1, x) * (side != "center"), 1.35 * y, label,
+                        ha=side, va="center", fontsize=7, color="0.3")
+            ax.scatter([0], [0], s=420, color=COLORS[1], zorder=2)
+            ax.text(0, 0, "S", ha="center", va="center", color="white", fontsize=9)
+            ax.set(xlim=(-2.2, 2.2), ylim=(-1.6, 1.6), title=name)
+            ax.set_aspect("equal")
+            ax.set_axis_off()
+        fig.suptitle(title)
     return fig
 
 
