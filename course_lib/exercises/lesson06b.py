@@ -160,8 +160,8 @@ SWAP = [[0.1, 0.9], [0.9, 0.1]]  # two nodes that mostly swap: its second eigenv
 def _matrices(seed) -> dict:
     """The section's four graphs (Metropolis weights, eps = 1e-6) and two nodes that mostly swap
     (eps = 1e-3); in a graded run four drawn cases: random graphs of 4 to 9 nodes, each edge
-    with a probability from 0.2 to 0.8 (some disconnected), Metropolis weights made lazier or
-    jumpier, and one two-node swap; eps from 1e-9 to 1e-2."""
+    with a probability from 0.2 to 0.8 (some disconnected), Metropolis weights made lazier, and
+    one two-node swap; eps from 1e-9 to 1e-2."""
     visible = [{"W": dec.mixing_matrix(graph), "eps": EPS} for graph in dec.GRAPHS.values()]
     cases = {"visible": visible + [{"W": torch.tensor(SWAP, dtype=torch.float64), "eps": 1e-3}]}
     if seed is not None:
@@ -182,7 +182,7 @@ def _matrices(seed) -> dict:
                     if torch.rand((), generator=g).item() < p:
                         graph[i].append(j)
                         graph[j].append(i)
-            lazy = uniform(-0.3, 0.5)  # W' = lazy I + (1 - lazy) W: still symmetric, rows sum 1
+            lazy = uniform(0.0, 0.5)  # W' = lazy I + (1 - lazy) W: lazier, still symmetric
             W = lazy * torch.eye(n, dtype=torch.float64) + (1 - lazy) * dec.mixing_matrix(graph)
             hidden.append({"W": W, "eps": eps})
         cases["hidden"] = hidden
