@@ -22,6 +22,7 @@ import test_exercises_lesson09 as t09
 import test_exercises_lesson10 as t10
 import test_exercises_lesson11 as t11
 import test_exercises_lesson12 as t12
+import test_exercises_lesson12b as t12b
 import test_exercises_lesson13 as t13
 import torch
 import torch.distributed as dist
@@ -42,6 +43,7 @@ from course_lib.exercises import lesson09 as ex09
 from course_lib.exercises import lesson10 as ex10
 from course_lib.exercises import lesson11 as ex11
 from course_lib.exercises import lesson12 as ex12
+from course_lib.exercises import lesson12b as ex12b
 from course_lib.exercises import lesson13 as ex13
 from course_lib.exercises.cases import gradient_by_autograd, gradient_mismatch, merged
 
@@ -309,7 +311,7 @@ def block_forge(data):  # the budget that recomputing every layer just fits
 
 
 def stages_of_one_micro_batch(model, plan):
-    return t12.stages(model, plan if plan.pp == 2 else replace(plan, micro_batches=1))
+    return t12b.stages(model, plan if plan.pp == 2 else replace(plan, micro_batches=1))
 
 
 def stages_forge(data):
@@ -321,10 +323,33 @@ def stages_forge(data):
 def emulated_run(monkeypatch):  # the run's activations as the reference has them: no launch
     def measure(fn, world, args, timeout):
         drawn = args[0]
-        return ex12.stage_activation_bytes(ex12.run_model(drawn), P.Plan(
+        return ex12b.stage_activation_bytes(ex12b.run_model(drawn), P.Plan(
             dp=1, tp=1, pp=2, micro_batches=drawn["micro_batches"]))
 
-    monkeypatch.setattr(ex12, "launch_checked", measure)
+    monkeypatch.setattr(ex12b, "launch_checked", measure)
+
+
+def split_of_a_visible_list(costs, p):  # the first visible list's split for every hidden one
+    first, stages = ex12.VISIBLE_SPLITS[0]
+    return t12.split_stages(costs, p) if [costs, p] in [list(v) for v in ex12.VISIBLE_SPLITS] \
+        else t12.split_stages(first, stages)
+
+
+def split_forge(data):
+    for row in data["hidden"]:
+        row["costs"], row["p"] = ex12.VISIBLE_SPLITS[0]
+
+
+def pairs_of_a_visible_list(predicted, measured):
+    first = ex12b.VISIBLE_RANKINGS[0]
+    known = [list(m) for _, m in ex12b.VISIBLE_RANKINGS]
+    return t12b.pairs_in_order(predicted, measured) if measured in known else \
+        t12b.pairs_in_order(*first)
+
+
+def pairs_forge(data):
+    for row in data["hidden"]:
+        row["predicted"], row["measured"] = ex12b.VISIBLE_RANKINGS[0]
 
 
 def pop_hidden(data):
@@ -401,8 +426,12 @@ FORGERIES = {
                                         block_forge, pop_case),
     "lesson13.merge": Forgery(ex13._probe_merge, t13.right_merge, t13.right_when_visible,
                               merge_forge, pop_case),
-    "lesson12.stages": Forgery(lambda fn: ex12._probe_stages(fn, t12.DRAWN), t12.stages,
-                               stages_of_one_micro_batch, stages_forge, pop_hidden, emulated_run),
+    "lesson12.split_stages": Forgery(ex12._probe_split, t12.split_stages,
+                                     split_of_a_visible_list, split_forge, pop_hidden),
+    "lesson12b.stages": Forgery(lambda fn: ex12b._probe_stages(fn, t12b.DRAWN), t12b.stages,
+                                stages_of_one_micro_batch, stages_forge, pop_hidden, emulated_run),
+    "lesson12b.pairs_in_order": Forgery(ex12b._probe_pairs, t12b.pairs_in_order,
+                                        pairs_of_a_visible_list, pairs_forge, pop_hidden),
 }
 
 

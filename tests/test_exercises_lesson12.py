@@ -76,55 +76,6 @@ def test_block_recompute_hidden_case_only_in_a_graded_run(monkeypatch, tmp_path)
         common.JUDGES["lesson12.block_recompute"](data)
 
 
-def stages(model, plan):
-    p, m = plan.pp, plan.micro_batches
-    tokens = model.seq * model.global_batch / (plan.dp * m)
-    h, t = model.hidden, plan.tp
-    layer = tokens * (4 * h + 4 + (12 * h + model.heads) / t) * model.value_bytes
-    head = tokens * (2 * h + 2 + model.vocab) * model.value_bytes
-    return [model.layers // p * min(p - s, m) * layer + (head if s == p - 1 else 0)
-            for s in range(p)]
-
-
-DRAWN = {"micro_batches": 4, "context": 48}
-
-
-def test_stages_are_checked_against_a_run_and_mistakes_explained():
-    assert "correct: both stages within" in ex.check_stages(stages, DRAWN)
-    assert stages(ex.run_model(DRAWN), P.Plan(dp=1, tp=1, pp=2, micro_batches=4)) == \
-        pytest.approx(ex.stage_activation_bytes(ex.run_model(DRAWN),
-                                                P.Plan(dp=1, tp=1, pp=2, micro_batches=4)))
-
-    def all_in_flight(model, plan):  # GPipe's count: every micro-batch on every stage
-        return [v * plan.micro_batches / min(plan.pp - s, plan.micro_batches)
-                for s, v in enumerate(stages(model, plan))]
-
-    with pytest.raises(common.ExerciseFailed, match="stage 1's prediction is \\+300% off"):
-        ex.check_stages(all_in_flight, DRAWN)
-    with pytest.raises(common.ExerciseFailed, match="2 numbers of bytes"):
-        ex.check_stages(lambda model, plan: 1.0, DRAWN)
-
-
-def test_stages_want_the_drawn_run_and_hidden_cases_in_a_graded_run(monkeypatch, tmp_path):
-    monkeypatch.setenv(common.GRADING_SEED, "8")  # the drawn run
-    monkeypatch.setenv(common.HIDDEN_SEED, "8")  # the hidden cases
-    monkeypatch.setenv(common.GRADING_OUT, str(tmp_path))
-    drawn = common.drawn("lesson12.pipeline", ex.draw_pipeline)
-    assert "correct" in ex.check_stages(stages, drawn)
-    other = dict(drawn, context=80)
-    with pytest.raises(common.ExerciseFailed, match="drawn values were changed"):
-        ex.check_stages(stages, other)
-
-    def pp2_only(model, plan):  # right for two stages, wrong for four
-        return stages(model, plan) if plan.pp == 2 else [0.0] * plan.pp
-
-    assert "recorded" in ex.check_stages(pp2_only, drawn)
-    last = sorted(tmp_path.iterdir())[-1]
-    data = common.from_plain(json.loads(last.read_text()))
-    with pytest.raises(common.HiddenTestFailed):
-        common.JUDGES["lesson12.stages"](data)
-
-
 def test_without_the_reference_the_visible_cases_are_judged_by_their_digests(monkeypatch):
     answers = [ex.fewest_layers_to_recompute(m, p, b) for m, p, b in ex._block_cases(None)]
     assert tuple(cases.digest(a) for a in answers) == ex.BLOCK_DIGESTS
@@ -137,3 +88,71 @@ def test_without_the_reference_the_visible_cases_are_judged_by_their_digests(mon
     assert ex.check_block_recompute(fewest).startswith("recorded: right on the 4 visible cases")
     with pytest.raises(common.ExerciseFailed, match="visible case 1 .* is not the fewest"):
         ex.check_block_recompute(lambda model, plan, budget: model.layers)
+
+
+def split_stages(costs, p):  # dynamic programming over where each stage starts
+    n, prefix = len(costs), [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    best = [[(prefix[j], 0) for j in range(n + 1)]]
+    for k in range(2, p + 1):
+        best.append([(math.inf, 0)] * k + [
+            min((max(best[-1][i][0], prefix[j] - prefix[i]), i) for i in range(k - 1, j))
+            for j in range(k, n + 1)])
+    sizes, j = [], n
+    for k in range(p, 0, -1):
+        i = best[k - 1][j][1]
+        sizes.append(j - i)
+        j = i
+    return sizes[::-1]
+
+
+def by_count(costs, p):  # the planner's way: counts as even as they go, costs ignored
+    q, r = divmod(len(costs), p)
+    return [q + (s < r) for s in range(p)]
+
+
+def test_split_stages_accepts_the_lightest_busiest_stage_and_explains_the_rest():
+    assert "correct: your splits make the busiest stage" in ex.check_split_stages(split_stages)
+    with pytest.raises(common.ExerciseFailed, match="9 units over 4 stages: your busiest stage, "
+                                                    "stage 3, takes 4; another split"):
+        ex.check_split_stages(lambda costs, p: [3, 2, 2, 2] if len(costs) == 9 else
+                              split_stages(costs, p))
+    with pytest.raises(common.ExerciseFailed, match="stage 3, takes 4"):
+        ex.check_split_stages(by_count)
+    with pytest.raises(common.ExerciseFailed, match="the stages hold 8 units"):
+        ex.check_split_stages(lambda costs, p: [2] * p)
+    with pytest.raises(common.ExerciseFailed, match="a list of 4 whole numbers"):
+        ex.check_split_stages(lambda costs, p: [0, 3, 3, 3])
+
+
+def test_the_lightest_busiest_stage_is_what_every_split_gives_at_best():
+    from itertools import combinations
+
+    for costs, p in [*ex.VISIBLE_SPLITS, ([1.5, 0.25, 2.0, 0.75, 1.0, 3.0, 0.5], 3)]:
+        n = len(costs)
+        edges = [(0, *cuts, n) for cuts in combinations(range(1, n), p - 1)]
+        every = min(ex.busiest_stage(costs, [e[k + 1] - e[k] for k in range(p)])[1]
+                    for e in edges)
+        assert ex.lightest_busiest_stage(costs, p) == every
+
+
+def test_split_stages_judges_hidden_costs_in_a_graded_run_and_digests_without_the_reference(
+        monkeypatch):
+    def right_on_visible_only(costs, p):
+        visible = [c for c, _ in ex.VISIBLE_SPLITS]
+        return split_stages(costs, p) if costs in visible else by_count(costs, p)
+
+    assert "correct" in ex.check_split_stages(right_on_visible_only)
+    with monkeypatch.context() as m:
+        m.setenv(common.HIDDEN_SEED, "12345")
+        with pytest.raises(common.HiddenTestFailed):
+            ex.check_split_stages(right_on_visible_only)
+
+    def stripped(costs, p):
+        raise NotImplementedError("not in the student edition: the grader has it")
+
+    monkeypatch.setattr(ex, "lightest_busiest_stage", stripped)  # as the student edition has it
+    assert ex.check_split_stages(split_stages).startswith("correct for the visible costs")
+    with pytest.raises(common.ExerciseFailed, match="your busiest stage takes 4; another split"):
+        ex.check_split_stages(by_count)

@@ -65,8 +65,10 @@ ALLOWED = {
            "40%": "Lee et al. 2025's worst measured slowdown, a paper's number",
            "97%": "the threshold the cell's own check asserts",
            "25%": "the bound the cell's own check asserts (the issue's acceptance)",
-           "15%": "the bound section 7's own check asserts for plans with few messages",
            "50%": "the kernel speed sections 1 and 2 assume, a parameter (a100_cluster's mfu)"},
+    "12b": {"15%": "the bound section 4's own check asserts for plans with few messages",
+            "20%": "exercise 2's illustration of a prediction off by one share for every plan, "
+                   "a made-up number"},
     "10": {"2x": "the threshold the bucket-size cell's own check asserts (the issue's acceptance)",
            "30%": "the threshold the bucket-size cell's own check asserts",
            "20%": "the bound on step times the event-model cell's own check asserts"},

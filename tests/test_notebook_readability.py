@@ -26,7 +26,6 @@ MAX_WORDS, MAX_LINES, MAX_LESSON_WORDS = 40, 30, 2500
 LONG_CELLS: dict[str, set[int]] = {}
 # notebook prefix -> why the lesson is still over MAX_LESSON_WORDS words of markdown
 LONG_LESSONS: dict[str, str] = {
-    "12": "to split in two: the planner against published runs, then the plans run here",
 }
 
 _LEFT_OUT = [

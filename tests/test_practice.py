@@ -15,12 +15,14 @@ from course_lib.exercises import (  # noqa: F401  (each lesson module registers 
     lesson06b,
     lesson08,
     lesson09,
+    lesson12,
+    lesson12b,
     practice,
 )
 
 NAMES = ["lesson01.cost_sizes", "lesson02.q_after", "lesson03.crossover_size",
          "lesson06.gradients_per_second", "lesson06b.gossip_steps", "lesson08.partition",
-         "lesson09.federation"]
+         "lesson09.federation", "lesson12.split_stages", "lesson12b.pairs_in_order"]
 
 
 def graded_and_practice_draws(monkeypatch, name, draw, runs=200) -> set:

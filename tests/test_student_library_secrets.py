@@ -67,7 +67,10 @@ PIECES = [
     ("lesson11", "overhead_fit", "c = {m: m * v + p - 1 for m in walls}"),
     ("lesson12", "fewest_layers_to_recompute", "if none - (k - 1) * (full - kept) <= budget:"),
     ("lesson12", "block_recompute_bytes", "return without - (k - 1) * saved"),
-    ("lesson12", "stage_activation_bytes",
+    ("lesson12", "lightest_busiest_stage",
+     "best = [prefix[j] for j in range(n + 1)]  # one stage holds units 0..j-1"),
+    ("lesson12b", "share_in_order", "right += 1.0 if same > 0 else 0.5 if same == 0 else 0.0"),
+    ("lesson12b", "stage_activation_bytes",
      "head = tokens * (2 * model.hidden + 2 + model.vocab) * model.value_bytes"),
     # lesson 13, exercise 2 (the assignments a capacity drops): the near-miss counts it names
     ("lesson13", "_capacity_hint", "floor = max(1, math.floor(factor * TOKENS * k / EXPERTS))"),

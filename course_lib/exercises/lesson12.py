@@ -1,10 +1,9 @@
-"""Checks for lesson 12's exercises: a choice the planner lacks (recomputing only as many layers
-as the memory needs), and a prediction of each pipeline stage's activations checked against a
-run.
+"""Checks for lesson 12's exercises: two choices the planner lacks, recomputing only as many
+layers as the memory needs, and splitting the layers over pipeline stages by their cost.
 
-Korthikanti et al. 2022 (full, selective and partial recomputation); Narayanan et al. 2021
-(1F1B keeps at most p - s micro-batches in flight on stage s). The planner recomputes all layers
-or none and reports the busiest stage only; both answers are the exercise's, so their references
+Korthikanti et al. 2022 (full, selective and partial recomputation); BLOOM (2022) and Llama 3
+(Dubey et al. 2024) gave their first and last stages fewer layers. The planner recomputes all
+layers or none and splits the layers by count; both answers are the exercise's, so their references
 sit between solution markers and the student edition of the library leaves them out. Each check
 is a probe (the student's kernel) and a judge (outside it): see :mod:`course_lib.exercises.common`.
 The judges draw their cases themselves and take only the answers from the data (:mod:`.cases`).
@@ -12,18 +11,18 @@ The judges draw their cases themselves and take only the answers from the data (
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from course_lib import planner as P
+from course_lib.exercises import practice
 from course_lib.exercises.cases import digest, merged
 from course_lib.exercises.common import (
     ExerciseFailed,
-    are_numbers,
-    check_drawn,
+    HiddenTestFailed,
     checked,
     hidden_seed,
     judge_cases,
-    launch_checked,
 )
 
 # -- exercise 1: recompute as few layers as fit ------------------------------------------------
@@ -161,99 +160,125 @@ check_block_recompute = checked("lesson12.block_recompute", _probe_block, _judge
 check_block_recompute.__doc__ = """Check ``fn(model, plan, budget)``: the fewest layers to
 recompute for one GPU of ``plan`` (no pipeline) to fit in ``budget`` bytes, or None."""
 
-# -- exercise 2: each pipeline stage's activations, predicted, then measured --------------------
+# -- exercise 2: split the layers so that the busiest stage is as light as it can be -------------
+
+# units in order (the embedding, the blocks, the head), each its compute time; exact binary
+# fractions, so that every stage's sum is exact and the student edition can compare digests
+VISIBLE_SPLITS = [([1.0] * 8 + [3.0], 4),  # eight blocks and a head worth three
+                  ([0.5] + [1.0] * 14 + [2.5], 4),  # an embedding, 14 blocks, a heavy head
+                  ([4.0, 1.0, 1.0, 1.0, 4.0, 1.0, 1.0, 1.0, 4.0], 3),
+                  ([2.0, 0.25, 0.25, 0.25, 0.25, 3.0], 1)]
 
 
-def draw_pipeline(rng) -> dict:
-    """Exercise 2's run: 2 stages, the micro-batch count and the context drawn.
-    ``common.drawn("lesson12.pipeline", draw_pipeline)`` in the notebook."""
-    return dict(micro_batches=int(rng.choice([2, 4, 8])), context=int(rng.choice([32, 48, 64])))
+def _split_cases(seed) -> dict:
+    """The visible splits, and in a graded run three drawn: 6 to 40 units of 1/4 to 4 (in
+    sixteenths), over 2 to 8 stages."""
+    cases = {"visible": [{"costs": c, "p": p} for c, p in VISIBLE_SPLITS]}
+    if seed is not None:
+        import random
+
+        g = random.Random(seed + 1212)
+        hidden = []
+        for _ in range(3):
+            n = g.randint(6, 40)
+            hidden.append({"costs": [g.randint(4, 64) / 16 for _ in range(n)],
+                           "p": g.randint(2, min(8, n))})
+        cases["hidden"] = hidden
+    return cases
 
 
-SHAPE = dict(vocab=96, d_model=64, layers=4, heads=4, global_batch=16)
+def _probe_split(split_stages) -> dict:
+    data = {}
+    for name, cases in _split_cases(hidden_seed()).items():
+        rows = []
+        for case in cases:
+            got = split_stages(list(case["costs"]), case["p"])
+            rows.append(case | {"split": list(got) if isinstance(got, (list, tuple)) else
+                                repr(got)})
+        data[name] = rows
+    return data
 
 
-def run_model(drawn: dict) -> P.Transformer:
-    """The drawn run's model as the planner describes it (float32, its own head)."""
-    return P.Transformer(layers=SHAPE["layers"], hidden=SHAPE["d_model"], heads=SHAPE["heads"],
-                         seq=drawn["context"], vocab=SHAPE["vocab"],
-                         global_batch=SHAPE["global_batch"], value_bytes=4, tied_head=False)
-
-
-def stage_activation_bytes(model: P.Transformer, plan: P.Plan) -> list[float]:
-    """Reference: the peak activation bytes of each pipeline stage of a TinyGPT under 1F1B
-    (dp any, no recomputation): stage s keeps min(p - s, m) micro-batches of its layers; the
-    last also keeps the head's (final norm in and out, its statistics, the log-softmax)."""
+def lightest_busiest_stage(costs, p: int) -> float:
+    """The smallest possible time of the busiest of ``p`` stages of contiguous units (each at
+    least one), by dynamic programming over where the last stage starts."""
     ### BEGIN SOLUTION
-    p, m = plan.pp, plan.micro_batches
-    tokens = model.seq * P.micro_batch_size(model, plan)
-    layer = P.tiny_gpt_bytes_per_layer(model, plan)
-    head = tokens * (2 * model.hidden + 2 + model.vocab) * model.value_bytes
-    return [model.layers // p * min(p - s, m) * layer + (head if s == p - 1 else 0.0)
-            for s in range(p)]
+    n = len(costs)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    best = [prefix[j] for j in range(n + 1)]  # one stage holds units 0..j-1
+    for stages in range(2, p + 1):
+        best = [math.inf] * stages + [min(max(best[i], prefix[j] - prefix[i])
+                                          for i in range(stages - 1, j))
+                                      for j in range(stages, n + 1)]
+    return best[n]
     ### END SOLUTION
 
 
-def _stage_cases(seed):
-    if seed is None:
-        return []
-    import random
-
-    g = random.Random(seed + 12)
-    model = P.Transformer(layers=8, hidden=g.choice([32, 96]), heads=4, seq=g.choice([16, 40]),
-                          vocab=96, global_batch=32, value_bytes=4, tied_head=False)
-    return [(model, P.Plan(dp=1, tp=g.choice([1, 2]), pp=4, micro_batches=g.choice([2, 8]))),
-            (model, P.Plan(dp=2, tp=1, pp=2, micro_batches=g.choice([1, 4])))]
+def busiest_stage(costs, split) -> tuple[int, float]:
+    """The busiest stage of ``split`` (units per stage) and its time, summed in order."""
+    times, start = [], 0
+    for size in split:
+        times.append(sum(costs[start:start + size]))
+        start += size
+    return max(range(len(times)), key=times.__getitem__), max(times)
 
 
-def _measure(drawn):
-    from course_lib import train_gpt
-
-    return train_gpt.train(pp=2, micro_batches=drawn["micro_batches"], steps=1,
-                           context=drawn["context"], **SHAPE)["activations"]
-
-
-def _probe_stages(fn, drawn) -> dict:
-    model = run_model(drawn)
-    plan = P.Plan(dp=1, tp=1, pp=2, micro_batches=drawn["micro_batches"])
-    predicted = fn(model, plan)
-    measured = launch_checked(_measure, 2, (drawn,), timeout=120)
-    hidden = [dict(case=_plain(m, p, hidden=True), answer=fn(m, p))
-              for m, p in _stage_cases(hidden_seed())]
-    return dict(drawn=drawn, predicted=predicted, measured=measured, hidden=hidden)
-
-
-def _judge_stage_case(item):
-    model, plan = P.Transformer(**item["case"]["model"]), P.Plan(**item["case"]["plan"])
-    right = stage_activation_bytes(model, plan)
-    if not are_numbers(item["answer"], plan.pp):
-        return f"for {plan} return one number per stage ({plan.pp})"
-    if any(abs(a - r) > 1e-9 * r for a, r in zip(item["answer"], right, strict=True)):
-        return f"for {plan} some stage's bytes are wrong"
+def _split_wrong(row) -> str | None:
+    costs, p, split = row["costs"], row["p"], row["split"]
+    if shape := _split_shape(row):
+        return shape
+    stage, busiest = busiest_stage(costs, split)
+    if busiest > lightest_busiest_stage(costs, p) * (1 + 1e-9):
+        return (f"{len(costs)} units over {p} stages: your busiest stage, stage {stage}, takes "
+                f"{busiest:g}; another split has a lighter busiest stage. Try every size of the "
+                f"last stage, and the best split of what is left over one stage fewer")
     return None
 
 
-def _judge_stages(data) -> str:
-    drawn, predicted, measured = data["drawn"], data["predicted"], data["measured"]
-    check_drawn("lesson12.pipeline", draw_pipeline, drawn)  # graded runs only
-    if not are_numbers(predicted, 2):
-        raise ExerciseFailed(f"return a list of 2 numbers of bytes, one per stage, not "
-                             f"{predicted!r}")
-    off = [p / m - 1 for p, m in zip(predicted, measured, strict=True)]
-    if max(abs(x) for x in off) > 0.02:
-        worse = max(range(2), key=lambda s: abs(off[s]))
-        hint = (" (which stage keeps the head's activations, and how many micro-batches does "
-                "each stage hold at once under 1F1B?)")
-        raise ExerciseFailed(f"stage {worse}'s prediction is {off[worse]:+.0%} off what the run "
-                             f"kept{hint}")
-    own = {"hidden": [{"case": _plain(m, p, hidden=True)}
-                      for m, p in _stage_cases(hidden_seed())]}
-    hidden = merged(own, {"hidden": data.get("hidden", [])}, ("answer",))["hidden"]
-    judge_cases(hidden, _judge_stage_case)  # the hidden cases drawn here, not read
-    return (f"correct: both stages within {max(abs(x) for x in off):.1%} of the run "
-            f"(m = {drawn['micro_batches']}, context {drawn['context']})")
+def _judge_split(data) -> str:
+    data = merged(_split_cases(hidden_seed()), data, ("split",))  # the costs drawn here
+    try:
+        wrong = next(filter(None, map(_split_wrong, data["visible"])), None)
+    except NotImplementedError:  # the student edition: the visible optima by their digests
+        for row in data["visible"]:
+            if shape := _split_shape(row):
+                raise ExerciseFailed(shape) from None
+            busiest = busiest_stage(row["costs"], row["split"])[1]
+            try:
+                practice.judge("lesson12.split_stages", [row["costs"], row["p"]],
+                               {"busiest": busiest})
+            except ExerciseFailed:
+                raise ExerciseFailed(f"{len(row['costs'])} units over {row['p']} stages: your "
+                                     f"busiest stage takes {busiest:g}; another split has a "
+                                     f"lighter one") from None
+        return "correct for the visible costs (the grader runs your code on costs of its own)"
+    if wrong:
+        raise ExerciseFailed(wrong)
+    if "hidden" in data and any(map(_split_wrong, data["hidden"])):
+        raise HiddenTestFailed("a hidden case failed")
+    return ("correct: your splits make the busiest stage as light as it can be; where the "
+            "embedding and the head cost less or more than a block, the end stages hold more or "
+            "fewer blocks")
 
 
-check_stages = checked("lesson12.stages", _probe_stages, _judge_stages)
-check_stages.__doc__ = """Check ``fn(model, plan)``, each pipeline stage's peak activation bytes,
-against a run of the drawn plan: ``check_stages(fn, drawn)``."""
+def _split_shape(row) -> str | None:
+    """What is wrong with a split's shape (no reference needed), or None."""
+    costs, p, split = row["costs"], row["p"], row["split"]
+    if not (isinstance(split, list) and len(split) == p and all(
+            isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in split)):
+        return (f"{len(costs)} units over {p} stages: the function returned {split!r}; return "
+                f"a list of {p} whole numbers, each stage's units (at least one)")
+    if sum(split) != len(costs):
+        return f"{len(costs)} units over {p} stages: the stages hold {sum(split)} units"
+    return None
+
+
+practice.register("lesson12.split_stages",
+                  lambda case: {"busiest": [lightest_busiest_stage(*case)]},
+                  cases=[[c, p] for c, p in VISIBLE_SPLITS])
+
+check_split_stages = checked("lesson12.split_stages", _probe_split, _judge_split)
+check_split_stages.__doc__ = """Check ``split_stages(costs, p)``: the units per stage (in order,
+each at least one) that make the busiest of ``p`` contiguous stages as light as it can be."""
