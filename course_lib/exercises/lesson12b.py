@@ -36,7 +36,7 @@ def _plain(model, plan, hidden=False, **extra):
 
 
 def draw_pipeline(rng) -> dict:
-    """Exercise 2's run: 2 stages, the micro-batch count and the context drawn.
+    """Exercise 1's run: 2 stages, the micro-batch count and the context drawn.
     ``common.drawn("lesson12b.pipeline", draw_pipeline)`` in the notebook."""
     return dict(micro_batches=int(rng.choice([2, 4, 8])), context=int(rng.choice([32, 48, 64])))
 
@@ -132,7 +132,7 @@ against a run of the drawn plan: ``check_stages(fn, drawn)``."""
 
 # -- exercise 2: the pairs of plans a prediction puts in the measured order ----------------------
 
-# (predicted, measured) seconds of plans: the committed run of section 4 on the emulated device
+# (predicted, measured) seconds of plans: an earlier run of section 4 on the emulated device
 # (one process, data, tensor, pipeline, ZeRO-1, FSDP, data + recomputation; the step less its
 # wait), and two made up, with ties on both sides
 VISIBLE_RANKINGS = [
