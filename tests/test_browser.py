@@ -20,7 +20,10 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LESSON = "10_fast_data_parallelism.ipynb"  # its first exercise is its fifth code cell
+# its first exercise is its seventh code cell, and a figure follows both exercises. Lesson 0
+# checks what holds on a crowded machine; an emulated-device lesson (10 was used here) checks
+# timings that Chromium, JupyterLab and the other test worker beside it can push past its bounds
+LESSON = "00_start_here.ipynb"
 CHROMIUM = os.environ.get("COURSE_LIB_CHROMIUM") or shutil.which("chromium") or \
     shutil.which("chromium-browser")
 
@@ -97,7 +100,7 @@ def test_run_all_in_chromium_reaches_the_last_cell_with_the_lessons_figures(tmp_
     assert len(ran["cells"]) == len(code) and all(c["count"] for c in ran["cells"])
     figures = sum("image/png" in o.get("data", {}) for c in code for o in c.outputs)
     shown = sum("image/png" in o.get("data", {}) for c in ran["cells"] for o in c["outputs"])
-    assert figures >= 4 and shown == figures  # every figure of the lesson, drawn afresh
+    assert figures >= 2 and shown == figures  # every figure of the lesson, drawn afresh
     assert drawn >= 1  # and on the page
     checks = [c for c, ours in zip(ran["cells"], code, strict=True)
               if ours.metadata.get("nbgrader", {}).get("grade")]
