@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from course_lib.cost_models import check_processes, zero_bytes_per_rank
 from course_lib.plans import Plan, Transformer
-from course_lib.stages import micro_batch_size, stage_layers, stage_parameters
+from course_lib.stages import micro_batch_tokens, stage_layers, stage_parameters
 
 
 def state_bytes(psi: float, dp: int, zero: int, value_bytes: int = 2) -> float:
@@ -48,7 +48,7 @@ def activation_bytes_per_layer(model: Transformer, plan: Plan) -> float:
     With full recomputation only the layer's input, 2 s b h (split over t with sequence
     parallelism)."""
     s, h, t, vb = model.seq, model.hidden, plan.tp, model.value_bytes
-    tokens = s * micro_batch_size(model, plan)
+    tokens = micro_batch_tokens(model, plan)
     replicated_share = 1 / t if plan.sequence_parallel else 1.0
     if plan.recompute:
         return tokens * vb * h * replicated_share
@@ -64,7 +64,7 @@ def head_activation_bytes(model: Transformer, plan: Plan) -> float:
     input (2 h numbers a token, replicated unless sequence parallel) and the float32 logits the
     loss keeps for backward (4 V bytes, split over the vocabulary-parallel t GPUs)."""
     t = plan.tp
-    tokens = model.seq * micro_batch_size(model, plan)
+    tokens = micro_batch_tokens(model, plan)
     replicated = 2 * model.value_bytes * model.hidden / (t if plan.sequence_parallel else 1)
     return tokens * (replicated + 4 * model.vocab / t)
 
@@ -76,7 +76,7 @@ def tiny_gpt_bytes_per_layer(model: Transformer, plan: Plan) -> float:
     MLP's hidden layer (12 h and a log-sum-exp per head) are split over the tensor-parallel
     ranks; with recomputation the block's input, h."""
     h, t = model.hidden, plan.tp
-    tokens = model.seq * micro_batch_size(model, plan)
+    tokens = micro_batch_tokens(model, plan)
     floats = h if plan.recompute else 4 * h + 4 + (12 * h + model.heads) / t
     return tokens * floats * model.value_bytes
 
@@ -112,14 +112,15 @@ def memory(model: Transformer, plan: Plan, per_layer=activation_bytes_per_layer,
     elif plan.attention == "recomputed":
         working = per_layer(model, replace(plan, attention="stored")) - kept
     gathered = 0.0
-    if plan.zero == 3 and plan.dp > 1:
+    if plan.zero == 3 and plan.dp * plan.cp > 1:
         unit = (model.layer_parameters if plan.gather_unit == "block" else
                 (model.ffn_width + 1) * model.hidden)
         gathered = 2 * model.value_bytes * unit / plan.tp
     best, states = None, {}
     for s, (n, psi) in enumerate(zip(layers, stage_parameters(model, plan), strict=True)):
         if psi not in states:
-            states[psi] = state_bytes(psi, plan.dp, plan.zero, model.value_bytes) + gathered
+            shards = plan.dp * plan.cp  # ZeRO shards over the ranks with the same layers
+            states[psi] = state_bytes(psi, shards, plan.zero, model.value_bytes) + gathered
         state = states[psi]
         acts = in_flight(plan, s) * n * kept + working
         if s == plan.pp - 1 and per_head is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from course_lib.plans import Plan
 
 # the fields of a Plan that train_gpt reads (the others must keep their defaults)
-PLAN_FIELDS = ("dp", "tp", "pp", "zero", "micro_batches", "recompute")
+PLAN_FIELDS = ("dp", "tp", "pp", "cp", "zero", "micro_batches", "recompute")
 
 
 def plan_of(plan: Plan | None = None, **fields) -> Plan:
@@ -31,10 +31,12 @@ def plan_of(plan: Plan | None = None, **fields) -> Plan:
         return plan
     if unknown := sorted(set(fields) - set(PLAN_FIELDS)):
         raise TypeError(f"unknown plan fields {unknown}: train_gpt takes {list(PLAN_FIELDS)}")
-    fields = dict(dp=1, tp=1, pp=1) | fields
-    if min(fields["dp"], fields["tp"], fields["pp"], fields.get("micro_batches", 1)) < 1:
-        raise ValueError(f"dp, tp, pp and micro_batches must be at least 1, got {fields['dp']}, "
-                         f"{fields['tp']}, {fields['pp']}, {fields.get('micro_batches', 1)}")
+    fields = dict(dp=1, tp=1, pp=1, cp=1) | fields
+    if min(fields["dp"], fields["tp"], fields["pp"], fields["cp"],
+           fields.get("micro_batches", 1)) < 1:
+        raise ValueError(f"dp, tp, pp, cp and micro_batches must be at least 1, got "
+                         f"{fields['dp']}, {fields['tp']}, {fields['pp']}, {fields['cp']}, "
+                         f"{fields.get('micro_batches', 1)}")
     if fields.get("zero", 0) not in (0, 1, 2, 3) or isinstance(fields.get("zero"), bool):
         raise ValueError(f"zero must be 0, 1, 2 or 3, got {fields.get('zero')!r}")
     return Plan(**fields)
@@ -50,9 +52,10 @@ def not_supported(plan: Plan) -> list[str]:
 
 
 def plan_conflicts(plan: Plan, *, layers: int, heads: int, global_batch: int,
-                   kv_heads: int | None = None) -> list[str]:
+                   kv_heads: int | None = None, seq: int | None = None) -> list[str]:
     """Why ``plan`` cannot split a model of ``layers`` layers and ``heads`` attention heads
-    (``kv_heads`` key/value heads) that trains on ``global_batch`` sequences a step: each reason
+    (``kv_heads`` key/value heads) that trains on ``global_batch`` sequences of ``seq`` tokens
+    (None: not checked) a step: each reason
     says what to change; [] when it can. The rules are written here once: the planner keeps the
     plans without a conflict, train_gpt and its command line refuse a plan with one."""
     dp, tp, pp, m, v = plan.dp, plan.tp, plan.pp, plan.micro_batches, plan.chunks
@@ -80,6 +83,9 @@ def plan_conflicts(plan: Plan, *, layers: int, heads: int, global_batch: int,
         out.append("ZeRO-3 (FSDP) with pipeline parallelism gathers every stage's parameters "
                    "once per micro-batch; this course leaves that combination out: use zero "
                    "<= 2 with pp > 1")
+    if plan.cp > 1 and seq is not None and seq % (2 * plan.cp):
+        out.append(f"context parallelism's load-balanced (zigzag) split cuts each sequence into "
+                   f"2 x cp = {2 * plan.cp} equal chunks: {seq} tokens do not split so")
     if plan.sequence_parallel and tp == 1:
         out.append("sequence parallelism splits the sequence over the tensor-parallel group: "
                    "it needs tp > 1")
@@ -98,19 +104,22 @@ def plan_conflicts(plan: Plan, *, layers: int, heads: int, global_batch: int,
 
 
 def check_plan(world_size: int, plan: Plan | None = None, *, global_batch: int, layers: int,
-               heads: int, **fields) -> Plan:
+               heads: int, seq: int | None = None, **fields) -> Plan:
     """Refuse, with what to change, a plan (or its fields) that train_gpt cannot run exactly on
     ``world_size`` ranks; return the plan."""
     plan = plan_of(plan, **fields)
-    dp, tp, pp = plan.dp, plan.tp, plan.pp
+    dp, tp, pp, cp = plan.dp, plan.tp, plan.pp, plan.cp
     if missing := not_supported(plan):
         raise ValueError(f"train_gpt does not run {', '.join(missing)}: choose among plans "
                          f"without them (rank_plans(..., sequence_parallel=(False,), "
                          f"chunks=(1,), attention=('stored', 'flash')))")
-    if dp * tp * pp != world_size:
-        raise ValueError(f"dp x tp x pp = {dp} x {tp} x {pp} = {dp * tp * pp}, but the job has "
-                         f"{world_size} ranks: start dp x tp x pp processes")
-    if conflicts := plan_conflicts(plan, layers=layers, heads=heads, global_batch=global_batch):
+    if plan.gpus != world_size:
+        names, sizes = ("dp x cp x tp x pp", f"{dp} x {cp} x {tp} x {pp}") if cp > 1 else (
+            "dp x tp x pp", f"{dp} x {tp} x {pp}")
+        raise ValueError(f"{names} = {sizes} = {plan.gpus}, but the job has {world_size} ranks: "
+                         f"start {names} processes")
+    if conflicts := plan_conflicts(plan, layers=layers, heads=heads, global_batch=global_batch,
+                                   seq=seq):
         raise ValueError(f"plan {plan}: " + "; ".join(conflicts))
     return plan
 

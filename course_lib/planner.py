@@ -39,7 +39,7 @@ def divisors(n: int) -> list[int]:
 def candidate_plans(model: Transformer, cluster: Cluster, zero_stages=(0, 1, 2, 3),
                     micro_batch_sizes=(1, 2, 4, 8, 16, 32), recompute=(False, True),
                     attention=ATTENTION, sequence_parallel=(False, True),
-                    chunks=(1, 2, 3, 4, 6, 8), gather_units=("block",)) -> list[Plan]:
+                    chunks=(1, 2, 3, 4, 6, 8), gather_units=("block",), cp=(1,)) -> list[Plan]:
     """Every plan that uses all GPUs and has no conflict with the model
     (:func:`course_lib.plan_checks.plan_conflicts`: tp divides the heads, pp the layers, 1F1B's
     micro-batches, ZeRO-3 without pipelining, ...). The search: tp divides a node's GPUs (each
@@ -47,32 +47,32 @@ def candidate_plans(model: Transformer, cluster: Cluster, zero_stages=(0, 1, 2, 
     sit at the ends (:func:`balanced_stages`); each data-parallel rank's share of the global
     batch splits into m micro-batches of one of ``micro_batch_sizes`` sequences (without
     pipelining, m is gradient accumulation); interleaving (``chunks`` v > 1) only with a
-    pipeline, a ZeRO stage only with dp > 1, ``gather_units`` only for ZeRO-3. The other
-    arguments list the choices to search."""
+    pipeline, a ZeRO stage only with dp > 1, ``gather_units`` only for ZeRO-3, context
+    parallelism over each of ``cp`` GPUs (1: none; the sequence splits evenly over them). The
+    other arguments list the choices to search."""
     n = cluster.gpus
     rules = dict(layers=model.layers, heads=model.heads, global_batch=model.global_batch,
-                 kv_heads=model.kv_heads)
+                 kv_heads=model.kv_heads, seq=model.seq)
     plans = []
-    for tp in divisors(n):
-        if cluster.gpus_per_node % tp:
+    for tp, c, pp in itertools.product(divisors(n), cp, divisors(n)):
+        if cluster.gpus_per_node % tp or n % (tp * c * pp):
             continue
-        for pp in divisors(n // tp):
-            dp = n // (tp * pp)
-            uneven = model.layers % pp and pp <= model.layers
-            stages = balanced_stages(model.layers, pp) if uneven else None
-            if plan_conflicts(Plan(dp, tp, pp, micro_batches=pp, stages=stages),
-                              **(rules | dict(global_batch=dp * pp))):
-                continue  # tp or pp cannot split this model, whatever the other choices
-            for zero, b, full, attn, sp, v in itertools.product(
-                    zero_stages, micro_batch_sizes, recompute, attention, sequence_parallel,
-                    chunks):
-                m, left = divmod(model.global_batch, dp * b)
-                if left or (zero and dp == 1) or (v > 1 and pp == 1):
-                    continue
-                for unit in gather_units if zero == 3 else ("block",):
-                    plan = Plan(dp, tp, pp, zero, m, full, attn, sp, v, stages, unit)
-                    if not plan_conflicts(plan, **rules):
-                        plans.append(plan)
+        dp = n // (tp * c * pp)
+        uneven = model.layers % pp and pp <= model.layers
+        stages = balanced_stages(model.layers, pp) if uneven else None
+        if plan_conflicts(Plan(dp, tp, pp, micro_batches=pp, stages=stages, cp=c),
+                          **(rules | dict(global_batch=dp * pp))):
+            continue  # tp or pp cannot split this model, whatever the other choices
+        for zero, b, full, attn, sp, v in itertools.product(
+                zero_stages, micro_batch_sizes, recompute, attention, sequence_parallel,
+                chunks):
+            m, left = divmod(model.global_batch, dp * b)
+            if left or (zero and dp * c == 1) or (v > 1 and pp == 1):
+                continue
+            for unit in gather_units if zero == 3 else ("block",):
+                plan = Plan(dp, tp, pp, zero, m, full, attn, sp, v, stages, unit, c)
+                if not plan_conflicts(plan, **rules):
+                    plans.append(plan)
     return plans
 
 
@@ -116,13 +116,13 @@ def rank_plans(model: Transformer, cluster: Cluster, per_layer=activation_bytes_
     out.sort(key=lambda r: (not r.fits, to_three_figures(r.time["total"]), r.collectives,
                             -r.micro_batch, r.memory["total"]))
     plain = {r.plan.recomputation: r for r in reversed(out)
-             if r.fits and r.plan.tp == r.plan.pp == 1 and r.plan.zero == 0}
+             if r.fits and r.plan.tp == r.plan.pp == r.plan.cp == 1 and r.plan.zero == 0}
     for r in out:
         single = one_gpu_seconds(model, cluster, r.plan)
         if r.time["total"] > single:
             r.notes.append(f"slower than one GPU would be ({single:.3g} s), if the model fit")
         data = plain.get(r.plan.recomputation)
-        if data is not None and r.plan.tp * r.plan.pp > 1 and \
+        if data is not None and r.plan.tp * r.plan.pp * r.plan.cp > 1 and \
                 r.time["total"] > data.time["total"]:
             r.notes.append(f"slower than plain data parallelism, which fits ({data.plan}: "
                            f"{data.time['total']:.3g} s)")
@@ -172,12 +172,14 @@ def torchrun_command(model: Transformer, cluster: Cluster, plan: Plan, steps: in
     attention is PyTorch's ``scaled_dot_product_attention`` whatever the plan's ``attention``
     says. A plan it cannot run exactly (sequence parallelism, interleaving, uneven stages,
     selective recomputation, ...) is refused (:func:`course_lib.plan_checks.check_plan`)."""
+    # what train_gpt's command line would refuse, refused here
     check_plan(cluster.gpus, plan, global_batch=model.global_batch, layers=model.layers,
-               heads=model.heads)  # what train_gpt's command line would refuse, refused here
+               heads=model.heads, seq=model.seq)
     where = ("--standalone" if cluster.nodes == 1 else
              f"--nnodes {cluster.nodes} --rdzv-backend c10d --rdzv-endpoint $HEAD_NODE:$PORT "
              f"--rdzv-id $JOB_ID")
-    flags = (f"--dp {plan.dp} --tp {plan.tp} --pp {plan.pp} --zero {plan.zero} "
+    flags = (f"--dp {plan.dp} --tp {plan.tp} --pp {plan.pp}"
+             f"{f' --cp {plan.cp}' if plan.cp > 1 else ''} --zero {plan.zero} "
              f"--micro-batches {plan.micro_batches}{' --recompute' if plan.recompute else ''}")
     shape = (f"--layers {model.layers} --d-model {model.hidden} --heads {model.heads} "
              f"--context {model.seq} --vocab {model.vocab} --global-batch {model.global_batch}")

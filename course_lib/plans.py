@@ -197,7 +197,10 @@ class Plan:
     (default: equal), e.g. fewer on the first and last, which hold the embedding and the head
     (BLOOM, Llama 3); ``gather_unit``: what ZeRO-3 gathers at a time, a ``"block"`` (FSDP2's
     unit, lesson 11: gathered once for forward, once for backward) or each weight
-    ``"matrix"`` (DeepSpeed's submodules, which it gathers again for a recomputed forward)."""
+    ``"matrix"`` (DeepSpeed's submodules, which it gathers again for a recomputed forward);
+    ``cp``: context parallelism, each sequence split over ``cp`` ranks that pass keys and values
+    around a ring (ring attention, Liu et al. 2023; Llama 3 trained at 128K tokens with cp 16).
+    ZeRO then shards over the dp x cp ranks that hold the same layers."""
 
     dp: int
     tp: int
@@ -210,10 +213,11 @@ class Plan:
     chunks: int = 1
     stages: tuple | None = None
     gather_unit: str = "block"
+    cp: int = 1
 
     def __post_init__(self):
         check_positive("Plan", dp=self.dp, tp=self.tp, pp=self.pp, micro_batches=self.micro_batches,
-                  chunks=self.chunks)
+                  chunks=self.chunks, cp=self.cp)
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise ValueError(f"Plan.zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero!r}")
         if self.attention not in ATTENTION:
@@ -237,7 +241,7 @@ class Plan:
 
     @property
     def gpus(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     @property
     def recomputation(self) -> str:
@@ -255,7 +259,8 @@ class Plan:
         extras += ["SP"] if self.sequence_parallel else []
         extras += ["recompute"] if self.recompute else []
         extras += ["per matrix"] if self.zero == 3 and self.gather_unit == "matrix" else []
-        return f"dp {self.dp} x tp {self.tp} x pp {self.pp}{stages}, " + ", ".join(extras)
+        cp = f" x cp {self.cp}" if self.cp > 1 else ""
+        return f"dp {self.dp}{cp} x tp {self.tp} x pp {self.pp}{stages}, " + ", ".join(extras)
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -49,6 +49,12 @@ def micro_batch_size(model: Transformer, plan: Plan) -> float:
     return model.global_batch / (plan.dp * plan.micro_batches)
 
 
+def micro_batch_tokens(model: Transformer, plan: Plan) -> float:
+    """Tokens of one micro-batch on one GPU: its sequences' tokens, split over the cp ranks of
+    context parallelism."""
+    return model.seq * micro_batch_size(model, plan) / plan.cp
+
+
 def stage_parameters(model: Transformer, plan: Plan) -> list[float]:
     """Parameters one GPU of each stage holds: its layers, the embedding on the first stage and
     the head on the last (a tied head is a second copy of the embedding there, whose gradients

@@ -11,6 +11,11 @@ Lecture: the seed article's "choose a strategy" step. Every term is an earlier l
   (lessons 5 and 11), and in general (sum of the stages' times - the slowest's) / v;
 * **pipeline**: the sends between stages, each 1/t of an activation per GPU (Megatron's
   scatter/gather, Narayanan et al. 2021, section 4.1), v times as many when interleaved;
+* **context parallel**: ring attention's key/value blocks, cp - 1 sends per layer and
+  micro-batch forward and twice that backward (the blocks and their gradients), less what
+  attention's own compute beside them hides (Liu et al. 2023). Every GPU computes on a cp-th of
+  each sequence's tokens (the load-balanced split), and the gradients are averaged over the
+  dp x cp GPUs that hold the same layers;
 * **data parallel**: the gradient collectives less what the compute beside them hides
   (lesson 10). With accumulation the one all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1) can
   hide only under the *last* micro-batch's backward, and the last bucket under nothing; ZeRO-1
@@ -29,17 +34,17 @@ import math
 
 from course_lib.cost_models import ring_all_reduce_time
 from course_lib.plans import Cluster, Plan, Transformer
-from course_lib.stages import gathered_units, micro_batch_size, stage_layers, stage_parameters
+from course_lib.stages import gathered_units, micro_batch_tokens, stage_layers, stage_parameters
 
 BUCKET_BYTES = 25 * 2**20
 OVERLAP_SLOWDOWN = 0.189
-TERMS = ("compute", "bubble", "tensor_parallel", "pipeline", "data_parallel")
+TERMS = ("compute", "bubble", "tensor_parallel", "pipeline", "context_parallel", "data_parallel")
 
 
 def stage_seconds(model: Transformer, cluster: Cluster, plan: Plan) -> list[dict]:
     """Each pipeline stage's seconds for one micro-batch: ``forward`` and ``backward`` compute
     (backward includes what it recomputes) and the ``tensor_parallel`` all-reduces."""
-    tokens = model.seq * micro_batch_size(model, plan)
+    tokens = micro_batch_tokens(model, plan)
     per = model.forward_flops_per_token()
     again = model.recomputed_flops_per_token(plan.recompute, plan.attention)
     activation = model.value_bytes * tokens * model.hidden
@@ -90,7 +95,7 @@ def stage_data_parallel_seconds(model: Transformer, plan: Plan, psi: float, t: d
     bucket = grads / buckets
 
     def cost(kind, n_bytes=grads, count=buckets):
-        return _collective(n_bytes, plan.dp, alpha, beta, count, kind)
+        return _collective(n_bytes, plan.dp * plan.cp, alpha, beta, count, kind)
 
     def hide(comm, window, first):
         return exposed(comm, window if overlap else 0.0, first)
@@ -117,9 +122,9 @@ def data_parallel_seconds(model: Transformer, cluster: Cluster, plan: Plan, stag
                           overlap: bool = True) -> float:
     """The exposed data-parallel time of the step (the module's docstring says what hides
     where); ``overlap=False``: nothing hides (a step that all-reduces after backward)."""
-    if plan.dp == 1:
+    if plan.dp * plan.cp == 1:
         return 0.0
-    alpha, beta = cluster.link(plan.dp, plan.tp * plan.pp)
+    alpha, beta = cluster.link(plan.dp * plan.cp, plan.tp * plan.pp)
     worst, slack, cache = 0.0, 0.0, {}  # stages alike cost alike: each kind computed once
     for psi, t, layers in zip(stage_parameters(model, plan), stages, stage_layers(model, plan),
                               strict=True):
@@ -140,10 +145,26 @@ def pipeline_seconds(model: Transformer, cluster: Cluster, plan: Plan) -> float:
     micro-batch and chunk, plus the fill, each 1/t of an activation."""
     if plan.pp == 1:
         return 0.0
-    alpha, beta = cluster.link(plan.pp, plan.tp)
-    activation = model.value_bytes * model.seq * micro_batch_size(model, plan) * model.hidden
+    alpha, beta = cluster.link(plan.pp, plan.tp * plan.cp)
+    activation = model.value_bytes * micro_batch_tokens(model, plan) * model.hidden
     sends = 2 * (plan.chunks * plan.micro_batches + plan.pp - 1)
     return sends * (alpha + beta * activation / plan.tp)
+
+
+def context_parallel_seconds(model: Transformer, cluster: Cluster, plan: Plan, layers: int,
+                             overlap: bool = True) -> float:
+    """Ring attention's exposed sends in one micro-batch on a stage of ``layers`` layers: per
+    layer, cp - 1 key/value blocks forward and 2 (cp - 1) blocks backward (keys and values,
+    then their gradients), each 2 k tokens / t numbers (k: the key width), beside attention's
+    compute (4 h s FLOPs a token forward, twice that backward)."""
+    if plan.cp == 1:
+        return 0.0
+    alpha, beta = cluster.link(plan.cp, plan.tp)
+    tokens = micro_batch_tokens(model, plan)
+    block = 2 * model.value_bytes * tokens * model.kv_width / plan.tp
+    sends = 3 * (plan.cp - 1) * (alpha + beta * block)
+    attention = 3 * 4 * model.hidden * model.seq * tokens / plan.tp / cluster.speed
+    return layers * exposed(sends, attention if overlap else 0.0, 0.0)
 
 
 def step_time(model: Transformer, cluster: Cluster, plan: Plan, overlap: bool = True) -> dict:
@@ -151,8 +172,8 @@ def step_time(model: Transformer, cluster: Cluster, plan: Plan, overlap: bool = 
     ``overlap``: the data-parallel collectives run beside the compute (DDP, FSDP, lesson 10);
     False for a step that all-reduces after backward (:mod:`course_lib.train_gpt`)."""
     if plan.gpus > cluster.gpus:
-        raise ValueError(f"the plan needs dp x tp x pp = {plan.gpus} GPUs, the cluster has "
-                         f"{cluster.gpus}")
+        raise ValueError(f"the plan needs dp x cp x tp x pp = {plan.gpus} GPUs, the cluster "
+                         f"has {cluster.gpus}")
     stages = stage_seconds(model, cluster, plan)
     busy = [t["forward"] + t["backward"] + t["tensor_parallel"] for t in stages]
     slowest = max(range(plan.pp), key=busy.__getitem__)
@@ -161,6 +182,8 @@ def step_time(model: Transformer, cluster: Cluster, plan: Plan, overlap: bool = 
                bubble=(sum(busy) - busy[slowest]) / plan.chunks,
                tensor_parallel=m * stages[slowest]["tensor_parallel"],
                pipeline=pipeline_seconds(model, cluster, plan),
+               context_parallel=m * context_parallel_seconds(
+                   model, cluster, plan, stage_layers(model, plan)[slowest], overlap),
                data_parallel=data_parallel_seconds(model, cluster, plan, stages, overlap))
     out["total"] = sum(out.values())
     return out
@@ -173,7 +196,8 @@ def collectives(model: Transformer, plan: Plan) -> int:
     m = plan.micro_batches
     tp = layers * (6 if plan.recompute else 4) * m if plan.tp > 1 else 0
     pp = 2 * plan.chunks * m if plan.pp > 1 else 0
+    cp = 3 * (plan.cp - 1) * layers * m
     dp = 0
-    if plan.dp > 1:
+    if plan.dp * plan.cp > 1:
         dp = {0: 1, 1: 2, 2: m + 1, 3: 3 * layers * gathered_units(model, plan) * m}[plan.zero]
-    return tp + pp + dp
+    return tp + pp + cp + dp

@@ -113,14 +113,22 @@ def megatron_mlp(x, shard: dict, counter: dict, group=None):
     return row_parallel(hidden, shard["w2"], shard["b2"], counter, group)  # partials, summed
 
 
+def causal_attention(q, k, v):
+    """Causal attention of a whole sequence: PyTorch's ``scaled_dot_product_attention``."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class ParallelBlock(torch.nn.Module):
     """This rank's part of one :class:`course_lib.models.Block` over a tensor-parallel group of
     ``tp`` ranks (Megatron-LM): attention's qkv split by columns (the ``rank``-th share of the
     heads' q, k and v) and its projection by rows; the MLP is :func:`megatron_mlp` on this
-    rank's :func:`shard_mlp`. LayerNorms and the output biases are whole on every rank."""
+    rank's :func:`shard_mlp`. LayerNorms and the output biases are whole on every rank.
+    ``attend(q, k, v)`` computes attention over (batch, heads, tokens, head width): by default
+    :func:`causal_attention`; train_gpt's context parallelism gives ring attention."""
 
-    def __init__(self, block, rank: int, tp: int, group=None):
+    def __init__(self, block, rank: int, tp: int, group=None, attend=causal_attention):
         super().__init__()
+        self.attend = attend
         d = block.norm1.normalized_shape[0]
         if block.heads % tp:
             raise ValueError(f"{block.heads} heads do not split evenly over {tp} ranks")
@@ -138,7 +146,7 @@ class ParallelBlock(torch.nn.Module):
         b, t, _ = x.shape
         qkv = column_parallel(self.norm1(x), self.qkv_w, self.qkv_b, self.counter, self.group)
         q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in qkv.chunk(3, dim=2))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+        a = self.attend(q, k, v).transpose(1, 2)
         x = x + row_parallel(a.reshape(b, t, -1), self.proj_w, self.proj_b, self.counter,
                              self.group)
         return x + megatron_mlp(self.norm2(x), self.mlp, self.counter, self.group)

@@ -1,4 +1,5 @@
-"""Train a small GPT under any plan: data x tensor x pipeline parallelism, ZeRO, recomputation.
+"""Train a small GPT under any plan: data x context x tensor x pipeline parallelism, ZeRO,
+recomputation.
 
 Lecture: the seed article's workflow ("choose a strategy, configure the environment, implement,
 monitor"); lesson 12 runs here the plan :mod:`course_lib.planner` picks. Every part is an earlier
@@ -7,15 +8,19 @@ applied to attention (heads split) and the MLP (``tensor_parallel.ParallelBlock`
 parallelism is ``torch.distributed.pipelining``'s 1F1B (lessons 5 and 11); data parallelism
 all-reduces the gradients after backward in one bucket (lesson 10,
 ``overlap.all_reduce_as_one_bucket``), or ZeRO-1/2 shards Adam (:mod:`course_lib.zero`), or
-ZeRO-3 is FSDP2 (:mod:`course_lib.sharding`). The plan is a :class:`course_lib.plans.Plan`;
+ZeRO-3 is FSDP2 (:mod:`course_lib.sharding`); context parallelism is ring attention in every
+block, each sequence split the load-balanced (zigzag) way (lesson 13,
+:func:`course_lib.context_parallel.ring_attention`), its gradients averaged with the data-parallel
+ones over the dp x cp ranks that hold the same layers. The plan is a :class:`course_lib.plans.Plan`;
 :mod:`course_lib.plan_checks` refuses one it cannot run exactly. ``--world-size`` may
-be left out: the plan's dp x tp x pp is the number of ranks.
+be left out: the plan's dp x cp x tp x pp is the number of ranks.
 
 Ranks are laid out as the planner assumes: tensor-parallel innermost (as in Megatron-LM), then
-pipeline, then data parallel, so rank = (d pp + s) tp + t. ::
+context, then pipeline, then data parallel, so rank = ((d pp + s) cp + c) tp + t. ::
 
     python -m course_lib.train_gpt --dp 1 --tp 2 --pp 1          # two workers through launch
     torchrun --standalone --nproc-per-node 2 -m course_lib.train_gpt --tp 2
+    python -m course_lib.train_gpt --cp 2                          # ring attention
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ from __future__ import annotations
 import statistics
 import time
 import warnings
+from functools import partial
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from course_lib.context_parallel import ring_attention, sequence_positions
 from course_lib.data import stdlib_text, text_batch
 from course_lib.memory import SavedBytes
 from course_lib.models import tiny_gpt
@@ -37,7 +44,7 @@ from course_lib.runtime.devices import device
 from course_lib.runtime.emulation import check_cpu_rank, queued, summary
 from course_lib.runtime.timing import synchronize
 from course_lib.sharding import fully_shard_blocks, local_bytes
-from course_lib.tensor_parallel import ParallelBlock
+from course_lib.tensor_parallel import ParallelBlock, causal_attention
 from course_lib.zero import ShardedAdam, adam_state_bytes
 
 MODEL = dict(vocab=96, d_model=64, layers=4, heads=4, context=32)
@@ -45,23 +52,27 @@ MODEL = dict(vocab=96, d_model=64, layers=4, heads=4, context=32)
 
 class StageModule(torch.nn.Module):
     """Pipeline stage ``stage`` of ``pp``: the embeddings on the first, its share of the blocks
-    (each split over the tensor-parallel group), the final norm and head on the last."""
+    (each split over the tensor-parallel group), the final norm and head on the last.
+    ``positions``: where this rank's tokens sit in the sequence (None: all of it, in order);
+    ``attend``: each block's attention (``ParallelBlock``)."""
 
     def __init__(self, gpt, stage: int, pp: int, tp_rank: int, tp: int, tp_group=None,
-                 recompute: bool = False):
+                 recompute: bool = False, positions=None, attend=causal_attention):
         super().__init__()
         per = len(gpt.blocks) // pp
         self.first, self.last, self.recompute = stage == 0, stage == pp - 1, recompute
+        self.positions = positions
         if self.first:
             self.embed, self.position = gpt.embed, gpt.position
-        self.blocks = torch.nn.ModuleList(ParallelBlock(b, tp_rank, tp, tp_group)
+        self.blocks = torch.nn.ModuleList(ParallelBlock(b, tp_rank, tp, tp_group, attend)
                                           for b in gpt.blocks[stage * per:(stage + 1) * per])
         if self.last:
             self.norm, self.head = gpt.norm, gpt.head
 
     def forward(self, x):
         if self.first:
-            x = self.embed(x) + self.position(torch.arange(x.shape[1], device=x.device))
+            where = (torch.arange(x.shape[1]) if self.positions is None else self.positions)
+            x = self.embed(x) + self.position(where.to(x.device))
         for block in self.blocks:
             if self.recompute and torch.is_grad_enabled():  # keep each block's input only
                 x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
@@ -83,7 +94,7 @@ def global_batch_of(tokens, step: int, global_batch: int, context: int, seed: in
 def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, seed: int = 0,
           dtype=torch.float32, group=None, emulated=None, **options) -> dict:
     """Train :func:`course_lib.models.tiny_gpt` for ``steps`` Adam steps under ``plan`` (a
-    :class:`course_lib.plans.Plan`, or its fields among ``options``: dp, tp, pp, zero,
+    :class:`course_lib.plans.Plan`, or its fields among ``options``: dp, tp, pp, cp, zero,
     micro_batches, recompute), on every rank. The other ``options`` are the model's shape:
     vocab, d_model, layers, heads, context (defaults :data:`MODEL`).
 
@@ -105,30 +116,41 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
         raise ValueError("train_gpt builds its own groups from the whole job: pass group=None "
                          "or a group of every rank")
     plan = check_plan(world, plan, global_batch=global_batch, layers=shape["layers"],
-                      heads=shape["heads"], **fields)
-    dp, tp, pp, zero, micro_batches = plan.dp, plan.tp, plan.pp, plan.zero, plan.micro_batches
+                      heads=shape["heads"], seq=shape["context"], **fields)
+    dp, tp, pp, cp = plan.dp, plan.tp, plan.pp, plan.cp
+    zero, micro_batches = plan.zero, plan.micro_batches
     recompute = plan.recompute
     dev = device(group)
     if emulated is not None:
         check_cpu_rank(dev)
     ranks = torch.tensor(dist.get_process_group_ranks(group or dist.group.WORLD))
-    mesh = DeviceMesh(dev.type, ranks.view(dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
-    d, s, t = (mesh.get_local_rank(n) for n in ("dp", "pp", "tp"))
-    dp_group, pp_group, tp_group = (mesh.get_group(n) for n in ("dp", "pp", "tp"))
+    names, grid = ("dp", "pp", "cp", "tp"), ranks.view(dp, pp, cp, tp)
+    mesh = DeviceMesh(dev.type, grid, mesh_dim_names=names)
+    d, s, c, t = (mesh.get_local_rank(n) for n in names)
+    dp_group, pp_group, cp_group, tp_group = (mesh.get_group(n) for n in names)
+    # gradients are averaged over the ranks that hold the same layers: dp x cp of them
+    replicas = mesh["dp"] if cp == 1 else DeviceMesh(  # (stage, tp rank, replica)
+        dev.type, grid.permute(1, 3, 0, 2).reshape(pp, tp, dp * cp), mesh_dim_names=(
+            "pp", "tp", "replicas"))["replicas"]
+    positions, attend = None, causal_attention
+    if cp > 1:  # this rank's share of each sequence, and attention over all of it
+        positions = sequence_positions(shape["context"], cp, c, "zigzag")
+        attend = partial(ring_attention, causal=True, layout="zigzag", group=cp_group)
     gpt = tiny_gpt(**shape, seed=seed, dtype=dtype)  # every plan starts from the same weights
-    stage = StageModule(gpt, s, pp, t, tp, tp_group, recompute).to(dev)
+    stage = StageModule(gpt, s, pp, t, tp, tp_group, recompute, positions, attend).to(dev)
     if zero == 3:
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
-        stage = fully_shard_blocks(stage, mesh["dp"], reshard_after_forward=True)
+        stage = fully_shard_blocks(stage, replicas, reshard_after_forward=True)
     if zero in (1, 2):
-        opt = ShardedAdam(stage.parameters(), zero, dp_group, lr=lr)
+        opt = ShardedAdam(stage.parameters(), zero, replicas.get_group(), lr=lr)
     else:
         opt = torch.optim.Adam(stage.parameters(), lr=lr, foreach=False)
     runner = None
     if pp > 1:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-        mb, ctx, width = global_batch // (dp * micro_batches), shape["context"], shape["d_model"]
+        mb, width = global_batch // (dp * micro_batches), shape["d_model"]
+        ctx = shape["context"] // cp
         meta = lambda *size: torch.empty(*size, dtype=dtype, device="meta")  # noqa: E731
         first, last = s == 0, s == pp - 1
         # every shape given: otherwise the stage infers them by running the first micro-batch,
@@ -147,7 +169,10 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
     rows = global_batch // dp
     for step in range(steps):
         x, y = global_batch_of(tokens, step, global_batch, shape["context"], seed)
-        x, y = x[d * rows:(d + 1) * rows].to(dev), y[d * rows:(d + 1) * rows].to(dev)
+        x, y = x[d * rows:(d + 1) * rows], y[d * rows:(d + 1) * rows]
+        if positions is not None:
+            x, y = x[:, positions], y[:, positions]
+        x, y = x.to(dev), y.to(dev)
         synchronize(dev)
         start, lag = time.perf_counter(), emulated.lag if emulated else 0.0
         with queued(emulated):
@@ -164,8 +189,8 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
                     runner.step(x)
                 else:
                     runner.step(target=y, losses=micro) if s == pp - 1 else runner.step()
-            if zero == 0 and dp > 1:  # one message of every gradient, after backward (lesson 10)
-                all_reduce_as_one_bucket(stage.parameters(), dp_group)
+            if zero == 0 and dp * cp > 1:  # one message of every gradient, after backward
+                all_reduce_as_one_bucket(stage.parameters(), replicas.get_group())
             opt.step()
         synchronize(dev)
         seconds.append(time.perf_counter() - start)
@@ -174,12 +199,13 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
         mean = torch.stack(micro).mean() if micro else torch.zeros((), dtype=dtype, device=dev)
         dist.all_reduce(mean, group=pp_group)  # only the last stage holds losses
         dist.all_reduce(mean, group=dp_group)
-        losses.append(mean.item() / dp)
+        dist.all_reduce(mean, group=cp_group)  # means over as many tokens on each cp rank
+        losses.append(mean.item() / (dp * cp))
     params = list(stage.parameters())
     state = dict(params=local_bytes(params), grads=local_bytes(p.grad for p in params),
                  optimizer=opt.state_bytes() if zero in (1, 2) else local_bytes(
                      v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)))
-    return dict(rank=dist.get_rank(group), dp=d, pp=s, tp=t, losses=losses, seconds=seconds,
+    return dict(rank=dist.get_rank(group), dp=d, pp=s, cp=c, tp=t, losses=losses, seconds=seconds,
                 threads=torch.get_num_threads(), state=state, activations=peaks[-1], peaks=peaks,
                 emulated=summary(emulated), waited=waited)
 
@@ -218,12 +244,12 @@ def train_one_process(steps: int = 10, global_batch: int = 16, lr: float = 3e-3,
 
 def main(argv=None) -> list | None:
     """The command line; returns every rank's results (``None`` on ranks other than torchrun's
-    rank 0). ``--world-size``, if given, must be dp x tp x pp (the plan decides the ranks)."""
+    rank 0). ``--world-size``, if given, must be dp x tp x pp x cp (the plan decides)."""
     from course_lib.runtime.torchrun import experiment_parser, run_experiment
 
-    parser = experiment_parser("Train a small GPT under a data x tensor x pipeline plan.")
-    parser.set_defaults(world_size=None)  # not given: dp x tp x pp
-    for name in ("dp", "tp", "pp"):
+    parser = experiment_parser("Train a small GPT under a data x context x tensor x pipeline plan")
+    parser.set_defaults(world_size=None)  # not given: dp x cp x tp x pp
+    for name in ("dp", "tp", "pp", "cp"):
         parser.add_argument(f"--{name}", type=int, default=1)
     parser.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
     parser.add_argument("--micro-batches", type=int, default=1)
@@ -234,17 +260,18 @@ def main(argv=None) -> list | None:
     for name, value in MODEL.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=value)
     a = parser.parse_args(argv)
-    ranks = a.dp * a.tp * a.pp
+    ranks = a.dp * a.tp * a.pp * a.cp
     if a.world_size not in (None, ranks):
         fix = (f"--world-size alone does not say how to split the ranks: give --dp, --tp and "
                f"--pp whose product is {a.world_size} (e.g. --dp {a.world_size})"
                if ranks == 1 and a.world_size > 1 else "make them agree, or leave it out")
-        parser.error(f"--world-size {a.world_size}, but dp x tp x pp = {a.dp} x {a.tp} x {a.pp} "
-                     f"= {ranks}; {fix}")
+        cp = (" x cp", f" x {a.cp}") if a.cp > 1 else ("", "")
+        parser.error(f"--world-size {a.world_size}, but dp x tp x pp{cp[0]} = {a.dp} x {a.tp} "
+                     f"x {a.pp}{cp[1]} = {ranks}; {fix}")
     try:  # refused here, before any worker starts
         check_run(a.steps, a.global_batch)
         plan = check_plan(ranks, global_batch=a.global_batch, layers=a.layers, heads=a.heads,
-                          **{name: getattr(a, name) for name in PLAN_FIELDS})
+                          seq=a.context, **{name: getattr(a, name) for name in PLAN_FIELDS})
     except ValueError as why:
         parser.error(str(why))
     kwargs = dict(plan=plan, steps=a.steps, global_batch=a.global_batch, lr=a.lr,
@@ -255,8 +282,7 @@ def main(argv=None) -> list | None:
         return None
     slowest = [max(r["seconds"][i] for r in results) for i in range(a.steps)]
     busiest = max(results, key=lambda r: sum(r["state"].values()) + r["activations"])
-    print(f"plan: dp {a.dp} x tp {a.tp} x pp {a.pp}, ZeRO-{a.zero}, m {a.micro_batches}"
-          f"{', recompute' if a.recompute else ''}; {len(results)} ranks")
+    print(f"plan: {plan}; {len(results)} ranks")
     print("loss per step: " + " ".join(f"{v:.4f}" for v in results[0]["losses"]))
     later = slowest[2:] or slowest
     threads = "/".join(map(str, sorted({r["threads"] for r in results})))  # the same on each

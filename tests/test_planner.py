@@ -8,6 +8,7 @@ import pytest
 
 from course_lib import cost_models as M
 from course_lib import planner as P
+from course_lib import published as pub
 from course_lib.step_time import OVERLAP_SLOWDOWN
 
 TINY = P.Transformer(layers=2, hidden=4, heads=2, seq=8, vocab=10, global_batch=8)
@@ -182,6 +183,43 @@ def test_interleaving_divides_the_bubble_by_its_chunks():
                                                     chunks=v))
         # (p - 1) / (v m) of the compute (a one-word vocabulary: the head adds next to nothing)
         assert t["bubble"] / t["compute"] == pytest.approx(3 / (v * 8), rel=1e-3)
+
+
+def test_context_parallelism_splits_each_sequence_and_pays_the_rings_sends():
+    long = replace(GPT_7B, seq=32_768, global_batch=8)
+    data, context = P.Plan(dp=8, tp=1, pp=1), P.Plan(dp=1, tp=1, pp=1, cp=8)
+    # a GPU computes on a cp-th of each sequence: the same tokens, FLOPs and activations as
+    # data parallelism's whole sequences on as many GPUs
+    for term in ("activations", "state"):
+        assert P.memory(long, context)[term] == pytest.approx(P.memory(long, data)[term])
+    assert P.memory(long, context)["activations"] == pytest.approx(
+        P.memory(long, P.Plan(dp=1, tp=1, pp=1))["activations"] / 8)
+    one, ring = (P.step_time(long, NODE, plan, overlap=False) for plan in (data, context))
+    assert ring["compute"] == pytest.approx(one["compute"]) and one["context_parallel"] == 0
+    # ZeRO shards over the dp x cp GPUs that hold the same layers
+    assert P.memory(long, replace(context, dp=2, cp=4, zero=1))["state"] == pytest.approx(
+        P.memory(long, replace(data, zero=1))["state"])
+    # not hidden: 3 (cp - 1) sends per layer of a key and a value block (a GPU's tokens, the
+    # cp-th of the batch's); hidden under attention, less
+    alpha, beta = NODE.link(8, 1)
+    block = 2 * long.value_bytes * (long.seq * long.global_batch / 8) * long.kv_width
+    assert ring["context_parallel"] == pytest.approx(long.layers * 3 * 7 * (alpha + beta * block))
+    hidden = P.step_time(long, NODE, context)["context_parallel"]
+    assert hidden < 0.5 * ring["context_parallel"]
+    assert P.collectives(long, context) == 3 * 7 * long.layers + 1
+
+
+def test_a_long_context_run_needs_the_cp_axis_to_exist():
+    run = next(r for r in pub.RUNS if r.plan.get("cp", 1) > 1)  # Llama 3 at 131,072 tokens
+    cluster = pub.cluster_of(run, pub.measured_mfu())
+    with pytest.raises(ValueError, match="no plan uses all 16384 GPUs"):
+        P.rank_plans(run.model, cluster, **{**run.options, "cp": (1,)})
+    ranked = P.with_plan(P.rank_plans(run.model, cluster, **run.options), **run.plan)
+    assert ranked and ranked[0].fits and ranked[0].plan.cp == 16
+    two = P.Cluster(gpus_per_node=2, nodes=1, memory=1e12, peak_flops=1e12,
+                    intra_bandwidth=1e11, inter_bandwidth=1e11)
+    command = P.torchrun_command(TINY, two, P.Plan(dp=1, tp=1, pp=1, cp=2))
+    assert "--dp 1 --tp 1 --pp 1 --cp 2 --zero 0" in command
 
 
 def test_tensor_parallel_all_reduces_count_the_recomputed_forward():
@@ -386,7 +424,7 @@ def test_cost_models_refuse_no_workers():
 
 
 def test_a_plan_for_more_gpus_than_the_cluster_has_is_refused():
-    with pytest.raises(ValueError, match="needs dp x tp x pp = 16 GPUs, the cluster has 8"):
+    with pytest.raises(ValueError, match="needs dp x cp x tp x pp = 16 GPUs, the cluster has 8"):
         P.step_time(GPT_7B, NODE, P.Plan(dp=16, tp=1, pp=1))
 
 

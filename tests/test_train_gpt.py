@@ -33,6 +33,10 @@ PLANS_2 = {
     "ZeRO-3 (FSDP)": dict(dp=2, zero=3),
     "data, accumulation, recomputation": dict(dp=2, micro_batches=2, recompute=True),
     "pipeline, recomputation": dict(pp=2, micro_batches=4, recompute=True),
+    "context (ring attention)": dict(cp=2),
+    "context, ZeRO-1": dict(cp=2, zero=1),
+    "context, ZeRO-3 (FSDP)": dict(cp=2, zero=3),
+    "context, recomputation": dict(cp=2, recompute=True),
 }
 
 
@@ -41,9 +45,10 @@ def test_every_strategy_on_two_ranks_equals_one_process(name, one_process):
     plan = PLANS_2[name]
     results = launch(T.train, world_size=2, kwargs={**plan, **KW})
     _same_losses(results, one_process[False])
-    assert [(r["dp"], r["pp"], r["tp"]) for r in results] == [
-        (i // (plan.get("pp", 1) * plan.get("tp", 1)), (i // plan.get("tp", 1)) % plan.get("pp", 1),
-         i % plan.get("tp", 1)) for i in range(2)]
+    # rank = ((d pp + s) cp + c) tp + t: tensor-parallel innermost, then context, pipeline, data
+    pp, cp, tp = (plan.get(name, 1) for name in ("pp", "cp", "tp"))
+    assert [(r["dp"], r["pp"], r["cp"], r["tp"]) for r in results] == [
+        (i // (pp * cp * tp), i // (cp * tp) % pp, i // tp % cp, i % tp) for i in range(2)]
 
 
 def test_what_each_rank_holds_follows_the_plan(one_process):
@@ -51,6 +56,7 @@ def test_what_each_rank_holds_follows_the_plan(one_process):
     tp, = [launch(T.train, world_size=2, kwargs={"tp": 2, **KW})]
     fsdp = launch(T.train, world_size=2, kwargs={"dp": 2, "zero": 3, **KW})
     zero1 = launch(T.train, world_size=2, kwargs={"dp": 2, "zero": 1, **KW})
+    context = launch(T.train, world_size=2, kwargs={"cp": 2, **KW})
     for r in tp:  # the blocks' matrices are split; embeddings, norms and the head are not
         assert 0.5 * whole["params"] < r["state"]["params"] < 0.6 * whole["params"]
     for r in fsdp:  # FSDP shards every parameter, gradient and moment
@@ -59,13 +65,20 @@ def test_what_each_rank_holds_follows_the_plan(one_process):
     for r in zero1:  # ZeRO-1 shards only the moments (and pads the shard)
         assert r["state"]["params"] == whole["params"]
         assert r["state"]["optimizer"] == pytest.approx(whole["optimizer"] / 2, rel=0.01)
+    for r in context:  # each rank keeps half of each sequence's activations, all the weights
+        assert r["state"]["params"] == whole["params"]
+        assert r["activations"] < 0.6 * one_process[False]["activations"]
     # recomputation keeps far fewer activations than one process without it
     assert one_process[True]["activations"] < 0.3 * one_process[False]["activations"]
 
 
 @pytest.mark.parametrize("plan", [dict(dp=2, tp=2), dict(tp=2, pp=2, micro_batches=2),
-                                  dict(dp=2, pp=2, micro_batches=2, zero=1)],
-                         ids=["data x tensor", "tensor x pipeline", "data x pipeline, ZeRO-1"])
+                                  dict(dp=2, pp=2, micro_batches=2, zero=1),
+                                  dict(dp=2, cp=2, zero=3), dict(cp=2, tp=2),
+                                  dict(cp=2, pp=2, micro_batches=2), dict(cp=4)],
+                         ids=["data x tensor", "tensor x pipeline", "data x pipeline, ZeRO-1",
+                              "data x context, ZeRO-3", "context x tensor",
+                              "context x pipeline", "context over 4"])
 def test_hybrids_on_four_oversubscribed_ranks_equal_one_process(plan, one_process):
     results = launch(T.train, world_size=4, kwargs={**plan, **KW})
     _same_losses(results, one_process[False])
@@ -80,14 +93,18 @@ def test_hybrids_on_four_oversubscribed_ranks_equal_one_process(plan, one_proces
     (dict(pp=2, micro_batches=2, zero=3), "ZeRO-3"),
     (dict(zero=4), "zero must be"),
     (dict(dp=0), "at least 1"),
+    (dict(cp=0), "at least 1"),
+    (dict(cp=2, world=2, seq=30), r"zigzag\) split cuts each sequence into 2 x cp = 4 equal"),
+    (dict(cp=3), r"2 x cp = 6 equal chunks: 32 tokens"),
+    (dict(cp=2, world=2, dp=2), r"dp x cp x tp x pp = 2 x 2 x 1 x 1 = 4, but the job has 2"),
 ])
 def test_a_plan_that_cannot_run_exactly_is_refused_with_what_to_change(change, message):
-    plan = dict(dp=1, tp=1, pp=1, zero=0, micro_batches=1)
-    world = change.pop("world", None)
+    plan = dict(dp=1, tp=1, pp=1, cp=1, zero=0, micro_batches=1)
+    world, seq = change.pop("world", None), change.pop("seq", 32)
     plan.update(change)
-    world = world or plan["dp"] * plan["tp"] * plan["pp"]
+    world = world or plan["dp"] * plan["tp"] * plan["pp"] * plan["cp"]
     with pytest.raises(ValueError, match=message):
-        T.check_plan(world, global_batch=12, layers=4, heads=4, **plan)
+        T.check_plan(world, global_batch=12, layers=4, heads=4, seq=seq, **plan)
 
 
 @pytest.mark.parametrize("sizes, message", [
@@ -142,6 +159,15 @@ def test_the_module_runs_through_launch_from_the_command_line(capsys, monkeypatc
     assert "ms, 1 CPU thread(s) per rank" in out
 
 
+def test_context_parallelism_runs_from_the_command_line(capsys):
+    results = T.main(["--cp", "2", "--steps", "2", "--global-batch", "4"])
+    assert "plan: dp 1 x cp 2 x tp 1 x pp 1, ZeRO-0, m 1; 2 ranks" in capsys.readouterr().out
+    assert [r["cp"] for r in results] == [0, 1]
+    expected = T.train_one_process(steps=2, global_batch=4)["losses"]
+    torch.testing.assert_close(torch.tensor(results[0]["losses"]), torch.tensor(expected),
+                               atol=2e-4, rtol=0)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--world-size", "2"], "alone does not say how to split the ranks: give --dp, --tp and "
                             "--pp whose product is 2 (e.g. --dp 2)"),
@@ -150,6 +176,8 @@ def test_the_module_runs_through_launch_from_the_command_line(capsys, monkeypatc
     (["--global-batch", "0"], "the global batch must hold at least one sequence, got 0"),
     (["--tp", "3"], "tp = 3 must divide the 4 heads"),
     (["--dp", "2", "--global-batch", "5"], "must split into dp x micro_batches"),
+    (["--world-size", "2", "--cp", "2", "--dp", "2"], "dp x tp x pp x cp = 2 x 1 x 1 x 2 = 4"),
+    (["--cp", "3"], "2 x cp = 6 equal chunks: 32 tokens do not split so"),
 ])
 def test_a_world_size_that_is_not_the_plans_is_refused_before_any_work(argv, message, capsys):
     with pytest.raises(SystemExit) as stopped:
