@@ -8,10 +8,9 @@ applied to attention (heads split) and the MLP (``tensor_parallel.ParallelBlock`
 parallelism is ``torch.distributed.pipelining``'s 1F1B (lessons 5 and 11); data parallelism
 all-reduces the gradients after backward in one bucket (lesson 10,
 ``overlap.all_reduce_as_one_bucket``), or ZeRO-1/2 shards Adam (:mod:`course_lib.zero`), or
-ZeRO-3 is FSDP2 (:mod:`course_lib.sharding`); context parallelism is ring attention in every
-block, each sequence split the load-balanced (zigzag) way (lesson 13,
-:func:`course_lib.context_parallel.ring_attention`), its gradients averaged with the data-parallel
-ones over the dp x cp ranks that hold the same layers. The plan is a :class:`course_lib.plans.Plan`;
+ZeRO-3 is FSDP2 (:mod:`course_lib.sharding`); context parallelism is lesson 13's ring attention
+on the zigzag split in every block, its gradients averaged with the data-parallel ones over the
+dp x cp ranks that hold the same layers. The plan is a :class:`course_lib.plans.Plan`;
 :mod:`course_lib.plan_checks` refuses one it cannot run exactly. ``--world-size`` may
 be left out: the plan's dp x cp x tp x pp is the number of ranks.
 
@@ -118,20 +117,20 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
     plan = check_plan(world, plan, global_batch=global_batch, layers=shape["layers"],
                       heads=shape["heads"], seq=shape["context"], **fields)
     dp, tp, pp, cp = plan.dp, plan.tp, plan.pp, plan.cp
-    zero, micro_batches = plan.zero, plan.micro_batches
-    recompute = plan.recompute
+    zero, micro_batches, recompute = plan.zero, plan.micro_batches, plan.recompute
     dev = device(group)
     if emulated is not None:
         check_cpu_rank(dev)
     ranks = torch.tensor(dist.get_process_group_ranks(group or dist.group.WORLD))
-    names, grid = ("dp", "pp", "cp", "tp"), ranks.view(dp, pp, cp, tp)
-    mesh = DeviceMesh(dev.type, grid, mesh_dim_names=names)
-    d, s, c, t = (mesh.get_local_rank(n) for n in names)
-    dp_group, pp_group, cp_group, tp_group = (mesh.get_group(n) for n in names)
+    grid = ranks.view(dp, pp, cp, tp)  # a cp dimension only if cp > 1: each group costs threads
+    names = ("dp", "pp", "cp", "tp") if cp > 1 else ("dp", "pp", "tp")
+    mesh = DeviceMesh(dev.type, grid if cp > 1 else grid.view(dp, pp, tp), mesh_dim_names=names)
+    d, s, t = (mesh.get_local_rank(n) for n in ("dp", "pp", "tp"))
+    dp_group, pp_group, tp_group = (mesh.get_group(n) for n in ("dp", "pp", "tp"))
+    c, cp_group = (mesh.get_local_rank("cp"), mesh.get_group("cp")) if cp > 1 else (0, None)
     # gradients are averaged over the ranks that hold the same layers: dp x cp of them
-    replicas = mesh["dp"] if cp == 1 else DeviceMesh(  # (stage, tp rank, replica)
-        dev.type, grid.permute(1, 3, 0, 2).reshape(pp, tp, dp * cp), mesh_dim_names=(
-            "pp", "tp", "replicas"))["replicas"]
+    replicas = mesh["dp"] if cp == 1 else DeviceMesh(dev.type, grid.permute(1, 3, 0, 2).reshape(
+        pp, tp, dp * cp), mesh_dim_names=("pp", "tp", "replicas"))["replicas"]
     positions, attend = None, causal_attention
     if cp > 1:  # this rank's share of each sequence, and attention over all of it
         positions = sequence_positions(shape["context"], cp, c, "zigzag")
@@ -199,7 +198,8 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
         mean = torch.stack(micro).mean() if micro else torch.zeros((), dtype=dtype, device=dev)
         dist.all_reduce(mean, group=pp_group)  # only the last stage holds losses
         dist.all_reduce(mean, group=dp_group)
-        dist.all_reduce(mean, group=cp_group)  # means over as many tokens on each cp rank
+        if cp > 1:  # means over as many tokens on each cp rank
+            dist.all_reduce(mean, group=cp_group)
         losses.append(mean.item() / (dp * cp))
     params = list(stage.parameters())
     state = dict(params=local_bytes(params), grads=local_bytes(p.grad for p in params),
