@@ -3,6 +3,8 @@
 Lesson 5, section 5: ``PipelineStage`` wraps each stage's module and a schedule object
 (``ScheduleGPipe``, ``Schedule1F1B``) runs the same algorithms as the hand-written ones; per
 micro-batch its losses equal theirs. ``pipeline.run_torch_pipeline`` is this function.
+:mod:`course_lib.train_gpt` cuts its GPT into stages here (:class:`StageModule`, each block
+split over the tensor-parallel group) and runs them with 1F1B (:func:`one_f_one_b`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.runtime.devices import device
+from course_lib.tensor_parallel import ParallelBlock, causal_attention
 
 
 def run_torch_pipeline(pieces, x, y, micro_batches: int, schedule: str = "1F1B",
@@ -40,3 +43,54 @@ def run_torch_pipeline(pieces, x, y, micro_batches: int, schedule: str = "1F1B",
         runner.step()
     return dict(stage=stage, micro_losses=[loss.item() for loss in losses],
                 grads=[p.grad.detach().clone() for p in module.parameters()])
+
+
+class StageModule(torch.nn.Module):
+    """Pipeline stage ``stage`` of ``pp``: the embeddings on the first, its share of the blocks
+    (each split over the tensor-parallel group), the final norm and head on the last.
+    ``positions``: where this rank's tokens sit in the sequence (None: all of it, in order);
+    ``attend``: each block's attention (``ParallelBlock``)."""
+
+    def __init__(self, gpt, stage: int, pp: int, tp_rank: int, tp: int, tp_group=None,
+                 recompute: bool = False, positions=None, attend=causal_attention):
+        super().__init__()
+        per = len(gpt.blocks) // pp
+        self.first, self.last, self.recompute = stage == 0, stage == pp - 1, recompute
+        self.positions = positions
+        if self.first:
+            self.embed, self.position = gpt.embed, gpt.position
+        self.blocks = torch.nn.ModuleList(ParallelBlock(b, tp_rank, tp, tp_group, attend)
+                                          for b in gpt.blocks[stage * per:(stage + 1) * per])
+        if self.last:
+            self.norm, self.head = gpt.norm, gpt.head
+
+    def forward(self, x):
+        if self.first:
+            where = (torch.arange(x.shape[1]) if self.positions is None else self.positions)
+            x = self.embed(x) + self.position(where.to(x.device))
+        for block in self.blocks:
+            if self.recompute and torch.is_grad_enabled():  # keep each block's input only
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return self.head(self.norm(x)) if self.last else x
+
+
+def one_f_one_b(stage, s: int, pp: int, dev, group, micro_batches: int, loss_fn, dtype, shape):
+    """1F1B over ``pp`` stages for this rank's ``stage`` (stage ``s``): ``shape`` is (sequences
+    per micro-batch, tokens of each on this rank, width, vocabulary). Every shape is given:
+    otherwise the stage infers them by running the first micro-batch, and the first stage then
+    keeps that forward's activations for the whole run."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    mb, ctx, width, vocab = shape
+    meta = lambda *size: torch.empty(*size, dtype=dtype, device="meta")  # noqa: E731
+    first, last = s == 0, s == pp - 1
+    piped = PipelineStage(
+        stage, s, pp, dev, group=group,
+        input_args=torch.empty(mb, ctx, dtype=torch.long, device="meta") if first else
+        meta(mb, ctx, width).requires_grad_(),
+        output_args=meta(mb, ctx, vocab if last else width),
+        output_grads=None if last else meta(mb, ctx, width),
+        input_grads=None if first else meta(mb, ctx, width))
+    return Schedule1F1B(piped, micro_batches, loss_fn=loss_fn)

@@ -38,46 +38,16 @@ from course_lib.data import stdlib_text, text_batch
 from course_lib.memory import SavedBytes
 from course_lib.models import tiny_gpt
 from course_lib.overlap import all_reduce_as_one_bucket
+from course_lib.pipelining import StageModule, one_f_one_b
 from course_lib.plan_checks import PLAN_FIELDS, check_plan, check_run
 from course_lib.runtime.devices import device
 from course_lib.runtime.emulation import check_cpu_rank, queued, summary
 from course_lib.runtime.timing import synchronize
 from course_lib.sharding import fully_shard_blocks, local_bytes
-from course_lib.tensor_parallel import ParallelBlock, causal_attention
+from course_lib.tensor_parallel import causal_attention
 from course_lib.zero import ShardedAdam, adam_state_bytes
 
 MODEL = dict(vocab=96, d_model=64, layers=4, heads=4, context=32)
-
-
-class StageModule(torch.nn.Module):
-    """Pipeline stage ``stage`` of ``pp``: the embeddings on the first, its share of the blocks
-    (each split over the tensor-parallel group), the final norm and head on the last.
-    ``positions``: where this rank's tokens sit in the sequence (None: all of it, in order);
-    ``attend``: each block's attention (``ParallelBlock``)."""
-
-    def __init__(self, gpt, stage: int, pp: int, tp_rank: int, tp: int, tp_group=None,
-                 recompute: bool = False, positions=None, attend=causal_attention):
-        super().__init__()
-        per = len(gpt.blocks) // pp
-        self.first, self.last, self.recompute = stage == 0, stage == pp - 1, recompute
-        self.positions = positions
-        if self.first:
-            self.embed, self.position = gpt.embed, gpt.position
-        self.blocks = torch.nn.ModuleList(ParallelBlock(b, tp_rank, tp, tp_group, attend)
-                                          for b in gpt.blocks[stage * per:(stage + 1) * per])
-        if self.last:
-            self.norm, self.head = gpt.norm, gpt.head
-
-    def forward(self, x):
-        if self.first:
-            where = (torch.arange(x.shape[1]) if self.positions is None else self.positions)
-            x = self.embed(x) + self.position(where.to(x.device))
-        for block in self.blocks:
-            if self.recompute and torch.is_grad_enabled():  # keep each block's input only
-                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
-        return self.head(self.norm(x)) if self.last else x
 
 
 def loss_fn(logits, targets):
@@ -145,23 +115,10 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
     else:
         opt = torch.optim.Adam(stage.parameters(), lr=lr, foreach=False)
     runner = None
-    if pp > 1:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-
-        mb, width = global_batch // (dp * micro_batches), shape["d_model"]
-        ctx = shape["context"] // cp
-        meta = lambda *size: torch.empty(*size, dtype=dtype, device="meta")  # noqa: E731
-        first, last = s == 0, s == pp - 1
-        # every shape given: otherwise the stage infers them by running the first micro-batch,
-        # and the first stage then keeps that forward's activations for the whole run
-        piped = PipelineStage(
-            stage, s, pp, dev, group=pp_group,
-            input_args=torch.empty(mb, ctx, dtype=torch.long, device="meta") if first else
-            meta(mb, ctx, width).requires_grad_(),
-            output_args=meta(mb, ctx, shape["vocab"] if last else width),
-            output_grads=None if last else meta(mb, ctx, width),
-            input_grads=None if first else meta(mb, ctx, width))
-        runner = Schedule1F1B(piped, micro_batches, loss_fn=loss_fn)
+    if pp > 1:  # every shape given (the micro-batch's sequences, its tokens on this rank)
+        runner = one_f_one_b(stage, s, pp, dev, pp_group, micro_batches, loss_fn, dtype,
+                             (global_batch // (dp * micro_batches), shape["context"] // cp,
+                              shape["d_model"], shape["vocab"]))
     tokens = stdlib_text()
     saved = SavedBytes()
     losses, seconds, peaks, waited = [], [], [], []
