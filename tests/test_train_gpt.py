@@ -194,9 +194,20 @@ def test_train_takes_the_planners_plan_as_it_is(one_process):
 
 
 def test_train_gpt_is_assembled_from_the_lessons_own_parts():
-    from course_lib import memory, overlap, sharding, tensor_parallel, zero
+    from course_lib import (
+        context_parallel,
+        memory,
+        overlap,
+        pipelining,
+        sharding,
+        tensor_parallel,
+        zero,
+    )
 
-    assert T.ParallelBlock is tensor_parallel.ParallelBlock  # Megatron's f and g, lesson 5
+    # each stage's blocks are Megatron's f and g (lesson 5), 1F1B is torch's (lessons 5, 11)
+    assert pipelining.ParallelBlock is tensor_parallel.ParallelBlock
+    assert T.StageModule is pipelining.StageModule
+    assert T.ring_attention is context_parallel.ring_attention  # lesson 13
     assert T.all_reduce_as_one_bucket is overlap.all_reduce_as_one_bucket  # lesson 10
     assert T.ShardedAdam is zero.ShardedAdam and T.fully_shard_blocks is sharding.fully_shard_blocks
     assert T.SavedBytes is memory.SavedBytes  # lesson 11's counter of saved activations
