@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from course_lib.collectives import all_to_all
 from course_lib.models import feed_forward
+from course_lib.overlap import all_reduce_as_one_bucket
 from course_lib.runtime.devices import device
 
 
@@ -151,6 +152,61 @@ class ExpertParallel(MixtureOfExperts):
         self.sent["messages"] += 2
         self.sent["bytes"] += 2 * inputs.numel() * inputs.element_size() * (ep - 1) // ep
         return all_to_all(back, self.group).reshape(self.num_experts, cap, d)  # combine
+
+
+class ExpertFeedForward(torch.nn.Module):
+    """A transformer block's MLP as a mixture of experts: (batch, tokens, d) in and out, each
+    token routed on its own; the balancing loss of the last call kept in ``aux``."""
+
+    def __init__(self, moe: MixtureOfExperts):
+        super().__init__()
+        self.moe, self.aux = moe, None
+
+    def forward(self, x):
+        y, self.aux = self.moe(x.reshape(-1, x.shape[-1]))
+        return y.reshape(x.shape)
+
+
+def with_experts(gpt, num_experts: int, k: int = 1, seed: int = 0):
+    """``gpt`` (a ``models.TinyGPT``) with every block's MLP replaced by ``num_experts`` experts
+    of the same shape, each token sent to its top ``k``. Their capacity is every token (factor
+    E): nothing is dropped, so a token's output does not depend on the others in its batch, and
+    any split of the batch computes what one process does."""
+    if num_experts < 1 or not 1 <= k <= num_experts:
+        raise ValueError(f"need at least one expert and 1 <= k <= experts, got {num_experts} "
+                         f"experts and k = {k}")
+    for i, block in enumerate(gpt.blocks):
+        d, dtype = block.fc1.in_features, block.fc1.weight.dtype
+        block.mlp = ExpertFeedForward(MixtureOfExperts(
+            d, 4 * d, num_experts, k, capacity_factor=float(num_experts),
+            seed=seed * 1000 + i, dtype=dtype))
+        del block.fc1, block.fc2
+    return gpt
+
+
+def spread_experts(blocks, group) -> list:
+    """Expert parallelism in place: each block of ``blocks`` that holds experts keeps only this
+    rank's share of them (:class:`ExpertParallel` over ``group``). Returns the parameters of the
+    experts this rank kept: their gradients hold every rank's tokens' share, see
+    :func:`average_expert_gradients`."""
+    kept = []
+    for block in blocks:
+        if block.experts is not None:
+            block.experts.moe = ExpertParallel(block.experts.moe, group)
+            kept += list(block.experts.moe.experts.parameters())
+    return kept
+
+
+def average_expert_gradients(params, ep: int, replicas=None) -> None:
+    """Each kept expert's gradient, after backward, is the sum over the ``ep`` ranks whose
+    tokens it served of their losses' gradients; data parallelism wants the mean over all data
+    ranks: divide by ep, then average over ``replicas``, the ranks that hold the same experts
+    (None: no other)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    for g in grads:
+        g.div_(ep)
+    if replicas is not None and dist.get_world_size(replicas) > 1:
+        all_reduce_as_one_bucket(params, replicas)
 
 
 def run_expert_parallel(moe: MixtureOfExperts, x, d_out, group=None) -> dict:

@@ -104,6 +104,8 @@ def memory(model: Transformer, plan: Plan, per_layer=activation_bytes_per_layer,
     :func:`in_flight`; with recomputation, the
     recomputed layer's activations beyond its kept input while backward recomputes it; on the
     last stage ``per_head``, None for none), their ``total``, and ``stage``, which stage it is."""
+    if plan.ep > 1:
+        raise ValueError("the planner does not model expert parallelism yet (ep > 1)")
     layers = stage_layers(model, plan)
     kept = per_layer(model, plan)
     working = 0.0

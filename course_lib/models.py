@@ -178,7 +178,8 @@ DIGITS_MLP = FlatMLP()  # 64 pixels, 32 hidden units, 10 classes
 
 class Block(torch.nn.Module):
     """One pre-norm transformer block: causal self-attention, then an MLP of 4 d_model, each
-    added to the residual stream (GPT-2's layout)."""
+    added to the residual stream (GPT-2's layout). ``mlp``: a module that replaces the MLP
+    (lesson 13's experts, ``experts.with_experts``); None: fc1 and fc2."""
 
     def __init__(self, d_model: int, heads: int):
         super().__init__()
@@ -189,6 +190,7 @@ class Block(torch.nn.Module):
         self.norm2 = torch.nn.LayerNorm(d_model)
         self.fc1 = torch.nn.Linear(d_model, 4 * d_model)
         self.fc2 = torch.nn.Linear(4 * d_model, d_model)
+        self.mlp = None
 
     def forward(self, x):
         b, t, d = x.shape
@@ -196,6 +198,8 @@ class Block(torch.nn.Module):
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
         a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        if self.mlp is not None:
+            return x + self.mlp(self.norm2(x))
         return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm2(x))))
 
 

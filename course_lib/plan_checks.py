@@ -17,7 +17,7 @@ from __future__ import annotations
 from course_lib.plans import Plan
 
 # the fields of a Plan that train_gpt reads (the others must keep their defaults)
-PLAN_FIELDS = ("dp", "tp", "pp", "cp", "zero", "micro_batches", "recompute")
+PLAN_FIELDS = ("dp", "tp", "pp", "cp", "ep", "zero", "micro_batches", "recompute")
 
 
 def plan_of(plan: Plan | None = None, **fields) -> Plan:
@@ -31,12 +31,12 @@ def plan_of(plan: Plan | None = None, **fields) -> Plan:
         return plan
     if unknown := sorted(set(fields) - set(PLAN_FIELDS)):
         raise TypeError(f"unknown plan fields {unknown}: train_gpt takes {list(PLAN_FIELDS)}")
-    fields = dict(dp=1, tp=1, pp=1, cp=1) | fields
-    if min(fields["dp"], fields["tp"], fields["pp"], fields["cp"],
+    fields = dict(dp=1, tp=1, pp=1, cp=1, ep=1) | fields
+    if min(fields["dp"], fields["tp"], fields["pp"], fields["cp"], fields["ep"],
            fields.get("micro_batches", 1)) < 1:
-        raise ValueError(f"dp, tp, pp, cp and micro_batches must be at least 1, got "
+        raise ValueError(f"dp, tp, pp, cp, ep and micro_batches must be at least 1, got "
                          f"{fields['dp']}, {fields['tp']}, {fields['pp']}, {fields['cp']}, "
-                         f"{fields.get('micro_batches', 1)}")
+                         f"{fields['ep']}, {fields.get('micro_batches', 1)}")
     if fields.get("zero", 0) not in (0, 1, 2, 3) or isinstance(fields.get("zero"), bool):
         raise ValueError(f"zero must be 0, 1, 2 or 3, got {fields.get('zero')!r}")
     return Plan(**fields)
@@ -52,10 +52,11 @@ def not_supported(plan: Plan) -> list[str]:
 
 
 def plan_conflicts(plan: Plan, *, layers: int, heads: int, global_batch: int,
-                   kv_heads: int | None = None, seq: int | None = None) -> list[str]:
+                   kv_heads: int | None = None, seq: int | None = None,
+                   experts: int = 0) -> list[str]:
     """Why ``plan`` cannot split a model of ``layers`` layers and ``heads`` attention heads
     (``kv_heads`` key/value heads) that trains on ``global_batch`` sequences of ``seq`` tokens
-    (None: not checked) a step: each reason
+    (None: not checked) a step, with ``experts`` experts in each block (0: dense): each reason
     says what to change; [] when it can. The rules are written here once: the planner keeps the
     plans without a conflict, train_gpt and its command line refuse a plan with one."""
     dp, tp, pp, m, v = plan.dp, plan.tp, plan.pp, plan.micro_batches, plan.chunks
@@ -86,6 +87,20 @@ def plan_conflicts(plan: Plan, *, layers: int, heads: int, global_batch: int,
     if plan.cp > 1 and seq is not None and seq % (2 * plan.cp):
         out.append(f"context parallelism's load-balanced (zigzag) split cuts each sequence into "
                    f"2 x cp = {2 * plan.cp} equal chunks: {seq} tokens do not split so")
+    if experts and tp > 1:
+        out.append("tensor parallelism splits a dense MLP, and this course does not split "
+                   "experts over tensor-parallel ranks: use tp = 1 with experts")
+    if plan.ep > 1:
+        if not experts:
+            out.append(f"ep = {plan.ep} spreads a model's experts, and this one has none")
+        elif experts % plan.ep:
+            out.append(f"ep = {plan.ep} does not divide the {experts} experts")
+        if dp % plan.ep:
+            out.append(f"expert parallelism spreads the experts over data-parallel ranks: "
+                       f"ep = {plan.ep} must divide dp = {dp}")
+        if plan.zero:
+            out.append("ZeRO shards what the data-parallel ranks hold alike; with ep > 1 "
+                       "their experts differ: use zero 0")
     if plan.sequence_parallel and tp == 1:
         out.append("sequence parallelism splits the sequence over the tensor-parallel group: "
                    "it needs tp > 1")
@@ -104,7 +119,7 @@ def plan_conflicts(plan: Plan, *, layers: int, heads: int, global_batch: int,
 
 
 def check_plan(world_size: int, plan: Plan | None = None, *, global_batch: int, layers: int,
-               heads: int, seq: int | None = None, **fields) -> Plan:
+               heads: int, seq: int | None = None, experts: int = 0, **fields) -> Plan:
     """Refuse, with what to change, a plan (or its fields) that train_gpt cannot run exactly on
     ``world_size`` ranks; return the plan."""
     plan = plan_of(plan, **fields)
@@ -119,7 +134,7 @@ def check_plan(world_size: int, plan: Plan | None = None, *, global_batch: int, 
         raise ValueError(f"{names} = {sizes} = {plan.gpus}, but the job has {world_size} ranks: "
                          f"start {names} processes")
     if conflicts := plan_conflicts(plan, layers=layers, heads=heads, global_batch=global_batch,
-                                   seq=seq):
+                                   seq=seq, experts=experts):
         raise ValueError(f"plan {plan}: " + "; ".join(conflicts))
     return plan
 

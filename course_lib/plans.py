@@ -200,7 +200,9 @@ class Plan:
     ``"matrix"`` (DeepSpeed's submodules, which it gathers again for a recomputed forward);
     ``cp``: context parallelism, each sequence split over ``cp`` ranks that pass keys and values
     around a ring (ring attention, Liu et al. 2023; Llama 3 trained at 128K tokens with cp 16).
-    ZeRO then shards over the dp x cp ranks that hold the same layers."""
+    ZeRO then shards over the dp x cp ranks that hold the same layers. ``ep``: expert
+    parallelism, a model's experts spread over ep of its data-parallel ranks (GShard; DeepSeek-V3
+    spread them over 64); the planner does not model it yet."""
 
     dp: int
     tp: int
@@ -214,10 +216,11 @@ class Plan:
     stages: tuple | None = None
     gather_unit: str = "block"
     cp: int = 1
+    ep: int = 1
 
     def __post_init__(self):
         check_positive("Plan", dp=self.dp, tp=self.tp, pp=self.pp, micro_batches=self.micro_batches,
-                  chunks=self.chunks, cp=self.cp)
+                  chunks=self.chunks, cp=self.cp, ep=self.ep)
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise ValueError(f"Plan.zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero!r}")
         if self.attention not in ATTENTION:
@@ -253,6 +256,7 @@ class Plan:
     def __str__(self):
         stages = f" ({stage_text(self.stages)})" if self.stages else ""
         extras = [f"v {self.chunks}"] if self.chunks > 1 else []
+        extras += [f"ep {self.ep}"] if self.ep > 1 else []
         extras += [f"ZeRO-{self.zero}", f"m {self.micro_batches}"]
         extras += ["flash"] if self.attention == "flash" else []
         extras += ["selective"] if self.recomputation == "selective" else []

@@ -124,7 +124,9 @@ class ParallelBlock(torch.nn.Module):
     heads' q, k and v) and its projection by rows; the MLP is :func:`megatron_mlp` on this
     rank's :func:`shard_mlp`. LayerNorms and the output biases are whole on every rank.
     ``attend(q, k, v)`` computes attention over (batch, heads, tokens, head width): by default
-    :func:`causal_attention`; train_gpt's context parallelism gives ring attention."""
+    :func:`causal_attention`; train_gpt's context parallelism gives ring attention. A block
+    whose MLP is experts (``block.mlp``, lesson 13) keeps them whole here as ``experts``: they
+    are not split over tensor-parallel ranks (expert parallelism spreads them)."""
 
     def __init__(self, block, rank: int, tp: int, group=None, attend=causal_attention):
         super().__init__()
@@ -140,7 +142,13 @@ class ParallelBlock(torch.nn.Module):
         keep = lambda t: torch.nn.Parameter(t.detach().clone())  # noqa: E731
         self.qkv_w, self.qkv_b = keep(block.qkv.weight[rows]), keep(block.qkv.bias[rows])
         self.proj_w, self.proj_b = keep(block.proj.weight[:, mine]), keep(block.proj.bias)
-        self.mlp = torch.nn.ParameterDict(shard_mlp(block, rank, tp))
+        self.experts = block.mlp
+        if self.experts is not None and tp > 1:
+            raise ValueError("tensor parallelism splits a dense MLP: a block of experts is not "
+                             "split over tensor-parallel ranks here; use tp = 1 with experts "
+                             "(expert parallelism spreads them over data-parallel ranks)")
+        if self.experts is None:
+            self.mlp = torch.nn.ParameterDict(shard_mlp(block, rank, tp))
 
     def forward(self, x):
         b, t, _ = x.shape
@@ -149,6 +157,8 @@ class ParallelBlock(torch.nn.Module):
         a = self.attend(q, k, v).transpose(1, 2)
         x = x + row_parallel(a.reshape(b, t, -1), self.proj_w, self.proj_b, self.counter,
                              self.group)
+        if self.experts is not None:
+            return x + self.experts(self.norm2(x))
         return x + megatron_mlp(self.norm2(x), self.mlp, self.counter, self.group)
 
 

@@ -10,9 +10,12 @@ all-reduces the gradients after backward in one bucket (lesson 10,
 ``overlap.all_reduce_as_one_bucket``), or ZeRO-1/2 shards Adam (:mod:`course_lib.zero`), or
 ZeRO-3 is FSDP2 (:mod:`course_lib.sharding`); context parallelism is lesson 13's ring attention
 on the zigzag split in every block, its gradients averaged with the data-parallel ones over the
-dp x cp ranks that hold the same layers. The plan is a :class:`course_lib.plans.Plan`;
-:mod:`course_lib.plan_checks` refuses one it cannot run exactly. ``--world-size`` may
-be left out: the plan's dp x cp x tp x pp is the number of ranks.
+dp x cp ranks that hold the same layers. ``experts`` > 0 makes every block's MLP a mixture of
+experts (:func:`course_lib.experts.with_experts`: nothing dropped, no balancing loss, so that
+every plan computes what one process does), and expert parallelism (``ep``) spreads them over
+ep consecutive data-parallel ranks, two all-to-alls per block (lesson 13). The plan is a
+:class:`course_lib.plans.Plan`; :mod:`course_lib.plan_checks` refuses one it cannot run
+exactly. ``--world-size`` may be left out: the plan's dp x cp x tp x pp is the number of ranks.
 
 Ranks are laid out as the planner assumes: tensor-parallel innermost (as in Megatron-LM), then
 context, then pipeline, then data parallel, so rank = ((d pp + s) cp + c) tp + t. ::
@@ -35,6 +38,7 @@ import torch.nn.functional as F
 
 from course_lib.context_parallel import ring_attention, sequence_positions
 from course_lib.data import stdlib_text, text_batch
+from course_lib.experts import average_expert_gradients, spread_experts, with_experts
 from course_lib.memory import SavedBytes
 from course_lib.models import tiny_gpt
 from course_lib.overlap import all_reduce_as_one_bucket
@@ -47,7 +51,16 @@ from course_lib.sharding import fully_shard_blocks, local_bytes
 from course_lib.tensor_parallel import causal_attention
 from course_lib.zero import ShardedAdam, adam_state_bytes
 
-MODEL = dict(vocab=96, d_model=64, layers=4, heads=4, context=32)
+MODEL = dict(vocab=96, d_model=64, layers=4, heads=4, context=32, experts=0, top_k=1)
+
+
+def model_of(shape: dict, seed: int, dtype):
+    """The GPT of ``shape`` (:data:`MODEL`'s keys): its MLPs are ``experts`` experts, each token
+    sent to its ``top_k``, when experts > 0."""
+    shape = dict(shape)
+    experts, k = shape.pop("experts"), shape.pop("top_k")
+    gpt = tiny_gpt(**shape, seed=seed, dtype=dtype)
+    return with_experts(gpt, experts, k, seed) if experts else gpt
 
 
 def loss_fn(logits, targets):
@@ -65,7 +78,7 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
     """Train :func:`course_lib.models.tiny_gpt` for ``steps`` Adam steps under ``plan`` (a
     :class:`course_lib.plans.Plan`, or its fields among ``options``: dp, tp, pp, cp, zero,
     micro_batches, recompute), on every rank. The other ``options`` are the model's shape:
-    vocab, d_model, layers, heads, context (defaults :data:`MODEL`).
+    vocab, d_model, layers, heads, context, experts, top_k (defaults :data:`MODEL`).
 
     ``group`` must hold every rank of the job (a mesh makes new groups, which all ranks create
     together). Returns this rank's coordinates, the global mean ``losses`` (every rank has
@@ -85,8 +98,9 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
         raise ValueError("train_gpt builds its own groups from the whole job: pass group=None "
                          "or a group of every rank")
     plan = check_plan(world, plan, global_batch=global_batch, layers=shape["layers"],
-                      heads=shape["heads"], seq=shape["context"], **fields)
-    dp, tp, pp, cp = plan.dp, plan.tp, plan.pp, plan.cp
+                      heads=shape["heads"], seq=shape["context"], experts=shape["experts"],
+                      **fields)
+    dp, tp, pp, cp, ep = plan.dp, plan.tp, plan.pp, plan.cp, plan.ep
     zero, micro_batches, recompute = plan.zero, plan.micro_batches, plan.recompute
     dev = device(group)
     if emulated is not None:
@@ -105,8 +119,16 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
     if cp > 1:  # this rank's share of each sequence, and attention over all of it
         positions = sequence_positions(shape["context"], cp, c, "zigzag")
         attend = partial(ring_attention, causal=True, layout="zigzag", group=cp_group)
-    gpt = tiny_gpt(**shape, seed=seed, dtype=dtype)  # every plan starts from the same weights
+    gpt = model_of(shape, seed, dtype)  # every plan starts from the same weights
     stage = StageModule(gpt, s, pp, t, tp, tp_group, recompute, positions, attend).to(dev)
+    spread, same_experts = [], None
+    if ep > 1:  # ep consecutive data-parallel ranks share out the experts
+        split = grid.view(dp // ep, ep, pp, cp, tp)
+        groups = [DeviceMesh(dev.type, split.permute(*order).reshape(-1, n), mesh_dim_names=(
+            "rest", "group")).get_group("group") for order, n in (
+            ((0, 2, 3, 4, 1), ep), ((1, 2, 4, 0, 3), dp // ep * cp))]
+        spread, same_experts = spread_experts(stage.blocks, groups[0]), groups[1]
+    kept = {id(p) for p in spread}
     if zero == 3:
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
         stage = fully_shard_blocks(stage, replicas, reshard_after_forward=True)
@@ -146,7 +168,10 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
                 else:
                     runner.step(target=y, losses=micro) if s == pp - 1 else runner.step()
             if zero == 0 and dp * cp > 1:  # one message of every gradient, after backward
-                all_reduce_as_one_bucket(stage.parameters(), replicas.get_group())
+                all_reduce_as_one_bucket([p for p in stage.parameters() if id(p) not in kept],
+                                         replicas.get_group())
+            if spread:  # the experts this rank holds: their own replicas
+                average_expert_gradients(spread, ep, same_experts)
             opt.step()
         synchronize(dev)
         seconds.append(time.perf_counter() - start)
@@ -174,7 +199,7 @@ def train_one_process(steps: int = 10, global_batch: int = 16, lr: float = 3e-3,
     ``emulated``'s queue if given, as :func:`train`)."""
     shape = {**MODEL, **model}
     check_run(steps, global_batch)
-    gpt = tiny_gpt(**shape, seed=seed, dtype=dtype)
+    gpt = model_of(shape, seed, dtype)
     gpt.checkpointing = recompute
     opt = torch.optim.Adam(gpt.parameters(), lr=lr, foreach=False)
     tokens = stdlib_text()
@@ -206,7 +231,7 @@ def main(argv=None) -> list | None:
 
     parser = experiment_parser("Train a small GPT under a data x context x tensor x pipeline plan")
     parser.set_defaults(world_size=None)  # not given: dp x cp x tp x pp
-    for name in ("dp", "tp", "pp", "cp"):
+    for name in ("dp", "tp", "pp", "cp", "ep"):
         parser.add_argument(f"--{name}", type=int, default=1)
     parser.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
     parser.add_argument("--micro-batches", type=int, default=1)
@@ -228,7 +253,8 @@ def main(argv=None) -> list | None:
     try:  # refused here, before any worker starts
         check_run(a.steps, a.global_batch)
         plan = check_plan(ranks, global_batch=a.global_batch, layers=a.layers, heads=a.heads,
-                          seq=a.context, **{name: getattr(a, name) for name in PLAN_FIELDS})
+                          seq=a.context, experts=a.experts,
+                          **{name: getattr(a, name) for name in PLAN_FIELDS})
     except ValueError as why:
         parser.error(str(why))
     kwargs = dict(plan=plan, steps=a.steps, global_batch=a.global_batch, lr=a.lr,

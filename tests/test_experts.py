@@ -123,3 +123,28 @@ def test_training_records_every_steps_load_and_the_balancing_loss_evens_it():
     assert plain["losses"][-1] < plain["losses"][0]
     with pytest.raises(ValueError, match="steps and batch must be positive"):
         ex.train_with_experts(x, y, balance=0.0, steps=0)
+
+
+def test_a_gpt_with_experts_routes_each_token_alone_and_refuses_impossible_mixtures():
+    from course_lib.models import tiny_gpt
+
+    gpt = ex.with_experts(tiny_gpt(vocab=10, d_model=8, layers=2, heads=2, context=8), 4, k=2)
+    tokens = torch.randint(0, 10, (3, 8), generator=torch.Generator().manual_seed(0))
+    whole = gpt(tokens)
+    # capacity: every token (nothing dropped), so a token's logits do not depend on the batch
+    torch.testing.assert_close(gpt(tokens[:1]), whole[:1])
+    block = gpt.blocks[0]
+    assert not hasattr(block, "fc1") and block.mlp.moe.stats["dropped"] == 0
+    assert block.mlp.aux is not None and len(block.mlp.moe.experts) == 4
+    for experts, k in ((0, 1), (4, 5), (4, 0)):
+        with pytest.raises(ValueError, match="1 <= k <= experts"):
+            ex.with_experts(tiny_gpt(vocab=10, d_model=8, layers=1, heads=2, context=8),
+                            experts, k)
+
+
+def test_expert_gradients_are_divided_by_the_ranks_they_served():
+    params = [torch.nn.Parameter(torch.ones(3)) for _ in range(2)]
+    for p in params:
+        p.grad = torch.full((3,), 6.0)
+    ex.average_expert_gradients(params, ep=3)  # no replicas: only the division
+    assert all(torch.equal(p.grad, torch.full((3,), 2.0)) for p in params)

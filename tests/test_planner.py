@@ -209,6 +209,13 @@ def test_context_parallelism_splits_each_sequence_and_pays_the_rings_sends():
     assert P.collectives(long, context) == 3 * 7 * long.layers + 1
 
 
+def test_expert_parallelism_is_refused_by_the_planner_until_it_models_it():
+    plan = P.Plan(dp=2, tp=1, pp=1, ep=2)
+    for predict in (P.step_time, lambda m, c, p: P.memory(m, p)):
+        with pytest.raises(ValueError, match="does not model expert parallelism"):
+            predict(GPT_7B, NODE, plan)
+
+
 def test_a_long_context_run_needs_the_cp_axis_to_exist():
     run = next(r for r in pub.RUNS if r.plan.get("cp", 1) > 1)  # Llama 3 at 131,072 tokens
     cluster = pub.cluster_of(run, pub.measured_mfu())
@@ -326,11 +333,12 @@ def rank_0_block_peaks(tps) -> dict:
 
     from course_lib import train_gpt
     from course_lib.models import tiny_gpt
+    from course_lib.tensor_parallel import ParallelBlock
 
     gpt = tiny_gpt(vocab=96, d_model=64, layers=4, heads=4, context=32)
     peaks = {}
     for tp in tps:
-        block = train_gpt.ParallelBlock(gpt.blocks[0], 0, tp)
+        block = ParallelBlock(gpt.blocks[0], 0, tp)
         saved = train_gpt.SavedBytes()
         x = torch.randn(8, 32, 64, requires_grad=True)
         with saved.hooks():

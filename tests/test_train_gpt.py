@@ -97,14 +97,21 @@ def test_hybrids_on_four_oversubscribed_ranks_equal_one_process(plan, one_proces
     (dict(cp=2, world=2, seq=30), r"zigzag\) split cuts each sequence into 2 x cp = 4 equal"),
     (dict(cp=3), r"2 x cp = 6 equal chunks: 32 tokens"),
     (dict(cp=2, world=2, dp=2), r"dp x cp x tp x pp = 2 x 2 x 1 x 1 = 4, but the job has 2"),
+    (dict(dp=2, ep=2), "ep = 2 spreads a model's experts, and this one has none"),
+    (dict(dp=3, ep=3, experts=4), "ep = 3 does not divide the 4 experts"),
+    (dict(dp=2, ep=4, experts=4, world=2), "ep = 4 must divide dp = 2"),
+    (dict(dp=2, ep=2, experts=4, zero=1), "with ep > 1 their experts differ: use zero 0"),
+    (dict(tp=2, experts=4), "use tp = 1 with experts"),
+    (dict(ep=0), "at least 1"),
 ])
 def test_a_plan_that_cannot_run_exactly_is_refused_with_what_to_change(change, message):
-    plan = dict(dp=1, tp=1, pp=1, cp=1, zero=0, micro_batches=1)
+    plan = dict(dp=1, tp=1, pp=1, cp=1, ep=1, zero=0, micro_batches=1)
     world, seq = change.pop("world", None), change.pop("seq", 32)
+    experts = change.pop("experts", 0)
     plan.update(change)
     world = world or plan["dp"] * plan["tp"] * plan["pp"] * plan["cp"]
     with pytest.raises(ValueError, match=message):
-        T.check_plan(world, global_batch=12, layers=4, heads=4, seq=seq, **plan)
+        T.check_plan(world, global_batch=12, layers=4, heads=4, seq=seq, experts=experts, **plan)
 
 
 @pytest.mark.parametrize("sizes, message", [
@@ -157,6 +164,40 @@ def test_the_module_runs_through_launch_from_the_command_line(capsys, monkeypatc
     assert "; 1 ranks" in capsys.readouterr().out
     assert [r["threads"] for r in one + results] == [1, 1, 1]
     assert "ms, 1 CPU thread(s) per rank" in out
+
+
+@pytest.fixture(scope="module")
+def with_experts():
+    return {k: T.train_one_process(experts=4, top_k=k, **KW) for k in (1, 2)}
+
+
+@pytest.mark.parametrize("k, plan, ranks", [
+    (1, dict(dp=2), 2), (1, dict(dp=2, ep=2), 2), (2, dict(dp=2, ep=2), 2),
+    (1, dict(pp=2, micro_batches=2), 2), (2, dict(cp=2), 2),
+    (1, dict(dp=4, ep=2), 4), (2, dict(dp=4, ep=4), 4), (1, dict(dp=2, ep=2, cp=2), 4),
+    (2, dict(dp=2, ep=2, pp=2, micro_batches=2), 4)],
+    ids=["data, k 1", "experts over 2, k 1", "experts over 2, k 2", "pipeline", "context, k 2",
+         "2 expert groups of 2", "experts over 4, k 2", "experts x context",
+         "experts x pipeline, k 2"])
+def test_a_gpt_with_experts_on_every_plan_equals_one_process(k, plan, ranks, with_experts):
+    results = launch(T.train, world_size=ranks, kwargs={**plan, "experts": 4, "top_k": k, **KW})
+    _same_losses(results, with_experts[k])
+    whole = with_experts[k]["state"]["params"]
+    for r in results:  # each rank of an expert group keeps its share of every block's experts
+        if plan.get("ep", 1) > 1 and plan.get("pp", 1) == 1:
+            assert r["state"]["params"] < (0.3 + 0.7 / plan["ep"]) * whole
+
+
+def test_experts_make_another_model_and_run_from_the_command_line(capsys, with_experts):
+    dense = T.train_one_process(**KW)
+    assert with_experts[1]["state"]["params"] > 2.5 * dense["state"]["params"]  # 4 MLPs a block
+    assert with_experts[1]["losses"][1:] != pytest.approx(dense["losses"][1:], rel=1e-3)
+    results = T.main(["--dp", "2", "--ep", "2", "--experts", "4", "--top-k", "2", "--steps", "2",
+                      "--global-batch", "4"])
+    assert "plan: dp 2 x tp 1 x pp 1, ep 2, ZeRO-0, m 1; 2 ranks" in capsys.readouterr().out
+    expected = T.train_one_process(steps=2, global_batch=4, experts=4, top_k=2)["losses"]
+    torch.testing.assert_close(torch.tensor(results[0]["losses"]), torch.tensor(expected),
+                               atol=2e-4, rtol=0)
 
 
 def test_context_parallelism_runs_from_the_command_line(capsys):

@@ -185,15 +185,17 @@ def _memory_and_sharding():
 
 def _choosing_a_strategy():
     from course_lib import train_gpt as T
+    from course_lib.models import tiny_gpt
+    from course_lib.tensor_parallel import ParallelBlock
 
     p, kw = dist.get_world_size(), dict(steps=3, global_batch=8, d_model=32, layers=2, context=16)
-    plans = [dict(dp=p)] + ([dict(tp=2), dict(pp=2, micro_batches=2), dict(dp=2, zero=3)]
-                            if p == 2 else [])
+    plans = [dict(dp=p)] + ([dict(tp=2), dict(pp=2, micro_batches=2), dict(dp=2, zero=3),
+                             dict(cp=2)] if p == 2 else [])
     base = torch.tensor(T.train_one_process(**kw)["losses"])  # CPU, float32
     for plan in plans:
         got = torch.tensor(T.train(**plan, **kw)["losses"])
         torch.testing.assert_close(got, base, atol=1e-3, rtol=1e-3, msg=str(plan))
-    block = T.ParallelBlock(T.tiny_gpt(d_model=32, layers=1).blocks[0], dist.get_rank(), p)
+    block = ParallelBlock(tiny_gpt(d_model=32, layers=1).blocks[0], dist.get_rank(), p)
     out = block.to(device())(torch.randn(2, 4, 32, device=device()))
     return out, f"{len(plans)} plans of train_gpt = one process; a tensor-parallel block"
 
@@ -229,6 +231,6 @@ CASES = [  # lesson, what, smallest world size, function
     ("08", "federated on ranks", 1, _federated),
     ("10", "overlap, profiler, compression, memory", 1, _fast_data_parallel),
     ("11", "ZeRO by hand, FSDP2, interleaved pipeline", 1, _memory_and_sharding),
-    ("12", "train_gpt: data, tensor, pipeline, FSDP", 1, _choosing_a_strategy),
+    ("12", "train_gpt: data, tensor, pipeline, FSDP, context", 1, _choosing_a_strategy),
     ("13", "ring and Ulysses attention, experts", 1, _long_sequences_and_experts),
 ]
