@@ -54,6 +54,19 @@ from course_lib.zero import ShardedAdam, adam_state_bytes
 MODEL = dict(vocab=96, d_model=64, layers=4, heads=4, context=32, experts=0, top_k=1)
 
 
+def check_model(shape: dict) -> None:
+    """Refuse, before any work, a model (:data:`MODEL`'s keys) that cannot be built: a size
+    below 1, experts below 0 (0: a dense MLP), top_k outside 1 to the experts."""
+    if small := [name for name in ("vocab", "d_model", "layers", "heads", "context")
+                 if shape[name] < 1]:
+        raise ValueError(f"{', '.join(small)} must be at least 1, got "
+                         f"{', '.join(str(shape[n]) for n in small)}")
+    experts, k = shape["experts"], shape["top_k"]
+    if experts < 0 or (experts and not 1 <= k <= experts) or (not experts and k != 1):
+        raise ValueError(f"experts must be 0 (a dense MLP) or more, and top_k between 1 and "
+                         f"the experts (1 without experts), got experts = {experts}, top_k = {k}")
+
+
 def model_of(shape: dict, seed: int, dtype):
     """The GPT of ``shape`` (:data:`MODEL`'s keys): its MLPs are ``experts`` experts, each token
     sent to its ``top_k``, when experts > 0."""
@@ -93,6 +106,7 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
     fields = {k: options.pop(k) for k in PLAN_FIELDS if k in options}
     shape = {**MODEL, **options}
     check_run(steps, global_batch)
+    check_model(shape)
     world = dist.get_world_size(group)
     if world != dist.get_world_size():
         raise ValueError("train_gpt builds its own groups from the whole job: pass group=None "
@@ -199,6 +213,7 @@ def train_one_process(steps: int = 10, global_batch: int = 16, lr: float = 3e-3,
     ``emulated``'s queue if given, as :func:`train`)."""
     shape = {**MODEL, **model}
     check_run(steps, global_batch)
+    check_model(shape)
     gpt = model_of(shape, seed, dtype)
     gpt.checkpointing = recompute
     opt = torch.optim.Adam(gpt.parameters(), lr=lr, foreach=False)
@@ -252,6 +267,7 @@ def main(argv=None) -> list | None:
                      f"x {a.pp}{cp[1]} = {ranks}; {fix}")
     try:  # refused here, before any worker starts
         check_run(a.steps, a.global_batch)
+        check_model({name: getattr(a, name) for name in MODEL})
         plan = check_plan(ranks, global_batch=a.global_batch, layers=a.layers, heads=a.heads,
                           seq=a.context, experts=a.experts,
                           **{name: getattr(a, name) for name in PLAN_FIELDS})

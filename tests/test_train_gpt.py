@@ -125,6 +125,16 @@ def test_nothing_to_do_is_refused_before_any_work(sizes, message):
         T.train(**sizes)
 
 
+@pytest.mark.parametrize("model, message", [
+    (dict(experts=4, top_k=0), "top_k between 1"), (dict(experts=-2), "experts = -2"),
+    (dict(d_model=0, heads=0), "d_model, heads must be at least 1, got 0, 0")])
+def test_a_model_that_cannot_be_built_is_refused_before_any_work(model, message):
+    with pytest.raises(ValueError, match=message):
+        T.train_one_process(**model)
+    with pytest.raises(ValueError, match=message):  # before it asks for a process group
+        T.train(**model)
+
+
 def test_saved_bytes_counts_each_storage_once_and_lets_it_go():
     saved = T.SavedBytes()
     w = torch.nn.Parameter(torch.randn(4, 4))
@@ -219,6 +229,11 @@ def test_context_parallelism_runs_from_the_command_line(capsys):
     (["--dp", "2", "--global-batch", "5"], "must split into dp x micro_batches"),
     (["--world-size", "2", "--cp", "2", "--dp", "2"], "dp x tp x pp x cp = 2 x 1 x 1 x 2 = 4"),
     (["--cp", "3"], "2 x cp = 6 equal chunks: 32 tokens do not split so"),
+    (["--experts", "-1"], "got experts = -1, top_k = 1"),
+    (["--experts", "4", "--top-k", "5"], "top_k between 1 and the experts"),
+    (["--top-k", "2"], "(1 without experts), got experts = 0, top_k = 2"),
+    (["--experts", "4", "--tp", "2"], "use tp = 1 with experts"),
+    (["--context", "0"], "context must be at least 1, got 0"),
 ])
 def test_a_world_size_that_is_not_the_plans_is_refused_before_any_work(argv, message, capsys):
     with pytest.raises(SystemExit) as stopped:
