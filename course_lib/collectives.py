@@ -185,6 +185,20 @@ def all_to_all(x, group=None):
     return _AllToAll.apply(x, group)
 
 
+def subgroups(rows):
+    """A process group for each row of ``rows`` (a table of global ranks, every rank in one
+    row), made by every rank in the same order; returns this rank's. A rank joins only its own
+    group: the others cost it no threads or sockets."""
+    me, mine = dist.get_rank(), None
+    for row in rows.tolist():
+        group = dist.new_group(row)
+        if me in row:
+            mine = group
+    if mine is None:
+        raise ValueError(f"rank {me} is in no row of {rows.tolist()}")
+    return mine
+
+
 def time_all_reduce(all_reduce, numels, *, repeats: int = 5, warmup: int = 1,
                     dtype=torch.float32, group=None) -> dict[int, list[float]]:
     """On every rank of ``group``: wall times of ``all_reduce`` for vectors of each length in

@@ -171,15 +171,18 @@ def with_experts(gpt, num_experts: int, k: int = 1, seed: int = 0):
     """``gpt`` (a ``models.TinyGPT``) with every block's MLP replaced by ``num_experts`` experts
     of the same shape, each token sent to its top ``k``. Their capacity is every token (factor
     E): nothing is dropped, so a token's output does not depend on the others in its batch, and
-    any split of the batch computes what one process does."""
+    any split of the batch computes what one process does. The price: every expert computes on a
+    buffer of tokens x k rows, mostly zeros, so the block costs E k times a dense MLP (not k
+    times), and expert parallelism's all-to-alls carry E times the bytes a capacity factor of 1
+    would. Block i's router and experts take seeds of their own (none shared with another)."""
     if num_experts < 1 or not 1 <= k <= num_experts:
         raise ValueError(f"need at least one expert and 1 <= k <= experts, got {num_experts} "
                          f"experts and k = {k}")
-    for i, block in enumerate(gpt.blocks):
+    for i, block in enumerate(gpt.blocks):  # seeds i (E + 1) + 0..E: the router, then experts
         d, dtype = block.fc1.in_features, block.fc1.weight.dtype
         block.mlp = ExpertFeedForward(MixtureOfExperts(
             d, 4 * d, num_experts, k, capacity_factor=float(num_experts),
-            seed=seed * 1000 + i, dtype=dtype))
+            seed=1000 * (seed + 1) + i * (num_experts + 1), dtype=dtype))
         del block.fc1, block.fc2
     return gpt
 

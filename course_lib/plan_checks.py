@@ -145,3 +145,21 @@ def check_run(steps: int, global_batch: int) -> None:
         raise ValueError(f"steps must be at least 1, got {steps}")
     if global_batch < 1:
         raise ValueError(f"the global batch must hold at least one sequence, got {global_batch}")
+
+
+def check_model(shape: dict) -> None:
+    """Refuse, before any work, a model (``train_gpt.MODEL``'s keys) that cannot be built: a size
+    below 1, heads that do not split d_model, a vocabulary smaller than the text's 96
+    characters, experts below 0 (0: a dense MLP), top_k outside 1 to the experts."""
+    if small := [name for name in ("vocab", "d_model", "layers", "heads", "context")
+                 if shape[name] < 1]:
+        raise ValueError(f"{', '.join(small)} must be at least 1, got "
+                         f"{', '.join(str(shape[n]) for n in small)}")
+    if shape["d_model"] % shape["heads"] or shape["vocab"] < 96:
+        raise ValueError(f"d_model ({shape['d_model']}) must be a multiple of heads "
+                         f"({shape['heads']}), and vocab ({shape['vocab']}) at least the 96 "
+                         f"characters of the text")
+    experts, k = shape["experts"], shape["top_k"]
+    if experts < 0 or (experts and not 1 <= k <= experts) or (not experts and k != 1):
+        raise ValueError(f"experts must be 0 (a dense MLP) or more, and top_k between 1 and "
+                         f"the experts (1 without experts), got experts = {experts}, top_k = {k}")

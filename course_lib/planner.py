@@ -7,10 +7,10 @@ recomputation, sequence parallelism); Rajbhandari et al. 2020 (ZeRO). The model,
 the plan are :mod:`course_lib.plans`; a plan's memory is :mod:`course_lib.gpu_memory`, its time
 :mod:`course_lib.step_time`; this module enumerates the plans and ranks them.
 
-Ranks are laid out tensor-parallel innermost (as Megatron-LM does), then pipeline, then data
-parallel (Megatron-LM puts data parallel before pipeline; with tensor parallelism filling a node
-the two orders give the same links), so a group of size g and stride k crosses nodes when g k
-exceeds the GPUs of a node.
+Ranks are laid out tensor-parallel innermost (as Megatron-LM does), then context, then pipeline,
+then data parallel (Megatron-LM puts data parallel before pipeline; with tensor parallelism
+filling a node the two orders give the same links), so a group of size g and stride k crosses
+nodes when g k exceeds the GPUs of a node.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from course_lib.gpu_memory import (  # noqa: F401  (the planner's vocabulary, in
     tiny_gpt_bytes_per_layer,
 )
 from course_lib.plan_checks import check_plan, plan_conflicts
-from course_lib.plans import ATTENTION, Cluster, Plan, Transformer  # noqa: F401
+from course_lib.plans import ATTENTION, Cluster, Plan, Transformer, check_positive  # noqa: F401
 from course_lib.stages import balanced_stages, micro_batch_size, stage_layers  # noqa: F401
 from course_lib.step_time import TERMS, collectives, step_time  # noqa: F401
 
@@ -51,10 +51,12 @@ def candidate_plans(model: Transformer, cluster: Cluster, zero_stages=(0, 1, 2, 
     parallelism over each of ``cp`` GPUs (1: none; the sequence splits evenly over them). The
     other arguments list the choices to search."""
     n = cluster.gpus
+    for c in cp:
+        check_positive("candidate_plans", cp=c)
     rules = dict(layers=model.layers, heads=model.heads, global_batch=model.global_batch,
                  kv_heads=model.kv_heads, seq=model.seq)
     plans = []
-    for tp, c, pp in itertools.product(divisors(n), cp, divisors(n)):
+    for tp, c, pp in itertools.product(divisors(n), sorted(set(cp)), divisors(n)):
         if cluster.gpus_per_node % tp or n % (tp * c * pp):
             continue
         dp = n // (tp * c * pp)
@@ -105,8 +107,9 @@ def rank_plans(model: Transformer, cluster: Cluster, per_layer=activation_bytes_
         raise ValueError(
             f"no plan uses all {cluster.gpus} GPUs for this model: tp must divide the heads "
             f"({model.heads}) and a node's {cluster.gpus_per_node} GPUs, pp be at most the "
-            f"layers ({model.layers}), dp divide the global batch ({model.global_batch}), and "
-            f"the choices given ({sorted(options) or 'none'}) leave some plan")
+            f"layers ({model.layers}), dp divide the global batch ({model.global_batch}), 2 x cp "
+            f"the sequence ({model.seq}), and the choices given ({sorted(options) or 'none'}) "
+            f"leave some plan")
     out = []
     for plan in plans:
         mem = memory(model, plan, per_layer, per_head)
@@ -168,10 +171,11 @@ def torchrun_command(model: Transformer, cluster: Cluster, plan: Plan, steps: in
     command on each node, with the rendezvous host and a free port of your choosing in
     $HEAD_NODE and $PORT (a fixed port collides with other jobs) and a name for this job, the
     same on every node, in $JOB_ID (the rendezvous joins only the nodes that give it).
-    train_gpt runs data, tensor and pipeline parallelism, ZeRO and full recomputation; its
-    attention is PyTorch's ``scaled_dot_product_attention`` whatever the plan's ``attention``
-    says. A plan it cannot run exactly (sequence parallelism, interleaving, uneven stages,
-    selective recomputation, ...) is refused (:func:`course_lib.plan_checks.check_plan`)."""
+    train_gpt runs data, context, tensor and pipeline parallelism, ZeRO and full recomputation;
+    its attention is PyTorch's ``scaled_dot_product_attention`` (ring attention with cp > 1)
+    whatever the plan's ``attention`` says. A plan it cannot run exactly (sequence parallelism,
+    interleaving, uneven stages, selective recomputation, ...) is refused
+    (:func:`course_lib.plan_checks.check_plan`)."""
     # what train_gpt's command line would refuse, refused here
     check_plan(cluster.gpus, plan, global_batch=model.global_batch, layers=model.layers,
                heads=model.heads, seq=model.seq)

@@ -11,11 +11,12 @@ Lecture: the seed article's "choose a strategy" step. Every term is an earlier l
   (lessons 5 and 11), and in general (sum of the stages' times - the slowest's) / v;
 * **pipeline**: the sends between stages, each 1/t of an activation per GPU (Megatron's
   scatter/gather, Narayanan et al. 2021, section 4.1), v times as many when interleaved;
-* **context parallel**: ring attention's key/value blocks, cp - 1 sends per layer and
-  micro-batch forward and twice that backward (the blocks and their gradients), less what
-  attention's own compute beside them hides (Liu et al. 2023). Every GPU computes on a cp-th of
-  each sequence's tokens (the load-balanced split), and the gradients are averaged over the
-  dp x cp GPUs that hold the same layers;
+* **context parallel**: an ideal ring's key/value blocks (Liu et al. 2023), cp - 1 sends per
+  layer and micro-batch forward and twice that backward (the blocks, then their gradients), less
+  what attention's own compute beside them hides. Every GPU computes on a cp-th of each
+  sequence's tokens (the load-balanced split), and the gradients are averaged over the dp x cp
+  GPUs that hold the same layers. (``train_gpt``'s ring, written to be read, sends one pass more
+  in backward and overlaps only its forward);
 * **data parallel**: the gradient collectives less what the compute beside them hides
   (lesson 10). With accumulation the one all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1) can
   hide only under the *last* micro-batch's backward, and the last bucket under nothing; ZeRO-1
@@ -124,7 +125,9 @@ def data_parallel_seconds(model: Transformer, cluster: Cluster, plan: Plan, stag
     where); ``overlap=False``: nothing hides (a step that all-reduces after backward)."""
     if plan.dp * plan.cp == 1:
         return 0.0
-    alpha, beta = cluster.link(plan.dp * plan.cp, plan.tp * plan.pp)
+    # the dp x cp GPUs with the same layers: cp of them tp apart, dp apart by tp x cp x pp
+    alpha, beta = (cluster.link(plan.cp, plan.tp) if plan.dp == 1 else
+                   cluster.link(plan.dp * plan.cp, plan.tp * plan.pp))
     worst, slack, cache = 0.0, 0.0, {}  # stages alike cost alike: each kind computed once
     for psi, t, layers in zip(stage_parameters(model, plan), stages, stage_layers(model, plan),
                               strict=True):

@@ -27,6 +27,7 @@ context, then pipeline, then data parallel, so rank = ((d pp + s) cp + c) tp + t
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 import warnings
@@ -36,6 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from course_lib.collectives import subgroups
 from course_lib.context_parallel import ring_attention, sequence_positions
 from course_lib.data import stdlib_text, text_batch
 from course_lib.experts import average_expert_gradients, spread_experts, with_experts
@@ -43,7 +45,7 @@ from course_lib.memory import SavedBytes
 from course_lib.models import tiny_gpt
 from course_lib.overlap import all_reduce_as_one_bucket
 from course_lib.pipelining import StageModule, one_f_one_b
-from course_lib.plan_checks import PLAN_FIELDS, check_plan, check_run
+from course_lib.plan_checks import PLAN_FIELDS, check_model, check_plan, check_run
 from course_lib.runtime.devices import device
 from course_lib.runtime.emulation import check_cpu_rank, queued, summary
 from course_lib.runtime.timing import synchronize
@@ -52,19 +54,6 @@ from course_lib.tensor_parallel import causal_attention
 from course_lib.zero import ShardedAdam, adam_state_bytes
 
 MODEL = dict(vocab=96, d_model=64, layers=4, heads=4, context=32, experts=0, top_k=1)
-
-
-def check_model(shape: dict) -> None:
-    """Refuse, before any work, a model (:data:`MODEL`'s keys) that cannot be built: a size
-    below 1, experts below 0 (0: a dense MLP), top_k outside 1 to the experts."""
-    if small := [name for name in ("vocab", "d_model", "layers", "heads", "context")
-                 if shape[name] < 1]:
-        raise ValueError(f"{', '.join(small)} must be at least 1, got "
-                         f"{', '.join(str(shape[n]) for n in small)}")
-    experts, k = shape["experts"], shape["top_k"]
-    if experts < 0 or (experts and not 1 <= k <= experts) or (not experts and k != 1):
-        raise ValueError(f"experts must be 0 (a dense MLP) or more, and top_k between 1 and "
-                         f"the experts (1 without experts), got experts = {experts}, top_k = {k}")
 
 
 def model_of(shape: dict, seed: int, dtype):
@@ -127,8 +116,7 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
     dp_group, pp_group, tp_group = (mesh.get_group(n) for n in ("dp", "pp", "tp"))
     c, cp_group = (mesh.get_local_rank("cp"), mesh.get_group("cp")) if cp > 1 else (0, None)
     # gradients are averaged over the ranks that hold the same layers: dp x cp of them
-    replicas = mesh["dp"] if cp == 1 else DeviceMesh(dev.type, grid.permute(1, 3, 0, 2).reshape(
-        pp, tp, dp * cp), mesh_dim_names=("pp", "tp", "replicas"))["replicas"]
+    replicas = dp_group if cp == 1 else subgroups(grid.permute(1, 3, 0, 2).reshape(-1, dp * cp))
     positions, attend = None, causal_attention
     if cp > 1:  # this rank's share of each sequence, and attention over all of it
         positions = sequence_positions(shape["context"], cp, c, "zigzag")
@@ -138,16 +126,16 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
     spread, same_experts = [], None
     if ep > 1:  # ep consecutive data-parallel ranks share out the experts
         split = grid.view(dp // ep, ep, pp, cp, tp)
-        groups = [DeviceMesh(dev.type, split.permute(*order).reshape(-1, n), mesh_dim_names=(
-            "rest", "group")).get_group("group") for order, n in (
-            ((0, 2, 3, 4, 1), ep), ((1, 2, 4, 0, 3), dp // ep * cp))]
-        spread, same_experts = spread_experts(stage.blocks, groups[0]), groups[1]
+        ep_group = subgroups(split.permute(0, 2, 3, 4, 1).reshape(-1, ep))
+        spread = spread_experts(stage.blocks, ep_group)
+        same_experts = subgroups(split.permute(1, 2, 4, 0, 3).reshape(-1, dp // ep * cp))
     kept = {id(p) for p in spread}
     if zero == 3:
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
-        stage = fully_shard_blocks(stage, replicas, reshard_after_forward=True)
+        shards = mesh["dp"] if cp == 1 else DeviceMesh.from_group(replicas, dev.type)
+        stage = fully_shard_blocks(stage, shards, reshard_after_forward=True)
     if zero in (1, 2):
-        opt = ShardedAdam(stage.parameters(), zero, replicas.get_group(), lr=lr)
+        opt = ShardedAdam(stage.parameters(), zero, replicas, lr=lr)
     else:
         opt = torch.optim.Adam(stage.parameters(), lr=lr, foreach=False)
     runner = None
@@ -183,7 +171,7 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
                     runner.step(target=y, losses=micro) if s == pp - 1 else runner.step()
             if zero == 0 and dp * cp > 1:  # one message of every gradient, after backward
                 all_reduce_as_one_bucket([p for p in stage.parameters() if id(p) not in kept],
-                                         replicas.get_group())
+                                         replicas)
             if spread:  # the experts this rank holds: their own replicas
                 average_expert_gradients(spread, ep, same_experts)
             opt.step()
@@ -242,7 +230,11 @@ def train_one_process(steps: int = 10, global_batch: int = 16, lr: float = 3e-3,
 def main(argv=None) -> list | None:
     """The command line; returns every rank's results (``None`` on ranks other than torchrun's
     rank 0). ``--world-size``, if given, must be dp x tp x pp x cp (the plan decides)."""
-    from course_lib.runtime.torchrun import experiment_parser, run_experiment
+    from course_lib.runtime.torchrun import (
+        experiment_parser,
+        launched_by_torchrun,
+        run_experiment,
+    )
 
     parser = experiment_parser("Train a small GPT under a data x context x tensor x pipeline plan")
     parser.set_defaults(world_size=None)  # not given: dp x cp x tp x pp
@@ -258,13 +250,18 @@ def main(argv=None) -> list | None:
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=value)
     a = parser.parse_args(argv)
     ranks = a.dp * a.tp * a.pp * a.cp
+    names, sizes = ("dp x cp x tp x pp", f"{a.dp} x {a.cp} x {a.tp} x {a.pp}") if a.cp > 1 else (
+        "dp x tp x pp", f"{a.dp} x {a.tp} x {a.pp}")
     if a.world_size not in (None, ranks):
-        fix = (f"--world-size alone does not say how to split the ranks: give --dp, --tp and "
-               f"--pp whose product is {a.world_size} (e.g. --dp {a.world_size})"
+        fix = (f"--world-size alone does not say how to split the ranks: give --dp, --tp, --pp "
+               f"and --cp whose product is {a.world_size} (e.g. --dp {a.world_size})"
                if ranks == 1 and a.world_size > 1 else "make them agree, or leave it out")
-        cp = (" x cp", f" x {a.cp}") if a.cp > 1 else ("", "")
-        parser.error(f"--world-size {a.world_size}, but dp x tp x pp{cp[0]} = {a.dp} x {a.tp} "
-                     f"x {a.pp}{cp[1]} = {ranks}; {fix}")
+        parser.error(f"--world-size {a.world_size}, but {names} = {sizes} = {ranks}; {fix}")
+    if launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) != ranks:
+        parser.error(f"torchrun started {os.environ['WORLD_SIZE']} processes, but {names} = "
+                     f"{sizes} = {ranks}: start {ranks} (nodes x --nproc-per-node)")
+    if not a.lr > 0:
+        parser.error(f"--lr must be positive, got {a.lr}")
     try:  # refused here, before any worker starts
         check_run(a.steps, a.global_batch)
         check_model({name: getattr(a, name) for name in MODEL})

@@ -136,3 +136,22 @@ def _all_to_all_wrong(group=None):
     from course_lib.collectives import all_to_all
 
     return all_to_all(torch.zeros(3, 2), group)
+
+
+def _sum_in_my_row(rows):
+    group = C.subgroups(torch.tensor(rows))
+    x = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(x, group=group)
+    try:
+        C.subgroups(torch.tensor([[r for r in range(dist.get_world_size()) if r != 0]]))
+        missing = ""
+    except ValueError as why:
+        missing = str(why)
+    return x.item(), dist.get_world_size(group), missing
+
+
+def test_subgroups_give_each_rank_its_row_and_name_a_rank_left_out():
+    results = launch(_sum_in_my_row, world_size=4, args=([[0, 2], [1, 3]],))
+    assert [r[:2] for r in results] == [(2.0, 2), (4.0, 2), (2.0, 2), (4.0, 2)]
+    assert results[0][2] == "rank 0 is in no row of [[1, 2, 3]]"
+    assert [r[2] for r in results[1:]] == ["", "", ""]

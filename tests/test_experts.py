@@ -135,6 +135,9 @@ def test_a_gpt_with_experts_routes_each_token_alone_and_refuses_impossible_mixtu
     torch.testing.assert_close(gpt(tokens[:1]), whole[:1])
     block = gpt.blocks[0]
     assert not hasattr(block, "fc1") and block.mlp.moe.stats["dropped"] == 0
+    starts = [tuple(w.flatten()[:8].tolist()) for b in gpt.blocks
+              for w in [b.mlp.moe.router.weight] + [e.fc1.weight for e in b.mlp.moe.experts]]
+    assert len(set(starts)) == len(starts) == 2 * 5  # no router or expert starts like another
     assert block.mlp.aux is not None and len(block.mlp.moe.experts) == 4
     for experts, k in ((0, 1), (4, 5), (4, 0)):
         with pytest.raises(ValueError, match="1 <= k <= experts"):

@@ -209,6 +209,27 @@ def test_context_parallelism_splits_each_sequence_and_pays_the_rings_sends():
     assert P.collectives(long, context) == 3 * 7 * long.layers + 1
 
 
+def test_cp_choices_are_checked_and_the_gradients_cp_group_takes_its_own_link():
+    model = P.Transformer(layers=4, hidden=64, heads=4, seq=30, vocab=96, global_batch=8)
+    four = P.Cluster(gpus_per_node=4, nodes=1, memory=1e12, peak_flops=1e12,
+                     intra_bandwidth=1e11, inter_bandwidth=1e10)
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="cp must be a positive whole number"):
+            P.candidate_plans(model, four, cp=(bad,))
+    with pytest.raises(ValueError, match=r"2 x cp the sequence \(30\)"):
+        P.rank_plans(model, four, cp=(2,))
+    assert len(P.candidate_plans(model, four, cp=(1, 1))) == len(P.candidate_plans(model, four))
+    # dp 1, cp 2 inside tp 4 x pp 2 on two nodes of 8: the cp pair is 4 apart, in one node
+    two_nodes = P.Cluster(gpus_per_node=8, nodes=2, memory=1e12, peak_flops=1e12,
+                          intra_bandwidth=1e11, inter_bandwidth=1e9, intra_latency=0,
+                          inter_latency=0)
+    long = replace(GPT_7B, seq=4096, global_batch=8)
+    plan = P.Plan(dp=1, tp=4, pp=2, cp=2, micro_batches=2)
+    grads = 2 * long.value_bytes * long.layers * long.layer_parameters / (4 * 2)  # a stage's
+    got = P.step_time(long, two_nodes, plan, overlap=False)["data_parallel"]
+    assert got < grads / 1e11  # priced at NVLink's speed, not the 1 GB/s between nodes
+
+
 def test_expert_parallelism_is_refused_by_the_planner_until_it_models_it():
     plan = P.Plan(dp=2, tp=1, pp=1, ep=2)
     for predict in (P.step_time, lambda m, c, p: P.memory(m, p)):

@@ -220,14 +220,17 @@ def test_context_parallelism_runs_from_the_command_line(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--world-size", "2"], "alone does not say how to split the ranks: give --dp, --tp and "
-                            "--pp whose product is 2 (e.g. --dp 2)"),
+    (["--world-size", "2"], "alone does not say how to split the ranks: give --dp, --tp, --pp "
+                            "and --cp whose product is 2 (e.g. --dp 2)"),
     (["--world-size", "4", "--tp", "2"], "dp x tp x pp = 1 x 2 x 1 = 2; make them agree"),
     (["--steps", "0"], "steps must be at least 1, got 0"),
     (["--global-batch", "0"], "the global batch must hold at least one sequence, got 0"),
     (["--tp", "3"], "tp = 3 must divide the 4 heads"),
     (["--dp", "2", "--global-batch", "5"], "must split into dp x micro_batches"),
-    (["--world-size", "2", "--cp", "2", "--dp", "2"], "dp x tp x pp x cp = 2 x 1 x 1 x 2 = 4"),
+    (["--world-size", "2", "--cp", "2", "--dp", "2"], "dp x cp x tp x pp = 2 x 2 x 1 x 1 = 4"),
+    (["--lr", "-1"], "--lr must be positive, got -1.0"),
+    (["--d-model", "10"], "d_model (10) must be a multiple of heads (4)"),
+    (["--vocab", "2"], "vocab (2) at least the 96 characters"),
     (["--cp", "3"], "2 x cp = 6 equal chunks: 32 tokens do not split so"),
     (["--experts", "-1"], "got experts = -1, top_k = 1"),
     (["--experts", "4", "--top-k", "5"], "top_k between 1 and the experts"),
@@ -239,6 +242,17 @@ def test_a_world_size_that_is_not_the_plans_is_refused_before_any_work(argv, mes
     with pytest.raises(SystemExit) as stopped:
         T.main(argv)
     assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_torchrun_with_another_number_of_processes_is_refused_before_any_group(monkeypatch,
+                                                                             capsys):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun --nproc-per-node 2 sets it
+    with pytest.raises(SystemExit) as stopped:
+        T.main(["--cp", "2", "--dp", "2"])
+    assert stopped.value.code == 2
+    assert ("torchrun started 2 processes, but dp x cp x tp x pp = 2 x 2 x 1 x 1 = 4: start 4"
+            in capsys.readouterr().err)
 
 
 def test_train_takes_the_planners_plan_as_it_is(one_process):
