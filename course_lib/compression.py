@@ -26,11 +26,13 @@ from course_lib.runtime.devices import device
 from course_lib.training import step_loop
 
 
-def _flat(tensors):
+def flatten(tensors):
+    """Every tensor's numbers, one after the other, in one vector."""
     return torch.cat([t.reshape(-1) for t in tensors])
 
 
-def _split(flat, like):
+def split_like(flat, like):
+    """``flat`` cut back into tensors shaped like ``like`` (views, in order)."""
     out, offset = [], 0
     for t in like:
         out.append(flat[offset:offset + t.numel()].view_as(t))
@@ -44,9 +46,9 @@ class Dense:
     name = "dense"
 
     def all_reduce(self, grads, group=None):
-        total = _flat(grads)
+        total = flatten(grads)
         dist.all_reduce(total, group=group)
-        mean = _split(total / dist.get_world_size(group), grads)
+        mean = split_like(total / dist.get_world_size(group), grads)
         return mean, total.numel() * total.element_size(), list(grads)
 
 
@@ -64,7 +66,7 @@ class TopK:
         return flat.abs().topk(max(1, round(self.fraction * flat.numel()))).indices
 
     def all_reduce(self, grads, group=None):
-        flat = _flat(grads)
+        flat = flatten(grads)
         index = self.kept(flat)
         values = flat[index]
         world_size = dist.get_world_size(group)
@@ -76,8 +78,8 @@ class TopK:
         for v, j in zip(all_values, all_index, strict=True):
             total.index_add_(0, j.long(), v)
         kept = torch.zeros_like(flat).index_put_((index,), values)  # what this rank sent
-        return (_split(total / world_size, grads), len(index) * (values.element_size() + 4),
-                _split(kept, grads))
+        return (split_like(total / world_size, grads), len(index) * (values.element_size() + 4),
+                split_like(kept, grads))
 
 
 def orthonormalize(p: torch.Tensor) -> torch.Tensor:
@@ -108,13 +110,13 @@ class PowerSGD:
                 self.q[i] = torch.randn(m.shape[1], min(self.rank, *m.shape), generator=gen,
                                         dtype=m.dtype).to(m.device)
         ps = [m @ self.q[i] for i, m in mats.items()]
-        flat_p = _flat(ps)
+        flat_p = flatten(ps)
         dist.all_reduce(flat_p, group=group)
-        ps = [orthonormalize(p) for p in _split(flat_p / world_size, ps)]
+        ps = [orthonormalize(p) for p in split_like(flat_p / world_size, ps)]
         qs = [m.T @ p for m, p in zip(mats.values(), ps, strict=True)]
-        rest = _flat(qs + [grads[i] for i in vecs])
+        rest = flatten(qs + [grads[i] for i in vecs])
         dist.all_reduce(rest, group=group)
-        pieces = _split(rest / world_size, qs + [grads[i] for i in vecs])
+        pieces = split_like(rest / world_size, qs + [grads[i] for i in vecs])
         out = list(grads)
         for i, p, q in zip(mats, ps, pieces, strict=False):  # pieces: the Qs, then vectors
             self.q[i] = q
