@@ -187,3 +187,29 @@ def test_each_compressor_trains_a_model_with_error_feedback_in_far_fewer_bytes()
         assert last < 0.8 * first, name  # it learns
         limit = dense / 25 if name.startswith("sign") else dense / 5  # scales cost too
         assert r["bytes"] < limit, (name, r["bytes"], dense)
+
+
+def _vote_and_feedback():
+    import torch.distributed as dist
+
+    from course_lib.compression import ErrorFeedback, compressed_mean
+
+    grads = _grads(dist.get_rank())
+    feedback = ErrorFeedback()
+    mean, _ = compressed_mean(L.SignCompressor(majority=True), feedback, grads)
+    return [m.clone() for m in mean], [r.clone() for r in feedback.residual]
+
+
+def test_majority_vote_on_three_ranks_is_the_sign_of_the_summed_signs_and_feedback_keeps_the_rest():
+    results = launch(_vote_and_feedback, 3)
+    flats = [torch.cat([t.reshape(-1) for t in _grads(r)]) for r in range(3)]
+    signs = [torch.where(f >= 0, 1.0, -1.0).double() for f in flats]
+    votes = torch.sign(sum(signs))
+    assert (votes != 0).all()  # three voters: never a tie
+    scale = sum(f.abs().mean() for f in flats) / 3
+    for rank, (mean, residual) in enumerate(results):
+        torch.testing.assert_close(torch.cat([m.reshape(-1) for m in mean]), scale * votes)
+        # error feedback keeps exactly what this rank's message did not carry
+        sent = flats[rank].abs().mean() * signs[rank]
+        torch.testing.assert_close(torch.cat([r.reshape(-1) for r in residual]),
+                                   flats[rank] - sent)
