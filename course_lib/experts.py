@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.collectives import all_to_all
-from course_lib.models import feed_forward
+from course_lib.models import feed_forward, tiny_gpt
 from course_lib.overlap import all_reduce_as_one_bucket
 from course_lib.runtime.devices import device
 
@@ -185,6 +185,15 @@ def with_experts(gpt, num_experts: int, k: int = 1, seed: int = 0):
             seed=1000 * (seed + 1) + i * (num_experts + 1), dtype=dtype))
         del block.fc1, block.fc2
     return gpt
+
+
+def model_of(shape: dict, seed: int, dtype):
+    """``models.tiny_gpt`` of ``shape`` (``train_gpt.MODEL``'s keys: its sizes, ``experts`` and
+    ``top_k``), its MLPs :func:`with_experts` when experts > 0."""
+    shape = dict(shape)
+    experts, k = shape.pop("experts"), shape.pop("top_k")
+    gpt = tiny_gpt(**shape, seed=seed, dtype=dtype)
+    return with_experts(gpt, experts, k, seed) if experts else gpt
 
 
 def spread_experts(blocks, group) -> list:

@@ -49,11 +49,15 @@ class StageModule(torch.nn.Module):
     """Pipeline stage ``stage`` of ``pp``: the embeddings on the first, its share of the blocks
     (each split over the tensor-parallel group), the final norm and head on the last.
     ``positions``: where this rank's tokens sit in the sequence (None: all of it, in order);
-    ``attend``: each block's attention (``ParallelBlock``)."""
+    ``attend``: each block's attention (``ParallelBlock``). ``compute_dtype``: torch.bfloat16
+    computes under ``torch.autocast`` (mixed precision: the parameters stay as they are, the
+    output comes back in float32); None: in the parameters' dtype."""
 
     def __init__(self, gpt, stage: int, pp: int, tp_rank: int, tp: int, tp_group=None,
-                 recompute: bool = False, positions=None, attend=causal_attention):
+                 recompute: bool = False, positions=None, attend=causal_attention,
+                 compute_dtype=None):
         super().__init__()
+        self.compute_dtype = compute_dtype
         per = len(gpt.blocks) // pp
         self.first, self.last, self.recompute = stage == 0, stage == pp - 1, recompute
         self.positions = positions
@@ -65,6 +69,13 @@ class StageModule(torch.nn.Module):
             self.norm, self.head = gpt.norm, gpt.head
 
     def forward(self, x):
+        if self.compute_dtype is None:
+            return self.layers(x)
+        with torch.autocast(x.device.type, dtype=self.compute_dtype):
+            return self.layers(x).float()
+
+    def layers(self, x):
+        """This stage's embeddings, blocks and head, in order."""
         if self.first:
             where = (torch.arange(x.shape[1]) if self.positions is None else self.positions)
             x = self.embed(x) + self.position(where.to(x.device))

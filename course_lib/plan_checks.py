@@ -147,6 +147,20 @@ def check_run(steps: int, global_batch: int) -> None:
         raise ValueError(f"the global batch must hold at least one sequence, got {global_batch}")
 
 
+def check_precision(precision: str, dtype):
+    """The compute dtype of a run in ``precision`` ("fp32": None, the parameters' own; "bf16":
+    torch.bfloat16 under autocast, with float32 masters, gradients and reductions), refused
+    unless the parameters are float32."""
+    import torch
+
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be 'fp32' or 'bf16', got {precision!r}")
+    if precision == "bf16" and dtype != torch.float32:
+        raise ValueError(f"bf16 mixed precision keeps float32 masters: use dtype=torch.float32, "
+                         f"got {dtype}")
+    return torch.bfloat16 if precision == "bf16" else None
+
+
 def check_model(shape: dict) -> None:
     """Refuse, before any work, a model (``train_gpt.MODEL``'s keys) that cannot be built: a size
     below 1, heads that do not split d_model, a vocabulary smaller than the text's 96

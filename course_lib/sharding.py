@@ -53,17 +53,21 @@ def local_bytes(tensors) -> int:
                for t in tensors if t is not None)
 
 
-def fully_shard_blocks(model, mesh, reshard_after_forward: bool = True):
+def fully_shard_blocks(model, mesh, reshard_after_forward: bool = True, mp_policy=None):
     """FSDP2's usual wrapping: every child that holds parameters (a transformer's blocks, an
     MLP's layers) is its own unit -- gathered just before it computes, freed after -- then the
-    root for whatever is left (embeddings, the head)."""
-    from torch.distributed.fsdp import fully_shard
+    root for whatever is left (embeddings, the head). ``mp_policy``: FSDP2's
+    ``MixedPrecisionPolicy`` (e.g. bf16 parameters for compute, float32 gradient reductions);
+    None: every unit in its parameters' dtype."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    options = dict(mesh=mesh, reshard_after_forward=reshard_after_forward,
+                   mp_policy=mp_policy or MixedPrecisionPolicy())
     children = list(model.blocks) if hasattr(model, "blocks") else list(model.children())
     for child in children:
         if any(True for _ in child.parameters()):
-            fully_shard(child, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+            fully_shard(child, **options)
+    fully_shard(model, **options)
     return model
 
 

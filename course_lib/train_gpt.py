@@ -40,12 +40,12 @@ import torch.nn.functional as F
 from course_lib.collectives import subgroups
 from course_lib.context_parallel import ring_attention, sequence_positions
 from course_lib.data import stdlib_text, text_batch
-from course_lib.experts import average_expert_gradients, spread_experts, with_experts
+from course_lib.experts import average_expert_gradients, model_of, spread_experts
 from course_lib.memory import SavedBytes
-from course_lib.models import tiny_gpt
+from course_lib.models import tiny_gpt  # noqa: F401  (lesson 12b builds the GPT as T.tiny_gpt)
 from course_lib.overlap import all_reduce_as_one_bucket
 from course_lib.pipelining import StageModule, one_f_one_b
-from course_lib.plan_checks import PLAN_FIELDS, check_model, check_plan, check_run
+from course_lib.plan_checks import PLAN_FIELDS, check_model, check_plan, check_precision, check_run
 from course_lib.runtime.devices import device
 from course_lib.runtime.emulation import check_cpu_rank, queued, summary
 from course_lib.runtime.timing import synchronize
@@ -54,15 +54,6 @@ from course_lib.tensor_parallel import causal_attention
 from course_lib.zero import ShardedAdam, adam_state_bytes
 
 MODEL = dict(vocab=96, d_model=64, layers=4, heads=4, context=32, experts=0, top_k=1)
-
-
-def model_of(shape: dict, seed: int, dtype):
-    """The GPT of ``shape`` (:data:`MODEL`'s keys): its MLPs are ``experts`` experts, each token
-    sent to its ``top_k``, when experts > 0."""
-    shape = dict(shape)
-    experts, k = shape.pop("experts"), shape.pop("top_k")
-    gpt = tiny_gpt(**shape, seed=seed, dtype=dtype)
-    return with_experts(gpt, experts, k, seed) if experts else gpt
 
 
 def loss_fn(logits, targets):
@@ -76,7 +67,8 @@ def global_batch_of(tokens, step: int, global_batch: int, context: int, seed: in
 
 
 def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, seed: int = 0,
-          dtype=torch.float32, group=None, emulated=None, **options) -> dict:
+          dtype=torch.float32, group=None, emulated=None, precision: str = "fp32",
+          **options) -> dict:
     """Train :func:`course_lib.models.tiny_gpt` for ``steps`` Adam steps under ``plan`` (a
     :class:`course_lib.plans.Plan`, or its fields among ``options``: dp, tp, pp, cp, zero,
     micro_batches, recompute), on every rank. The other ``options`` are the model's shape:
@@ -89,13 +81,16 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
     backward). ``emulated``: a ``runtime.emulation.EmulatedDevice`` whose queue computes each
     step (:meth:`~course_lib.runtime.emulation.EmulatedDevice.queued`; its ``emulated`` summary
     is returned, and ``waited``, the seconds of each step it waited for the host); None: this
-    machine as it is."""
+    machine as it is. ``precision="bf16"``: bf16 mixed precision (``check_precision``; FSDP2
+    with a bf16 ``MixedPrecisionPolicy``)."""
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
     fields = {k: options.pop(k) for k in PLAN_FIELDS if k in options}
     shape = {**MODEL, **options}
     check_run(steps, global_batch)
     check_model(shape)
+    compute = check_precision(precision, dtype)
     world = dist.get_world_size(group)
     if world != dist.get_world_size():
         raise ValueError("train_gpt builds its own groups from the whole job: pass group=None "
@@ -122,7 +117,7 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
         positions = sequence_positions(shape["context"], cp, c, "zigzag")
         attend = partial(ring_attention, causal=True, layout="zigzag", group=cp_group)
     gpt = model_of(shape, seed, dtype)  # every plan starts from the same weights
-    stage = StageModule(gpt, s, pp, t, tp, tp_group, recompute, positions, attend).to(dev)
+    stage = StageModule(gpt, s, pp, t, tp, tp_group, recompute, positions, attend, compute).to(dev)
     spread, same_experts = [], None
     if ep > 1:  # ep consecutive data-parallel ranks share out the experts
         split = grid.view(dp // ep, ep, pp, cp, tp)
@@ -133,7 +128,8 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
     if zero == 3:
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
         shards = mesh["dp"] if cp == 1 else DeviceMesh.from_group(replicas, dev.type)
-        stage = fully_shard_blocks(stage, shards, reshard_after_forward=True)
+        policy = MixedPrecisionPolicy(compute, torch.float32) if compute else None
+        stage = fully_shard_blocks(stage, shards, reshard_after_forward=True, mp_policy=policy)
     if zero in (1, 2):
         opt = ShardedAdam(stage.parameters(), zero, replicas, lr=lr)
     else:
@@ -196,12 +192,13 @@ def train(plan=None, steps: int = 10, global_batch: int = 16, lr: float = 3e-3, 
 
 def train_one_process(steps: int = 10, global_batch: int = 16, lr: float = 3e-3, seed: int = 0,
                       dtype=torch.float32, recompute: bool = False, emulated=None,
-                      **model) -> dict:
+                      precision: str = "fp32", **model) -> dict:
     """The baseline: the whole model, the whole global batch, Adam, in this process (on
     ``emulated``'s queue if given, as :func:`train`)."""
     shape = {**MODEL, **model}
     check_run(steps, global_batch)
     check_model(shape)
+    compute = check_precision(precision, dtype)
     gpt = model_of(shape, seed, dtype)
     gpt.checkpointing = recompute
     opt = torch.optim.Adam(gpt.parameters(), lr=lr, foreach=False)
@@ -214,7 +211,9 @@ def train_one_process(steps: int = 10, global_batch: int = 16, lr: float = 3e-3,
         with queued(emulated):
             opt.zero_grad()
             with saved.hooks():
-                loss = loss_fn(gpt(x), y)
+                with torch.autocast(x.device.type, dtype=compute, enabled=compute is not None):
+                    logits = gpt(x)
+                loss = loss_fn(logits.to(dtype), y)
                 loss.backward()
             opt.step()
         seconds.append(time.perf_counter() - start)
@@ -246,6 +245,7 @@ def main(argv=None) -> list | None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--global-batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     for name, value in MODEL.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=value)
     a = parser.parse_args(argv)
@@ -271,6 +271,7 @@ def main(argv=None) -> list | None:
     except ValueError as why:
         parser.error(str(why))
     kwargs = dict(plan=plan, steps=a.steps, global_batch=a.global_batch, lr=a.lr,
+                  precision=a.precision,
                   **{name: getattr(a, name) for name in MODEL})
     results = run_experiment(train, world_size=ranks, kwargs=kwargs, backend=a.backend,
                              timeout=a.timeout)

@@ -210,13 +210,46 @@ def test_experts_make_another_model_and_run_from_the_command_line(capsys, with_e
                                atol=2e-4, rtol=0)
 
 
-def test_context_parallelism_runs_from_the_command_line(capsys):
-    results = T.main(["--cp", "2", "--steps", "2", "--global-batch", "4"])
+BF16 = dict(steps=3, global_batch=8, precision="bf16")
+
+
+@pytest.fixture(scope="module")
+def in_bf16():
+    return T.train_one_process(**BF16)
+
+
+@pytest.mark.parametrize("plan", [dict(dp=2), dict(tp=2), dict(pp=2, micro_batches=2),
+                                  dict(dp=2, zero=1), dict(dp=2, zero=3), dict(cp=2)],
+                         ids=["data", "tensor", "pipeline", "ZeRO-1", "FSDP2, bf16 policy",
+                              "context"])
+def test_bf16_mixed_precision_under_every_plan_is_within_0_2_percent_of_one_process(plan,
+                                                                                     in_bf16):
+    results = launch(T.train, world_size=2, kwargs={**plan, **BF16})
+    for r in results:  # the stated tolerance: 0.2% of the loss (bf16 has 8 bits of mantissa)
+        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(in_bf16["losses"]),
+                                   rtol=2e-3, atol=0)
+
+
+def test_bf16_keeps_float32_masters_and_saves_activations_in_bf16(in_bf16):
+    fp32 = T.train_one_process(steps=3, global_batch=8)
+    assert in_bf16["state"] == fp32["state"]  # parameters, gradients, Adam: float32
+    assert in_bf16["activations"] < 0.8 * fp32["activations"]  # matrix inputs kept in bf16
+    two = {p: launch(T.train, world_size=2, kwargs=dict(dp=2, steps=2, global_batch=8,
+                                                        precision=p)) for p in ("fp32", "bf16")}
+    assert two["bf16"][0]["activations"] < 0.85 * two["fp32"][0]["activations"]
+    with pytest.raises(ValueError, match="precision must be 'fp32' or 'bf16', got 'fp16'"):
+        T.train_one_process(precision="fp16")
+    with pytest.raises(ValueError, match="bf16 mixed precision keeps float32 masters"):
+        T.train(precision="bf16", dtype=torch.float64)
+
+
+def test_context_parallelism_in_bf16_runs_from_the_command_line(capsys):
+    results = T.main(["--cp", "2", "--steps", "2", "--global-batch", "4", "--precision", "bf16"])
     assert "plan: dp 1 x cp 2 x tp 1 x pp 1, ZeRO-0, m 1; 2 ranks" in capsys.readouterr().out
     assert [r["cp"] for r in results] == [0, 1]
-    expected = T.train_one_process(steps=2, global_batch=4)["losses"]
+    expected = T.train_one_process(steps=2, global_batch=4, precision="bf16")["losses"]
     torch.testing.assert_close(torch.tensor(results[0]["losses"]), torch.tensor(expected),
-                               atol=2e-4, rtol=0)
+                               rtol=2e-3, atol=0)  # bf16's tolerance (see above)
 
 
 @pytest.mark.parametrize("argv, message", [
