@@ -13,10 +13,13 @@ saturates at the format's largest value; :attr:`DelayedScaling.saturated` counts
 On a CPU there is no FP8 matrix unit: :class:`FP8Linear` casts its inputs to FP8 and back
 (``tensor.to(torch.float8_e4m3fn)``, exact), then multiplies in float32. That is what an FP8
 matrix unit computes (FP8 inputs, float32 accumulation), up to the order of the sums; the time
-is not an FP8 time.
+is not an FP8 time. Every cast adds to its history, so a forward recomputed by activation
+checkpointing casts again with a newer scale: do not combine the two here.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -32,8 +35,9 @@ class DelayedScaling:
             raise ValueError(f"dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
         if isinstance(history, bool) or not isinstance(history, int) or history < 1:
             raise ValueError(f"history must be a positive whole number of steps, got {history!r}")
-        if isinstance(margin, bool) or not isinstance(margin, int) or margin < 0:
-            raise ValueError(f"margin must be a whole number >= 0, got {margin!r}")
+        if isinstance(margin, bool) or not isinstance(margin, int) or not 0 <= margin <= 32:
+            raise ValueError(f"margin must be a whole number from 0 to 32 (halvings of the "
+                             f"scale), got {margin!r}")
         self.dtype, self.history, self.margin = dtype, history, margin
         self.amaxes: list[float] = []
         self.saturated = 0
@@ -48,17 +52,21 @@ class DelayedScaling:
         return self.largest / (top * 2**self.margin) if top > 0 else 1.0
 
     def cast(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` cast to FP8 with the history's scale and back to float32 (x's value as FP8
-        holds it); then ``x``'s own amax joins the history."""
+        """``x`` cast to FP8 with the history's scale and back (x's value as FP8 holds it, in
+        x's floating dtype; the arithmetic in float64, so a tiny tensor's large scale is
+        exact); then ``x``'s own amax joins the history, unless it is NaN or inf (a NaN stays a
+        NaN in the cast)."""
         amax = x.detach().abs().max().item() if x.numel() else 0.0
-        if not self.amaxes:
+        finite = math.isfinite(amax)
+        if not self.amaxes and finite:
             self.amaxes.append(amax)
         s = self.scale()
-        scaled = x.detach().float() * s
+        scaled = x.detach().double() * s
         self.saturated += int((scaled.abs() > self.largest).sum())
         codes = scaled.clamp(-self.largest, self.largest).to(self.dtype)
-        self.amaxes = (self.amaxes + [amax])[-self.history:]
-        return codes.float() / s
+        if finite:
+            self.amaxes = (self.amaxes + [amax])[-self.history:]
+        return (codes.double() / s).to(x.dtype if x.is_floating_point() else torch.float32)
 
 
 class _FP8Product(torch.autograd.Function):
@@ -97,13 +105,21 @@ class FP8Linear(torch.nn.Module):
         y = _FP8Product.apply(x, self.weight, self.scalers)
         return y if self.bias is None else y + self.bias
 
+    def extra_repr(self) -> str:
+        return (f"in_features={self.weight.shape[1]}, out_features={self.weight.shape[0]}, "
+                f"bias={self.bias is not None}")
+
 
 def to_fp8_training(model: torch.nn.Module, history: int = 16, margin: int = 0):
-    """``model`` with every ``torch.nn.Linear`` replaced, in place, by an :class:`FP8Linear`
-    holding the same parameters. Returns the model."""
+    """``model`` with every ``torch.nn.Linear`` that runs as a module replaced, in place, by an
+    :class:`FP8Linear` holding the same parameters (a ``Linear`` itself: returned as one).
+    ``torch.nn.MultiheadAttention`` reads its projections' weights directly, so it keeps
+    them. Returns the model."""
+    DelayedScaling(E4M3, history, margin)  # refuse bad settings before any change
+    if isinstance(model, torch.nn.Linear):
+        return FP8Linear(model, history, margin)
+    if isinstance(model, torch.nn.MultiheadAttention):
+        return model
     for name, child in list(model.named_children()):
-        if isinstance(child, torch.nn.Linear):
-            setattr(model, name, FP8Linear(child, history, margin))
-        else:
-            to_fp8_training(child, history, margin)
+        setattr(model, name, to_fp8_training(child, history, margin))
     return model

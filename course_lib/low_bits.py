@@ -43,10 +43,13 @@ def levels(bits: int) -> int:
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
     """Codes in [-8, 7] (any integer dtype, any shape), two to a byte: uint8, ceil(n / 2)
     bytes; the first code in the low four bits."""
-    flat = codes.reshape(-1).to(torch.int16)
-    if flat.numel() and (flat.min() < -8 or flat.max() > 7):
-        raise ValueError(f"4-bit codes lie in [-8, 7], got {flat.min().item()} to "
-                         f"{flat.max().item()}")
+    if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
+        raise ValueError(f"4-bit codes are integers: round them first, got {codes.dtype}")
+    wide = codes.reshape(-1).to(torch.int64)
+    if wide.numel() and (wide.min() < -8 or wide.max() > 7):
+        raise ValueError(f"4-bit codes lie in [-8, 7], got {wide.min().item()} to "
+                         f"{wide.max().item()}")
+    flat = wide.to(torch.int16)
     if flat.numel() % 2:
         flat = torch.cat([flat, flat.new_zeros(1)])
     nibbles = (flat & 0xF).view(-1, 2)
@@ -55,7 +58,7 @@ def pack_int4(codes: torch.Tensor) -> torch.Tensor:
 
 def unpack_int4(packed: torch.Tensor, n: int) -> torch.Tensor:
     """The first ``n`` codes of :func:`pack_int4`'s bytes, as int8."""
-    if not 0 <= n <= 2 * packed.numel():
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 2 * packed.numel():
         raise ValueError(f"{packed.numel()} bytes hold at most {2 * packed.numel()} codes, "
                          f"asked for {n}")
     b = packed.to(torch.int16)
@@ -74,11 +77,11 @@ def pack_signs(x: torch.Tensor) -> torch.Tensor:
 
 def unpack_signs(packed: torch.Tensor, n: int) -> torch.Tensor:
     """The first ``n`` signs of :func:`pack_signs`'s bytes, as float32 +1 / -1."""
-    if not 0 <= n <= 8 * packed.numel():
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 8 * packed.numel():
         raise ValueError(f"{packed.numel()} bytes hold at most {8 * packed.numel()} signs, "
                          f"asked for {n}")
     shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
-    bits = (packed.view(-1, 1) >> shifts) & 1
+    bits = (packed.reshape(-1, 1) >> shifts) & 1
     return bits.reshape(-1)[:n].to(torch.float32) * 2 - 1
 
 
@@ -87,13 +90,15 @@ def quantize_groups(x: torch.Tensor, bits: int, group: int | None = None, *,
     """(codes, scales): ``x`` flattened, in groups of ``group`` numbers (None: one group, per
     tensor; the last group may be shorter), each group's scale its largest |x| / levels(bits)
     (a group of zeros gets scale 1), each code round(x / scale) -- to the nearest level, or
-    stochastically (unbiased: E[code] = x / scale). Codes are int8, scales float32."""
+    stochastically (unbiased: E[code] = x / scale). Codes are int8, scales float32. NaN and inf
+    are refused: a scale cannot hold them."""
     top = levels(bits)
     flat = x.reshape(-1).float()
     n = flat.numel()
-    group = (n or 1) if group is None else group
-    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
-        raise ValueError(f"group must be a positive whole number of numbers, got {group!r}")
+    group = _group(group, n)
+    if not torch.isfinite(flat).all():
+        raise ValueError("cannot quantise NaN or inf: no scale holds them (check the gradients "
+                         "for an overflow first)")
     if n == 0:
         return torch.zeros(0, dtype=torch.int8), torch.zeros(0)
     pad = (-n) % group
@@ -110,10 +115,22 @@ def quantize_groups(x: torch.Tensor, bits: int, group: int | None = None, *,
     return scaled.clamp(-top, top).reshape(-1)[:n].to(torch.int8), scales
 
 
+def _group(group, n: int) -> int:
+    """``group`` checked, or the whole tensor for None."""
+    if group is None:
+        return max(n, 1)
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise ValueError(f"group must be a positive whole number of numbers, got {group!r}")
+    return group
+
+
 def dequantize_groups(codes: torch.Tensor, scales: torch.Tensor, group: int | None = None):
     """Codes times their group's scale, float32 (``group`` as :func:`quantize_groups` had)."""
     n = codes.numel()
-    group = n if group is None or n == 0 else group
+    group = _group(group, n)
+    if scales.numel() != math.ceil(n / group):
+        raise ValueError(f"{n} codes in groups of {group} have {math.ceil(n / group)} scales, "
+                         f"got {scales.numel()}: pass the group they were quantised with")
     per = scales.repeat_interleave(group)[:n]
     return codes.float() * per
 
@@ -130,8 +147,15 @@ def group_error(x: torch.Tensor, bits: int, groups) -> dict:
 
 
 def _as(flat, grads):
-    """``flat`` in the gradients' dtype and shapes."""
-    return split_like(flat.to(grads[0].dtype), grads)
+    """``flat`` cut into the gradients' shapes, each in its gradient's dtype."""
+    return [piece.to(g.dtype) for piece, g in zip(split_like(flat, grads), grads, strict=True)]
+
+
+def _same_size(flat, group) -> None:
+    """Refuse, on every rank alike, gradients whose sizes differ between the ranks."""
+    sizes = [int(t) for t in _gather(torch.tensor([flat.numel()], device=flat.device), group)]
+    if len(set(sizes)) > 1:
+        raise ValueError(f"the ranks' gradients hold different numbers of values: {sizes}")
 
 
 def _gather(tensor, group):
@@ -141,28 +165,32 @@ def _gather(tensor, group):
 
 
 class SignCompressor:
-    """One bit a number and one float32 scale, the mean |g|, a rank: every rank's packed signs
-    and scale are gathered. ``majority=False``: the mean of the ranks' scale x sign
-    (EF-signSGD's compressor); ``majority=True``: signSGD with majority vote, the mean scale
-    times the sign of the sum of the signs (0 on a tie)."""
+    """One bit a number and a float32 scale per tensor, its mean |g| (a tensor of zeros, like an
+    unused parameter's, scales to 0): every rank's packed signs and scales are gathered.
+    ``majority=False``: the mean of the ranks' scale x sign (EF-signSGD's compressor);
+    ``majority=True``: signSGD with majority vote, the mean scale times the sign of the sum of
+    the signs (0 on a tie)."""
 
     def __init__(self, majority: bool = False):
         self.majority = majority
         self.name = "signSGD, majority vote" if majority else "sign x mean |g|"
 
     def all_reduce(self, grads, group=None):
-        flat = flatten(grads)
+        flat = flatten([g.double() for g in grads])
         n = flat.numel()
-        scale = flat.abs().mean().reshape(1)
+        _same_size(flat, group)
+        sizes = torch.tensor([g.numel() for g in grads], device=flat.device)
+        scale = torch.stack([g.double().abs().mean() if g.numel() else flat.new_zeros(())
+                             for g in grads]).float()
         packed = pack_signs(flat)
-        signs = [unpack_signs(p, n) for p in _gather(packed, group)]
-        scales = _gather(scale, group)
+        signs = [unpack_signs(p, n).double() for p in _gather(packed, group)]
+        scales = [s.double().repeat_interleave(sizes) for s in _gather(scale, group)]
         if self.majority:
-            mean = torch.stack(scales).mean() * torch.sign(torch.stack(signs).sum(dim=0))
+            mean = torch.stack(scales).mean(dim=0) * torch.sign(torch.stack(signs).sum(dim=0))
         else:
             mean = torch.stack([s * z for s, z in zip(scales, signs, strict=True)]).mean(dim=0)
-        sent = scale * unpack_signs(packed, n)
-        return _as(mean, grads), packed.numel() + 4, _as(sent, grads)
+        sent = scale.double().repeat_interleave(sizes) * unpack_signs(packed, n).double()
+        return _as(mean, grads), packed.numel() + 4 * scale.numel(), _as(sent, grads)
 
 
 class QSGDCompressor:
@@ -186,6 +214,7 @@ class QSGDCompressor:
         """(codes in [-s, s], each bucket's norm): the rank's message before packing."""
         n = flat.numel()
         b = self.bucket or max(n, 1)
+        flat = flat.double()  # a norm in float16 or float32 can overflow
         rows = torch.cat([flat, flat.new_zeros((-n) % b)]).view(-1, b)
         norms = rows.norm(dim=1)
         scaled = rows.abs() / torch.where(norms > 0, norms, 1.0)[:, None] * self.s
@@ -199,8 +228,9 @@ class QSGDCompressor:
         return codes.double() * norms.double().repeat_interleave(b)[:codes.numel()] / self.s
 
     def all_reduce(self, grads, group=None):
-        flat = flatten(grads)
+        flat = flatten([g.double() for g in grads])
         n = flat.numel()
+        _same_size(flat, group)
         generator = torch.Generator().manual_seed(
             self.seed * 1_000_003 + self.calls * 1009 + dist.get_rank())
         self.calls += 1
@@ -224,8 +254,9 @@ class Int4Compressor:
         self.group, self.name = group, f"INT4, groups of {group}"
 
     def all_reduce(self, grads, group=None):
-        flat = flatten(grads)
+        flat = flatten([g.double() for g in grads])
         n = flat.numel()
+        _same_size(flat, group)
         codes, scales = quantize_groups(flat, 4, self.group)
         packed = pack_int4(codes).to(flat.device)
         scales = scales.to(flat.device)

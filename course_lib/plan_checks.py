@@ -149,7 +149,8 @@ def check_run(steps: int, global_batch: int) -> None:
 
 def check_precision(precision: str, dtype):
     """The compute dtype of a run in ``precision`` ("fp32": None, the parameters' own; "bf16":
-    torch.bfloat16 under autocast, with float32 masters, gradients and reductions), refused
+    torch.bfloat16 under autocast, with float32 masters, gradients and gradient reductions;
+    tensor parallelism's all-reduces of activations run in bf16, as Megatron-LM's do), refused
     unless the parameters are float32."""
     import torch
 

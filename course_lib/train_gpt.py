@@ -279,7 +279,7 @@ def main(argv=None) -> list | None:
         return None
     slowest = [max(r["seconds"][i] for r in results) for i in range(a.steps)]
     busiest = max(results, key=lambda r: sum(r["state"].values()) + r["activations"])
-    print(f"plan: {plan}; {len(results)} ranks")
+    print(f"plan: {plan}; {len(results)} ranks" + (", bf16" if a.precision == "bf16" else ""))
     print("loss per step: " + " ".join(f"{v:.4f}" for v in results[0]["losses"]))
     later = slowest[2:] or slowest
     threads = "/".join(map(str, sorted({r["threads"] for r in results})))  # the same on each

@@ -17,7 +17,8 @@ def test_a_cast_is_torchs_float8_cast_with_the_scale_of_the_amax_history():
     x = torch.randn(100, generator=g) * 3
     scaler = F.DelayedScaling(F.E4M3, history=2)
     s = 448 / x.abs().max().item()  # the first cast: its own amax
-    assert torch.equal(scaler.cast(x), (x * s).to(torch.float8_e4m3fn).float() / s)
+    expected = ((x.double() * s).to(torch.float8_e4m3fn).double() / s).float()
+    assert torch.equal(scaler.cast(x), expected)  # torch's cast of x times the scale
     small = x / 100
     assert scaler.cast(small).ne(0).any() and scaler.scale() == pytest.approx(s)  # delayed
     scaler.cast(small)  # the large amax has left the history of two
@@ -79,12 +80,30 @@ def test_a_network_trains_in_fp8_about_as_well_as_in_float32():
     assert low < 0.5 * first and abs(low - full) < 0.1 * full + 0.02
 
 
+def test_odd_tensors_neither_poison_the_history_nor_overflow_and_every_linear_is_swapped():
+    scaler = F.DelayedScaling()
+    scaler.cast(torch.tensor([1.0]))
+    out = scaler.cast(torch.tensor([float("inf"), float("nan"), 1.0]))
+    assert out[1].isnan() and out[2] == 1.0 and scaler.amaxes == [1.0, 1.0]  # inf/NaN skipped
+    tiny = F.DelayedScaling().cast(torch.tensor([1e-38, 0.0, -5e-39]))
+    assert torch.isfinite(tiny).all() and tiny[1] == 0
+    assert isinstance(F.to_fp8_training(torch.nn.Linear(3, 4)), F.FP8Linear)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+    F.to_fp8_training(layer)
+    assert isinstance(layer.linear1, F.FP8Linear)
+    assert isinstance(layer.self_attn.out_proj, torch.nn.Linear)  # attention reads it directly
+    assert "in_features=3, out_features=4" in repr(F.to_fp8_training(torch.nn.Linear(3, 4)))
+
+
 def test_bad_settings_are_refused_by_name():
     with pytest.raises(ValueError, match="dtype must be torch.float8_e4m3fn or"):
         F.DelayedScaling(torch.bfloat16)
     with pytest.raises(ValueError, match="history must be a positive whole number"):
         F.DelayedScaling(history=0)
-    with pytest.raises(ValueError, match="margin must be a whole number >= 0"):
-        F.DelayedScaling(margin=-1)
+    for margin in (-1, 1100):
+        with pytest.raises(ValueError, match="margin must be a whole number from 0 to 32"):
+            F.DelayedScaling(margin=margin)
+    with pytest.raises(ValueError, match="history must be a positive whole number"):
+        F.to_fp8_training(torch.nn.ReLU(), history=0)
     empty = F.DelayedScaling()
     assert empty.cast(torch.zeros(3)).tolist() == [0.0] * 3 and empty.scale() == 1.0

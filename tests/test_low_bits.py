@@ -88,13 +88,18 @@ def _compress(make):
     return [m.clone() for m in mean], n_bytes, [s.clone() for s in sent]
 
 
-def _one_process_sign(majority):
-    flats = [torch.cat([t.reshape(-1) for t in _grads(r)]) for r in range(2)]
-    scales = [f.abs().mean() for f in flats]
+def _scales(grads):
+    """Each tensor's mean |g|, sent as float32, repeated over its numbers."""
+    return torch.cat([g.abs().mean().float().double().repeat(g.numel()) for g in grads])
+
+
+def _one_process_sign(majority, ranks=2):
+    flats = [torch.cat([t.reshape(-1) for t in _grads(r)]) for r in range(ranks)]
+    scales = [_scales(_grads(r)) for r in range(ranks)]
     signs = [torch.where(f >= 0, 1.0, -1.0).double() for f in flats]
     if majority:
-        return sum(scales) / 2 * torch.sign(signs[0] + signs[1]), scales, signs
-    return (scales[0] * signs[0] + scales[1] * signs[1]) / 2, scales, signs
+        return sum(scales) / ranks * torch.sign(sum(signs)), scales, signs
+    return sum(s * z for s, z in zip(scales, signs, strict=True)) / ranks, scales, signs
 
 
 @pytest.mark.parametrize("majority", [False, True], ids=["scaled signs", "majority vote"])
@@ -103,7 +108,7 @@ def test_sign_compressors_deliver_the_one_process_mean_in_one_bit_a_number(major
     expected, scales, signs = _one_process_sign(majority)
     for rank, (mean, n_bytes, sent) in enumerate(results):
         torch.testing.assert_close(torch.cat([m.reshape(-1) for m in mean]), expected)
-        assert n_bytes == math.ceil(22 / 8) + 4 and mean[0].dtype == torch.float64
+        assert n_bytes == math.ceil(22 / 8) + 4 * 2 and mean[0].dtype == torch.float64
         torch.testing.assert_close(torch.cat([s.reshape(-1) for s in sent]),
                                    scales[rank] * signs[rank])
 
@@ -202,14 +207,58 @@ def _vote_and_feedback():
 
 def test_majority_vote_on_three_ranks_is_the_sign_of_the_summed_signs_and_feedback_keeps_the_rest():
     results = launch(_vote_and_feedback, 3)
+    expected, scales, signs = _one_process_sign(True, ranks=3)
     flats = [torch.cat([t.reshape(-1) for t in _grads(r)]) for r in range(3)]
-    signs = [torch.where(f >= 0, 1.0, -1.0).double() for f in flats]
-    votes = torch.sign(sum(signs))
-    assert (votes != 0).all()  # three voters: never a tie
-    scale = sum(f.abs().mean() for f in flats) / 3
+    assert (torch.sign(sum(signs)) != 0).all()  # three voters: never a tie
     for rank, (mean, residual) in enumerate(results):
-        torch.testing.assert_close(torch.cat([m.reshape(-1) for m in mean]), scale * votes)
+        torch.testing.assert_close(torch.cat([m.reshape(-1) for m in mean]), expected)
         # error feedback keeps exactly what this rank's message did not carry
-        sent = flats[rank].abs().mean() * signs[rank]
+        sent = scales[rank] * signs[rank]
         torch.testing.assert_close(torch.cat([r.reshape(-1) for r in residual]),
                                    flats[rank] - sent)
+
+
+def _edge_compress(make):
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    out = {}
+    # an unused parameter's zeros, and a float16 gradient beside a float32 one
+    mean, _, _ = make().all_reduce([torch.randn(6, generator=torch.Generator().manual_seed(rank)),
+                                    torch.zeros(4), torch.full((3,), 300.0).half()])
+    out["zeros"], out["dtypes"] = mean[1].tolist(), [m.dtype for m in mean]
+    out["finite"] = bool(torch.isfinite(mean[2].float()).all())
+    try:
+        make().all_reduce([torch.randn(5 + rank)])
+        out["sizes"] = ""
+    except ValueError as why:
+        out["sizes"] = str(why)
+    return out
+
+
+@pytest.mark.parametrize("make", [lambda: L.SignCompressor(), lambda: L.SignCompressor(True),
+                                  lambda: L.QSGDCompressor(7, bucket=4),
+                                  lambda: L.Int4Compressor(4)],
+                         ids=["signs", "majority vote", "QSGD", "INT4"])
+def test_zero_gradients_stay_zero_dtypes_stay_and_ranks_of_other_sizes_are_refused(make):
+    for r in launch(_edge_compress, 2, args=(make,)):
+        assert r["zeros"] == [0.0] * 4  # an unused parameter does not move
+        assert r["dtypes"] == [torch.float32, torch.float32, torch.float16] and r["finite"]
+        assert r["sizes"] == "the ranks' gradients hold different numbers of values: [5, 6]"
+
+
+def test_bad_codes_scales_and_values_are_refused_by_name():
+    with pytest.raises(ValueError, match="4-bit codes are integers: round them first"):
+        L.pack_int4(torch.tensor([3.7, -2.9]))
+    with pytest.raises(ValueError, match=r"lie in \[-8, 7\], got -65536 to 65539"):
+        L.pack_int4(torch.tensor([65539, -65536, 7]))
+    with pytest.raises(ValueError, match="cannot quantise NaN or inf"):
+        L.quantize_groups(torch.tensor([0.5, float("nan"), 1.0]), 4, 3)
+    codes, scales = L.quantize_groups(torch.randn(12), 4, 3)
+    for wrong in (6, None):
+        with pytest.raises(ValueError, match="12 codes in groups of .* have .* scales, got 4"):
+            L.dequantize_groups(codes, scales, wrong)
+    with pytest.raises(ValueError, match="group must be a positive whole number"):
+        L.dequantize_groups(codes, scales, 2.5)
+    with pytest.raises(ValueError, match="hold at most"):
+        L.unpack_int4(L.pack_int4(codes), 2.5)

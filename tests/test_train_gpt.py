@@ -245,7 +245,7 @@ def test_bf16_keeps_float32_masters_and_saves_activations_in_bf16(in_bf16):
 
 def test_context_parallelism_in_bf16_runs_from_the_command_line(capsys):
     results = T.main(["--cp", "2", "--steps", "2", "--global-batch", "4", "--precision", "bf16"])
-    assert "plan: dp 1 x cp 2 x tp 1 x pp 1, ZeRO-0, m 1; 2 ranks" in capsys.readouterr().out
+    assert "plan: dp 1 x cp 2 x tp 1 x pp 1, ZeRO-0, m 1; 2 ranks, bf16" in capsys.readouterr().out
     assert [r["cp"] for r in results] == [0, 1]
     expected = T.train_one_process(steps=2, global_batch=4, precision="bf16")["losses"]
     torch.testing.assert_close(torch.tensor(results[0]["losses"]), torch.tensor(expected),
