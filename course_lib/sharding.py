@@ -15,6 +15,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from course_lib.overlap import all_reduce_as_one_bucket
 from course_lib.runtime.devices import device
 from course_lib.training import check_split, step_loop
 
@@ -53,31 +54,42 @@ def local_bytes(tensors) -> int:
                for t in tensors if t is not None)
 
 
-def fully_shard_blocks(model, mesh, reshard_after_forward: bool = True, mp_policy=None):
+def fully_shard_blocks(model, mesh, reshard_after_forward: bool = True, mp_policy=None,
+                       keep_whole=()):
     """FSDP2's usual wrapping: every child that holds parameters (a transformer's blocks, an
     MLP's layers) is its own unit -- gathered just before it computes, freed after -- then the
     root for whatever is left (embeddings, the head). ``mp_policy``: FSDP2's
     ``MixedPrecisionPolicy`` (e.g. bf16 parameters for compute, float32 gradient reductions);
-    None: every unit in its parameters' dtype."""
+    None: every unit in its parameters' dtype. ``keep_whole``: module types (e.g.
+    ``torch.nn.LayerNorm``) whose small parameters stay whole on every rank, in their own dtype
+    (FSDP2's ``ignored_params``); FSDP does not reduce their gradients: average them yourself
+    (:func:`train_fsdp` does)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    kept = whole_parameters(model, keep_whole)
     options = dict(mesh=mesh, reshard_after_forward=reshard_after_forward,
                    mp_policy=mp_policy or MixedPrecisionPolicy())
     children = list(model.blocks) if hasattr(model, "blocks") else list(model.children())
-    for child in children:
-        if any(True for _ in child.parameters()):
-            fully_shard(child, **options)
-    fully_shard(model, **options)
+    for unit in [c for c in children if any(True for _ in c.parameters())] + [model]:
+        fully_shard(unit, **options, ignored_params={p for p in unit.parameters() if p in kept}
+                    or None)
     return model
 
 
+def whole_parameters(model, types) -> set:
+    """The parameters of ``model``'s modules of the given ``types`` (a tuple; () for none)."""
+    return {p for m in model.modules() if isinstance(m, tuple(types)) for p in m.parameters()}
+
+
 def train_fsdp(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2, seed: int = 0,
-               reshard_after_forward: bool = True, group=None) -> dict:
+               reshard_after_forward: bool = True, group=None, keep_whole=()) -> dict:
     """Adam on a model sharded with FSDP2 (``fully_shard``: ZeRO stage 3) over ``group``; each
     step every rank takes every world_size-th row of the step's global batch. Returns this
     rank's ``losses`` and ``seconds`` per step, the full final ``params`` (gathered), and the
     bytes this rank held of parameters, gradients and optimizer state (``state``, as
-    train_gpt names it) against the whole model's (``unsharded``)."""
+    train_gpt names it) against the whole model's (``unsharded``). ``keep_whole``: module
+    types left whole on every rank (:func:`fully_shard_blocks`); their gradients are averaged
+    after backward in one all-reduce."""
     from torch.distributed.device_mesh import DeviceMesh
 
     dev = device(group)
@@ -85,10 +97,13 @@ def train_fsdp(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2, 
     mesh = DeviceMesh.from_group(group or dist.group.WORLD, dev.type)
     # the head's output is a view (a linear layer on 3-d input); nothing here changes it in place
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
-    model = fully_shard_blocks(model_fn().to(dev), mesh, reshard_after_forward)
+    model = fully_shard_blocks(model_fn().to(dev), mesh, reshard_after_forward,
+                               keep_whole=keep_whole)
+    kept = [p for p in model.parameters() if p in whole_parameters(model, keep_whole)]
     opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
     seconds = []  # FSDP2 reduce-scatters each unit's gradients in backward, averaged
-    losses = step_loop(model, opt, x, y, global_batch, steps, None, seed, group,
+    sync = (lambda: all_reduce_as_one_bucket(kept, group)) if kept else None
+    losses = step_loop(model, opt, x, y, global_batch, steps, sync, seed, group,
                        on_step=lambda step, took: seconds.append(took))
 
     params = list(model.parameters())
@@ -96,6 +111,7 @@ def train_fsdp(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2, 
                 optimizer=local_bytes(t for s in opt.state.values() for k, t in s.items()
                                       if k != "step"))
     whole = sum(p.numel() for p in params) * params[0].element_size()
-    full = torch.cat([p.full_tensor().reshape(-1) for p in params])
+    full = torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).reshape(-1)
+                      for p in params])
     return dict(losses=losses, params=full, state=held, seconds=seconds,
                 unsharded=dict(params=whole, grads=whole, optimizer=2 * whole))

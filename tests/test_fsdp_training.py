@@ -49,3 +49,27 @@ def test_an_uneven_global_batch_is_refused(text):
     x, y = text
     with pytest.raises(WorkerError, match="does not split evenly"):
         launch(S.train_fsdp, 2, args=(model_fn, x, y, 7, 1))
+
+
+def _norms_whole(keep):
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor
+
+    model = S.fully_shard_blocks(model_fn(), DeviceMesh.from_group(
+        torch.distributed.group.WORLD, "cpu"), keep_whole=keep)
+    norms = S.whole_parameters(model, (torch.nn.LayerNorm,))
+    return (sorted({isinstance(p, DTensor) for p in norms}),
+            sorted({isinstance(p, DTensor) for p in model.parameters() if p not in norms}),
+            sum(p.numel() for p in norms))
+
+
+def test_norms_can_stay_whole_on_every_rank_and_training_still_equals_one_process(text):
+    whole, rest, n = launch(_norms_whole, 2, args=((torch.nn.LayerNorm,),))[0]
+    assert whole == [False] and rest == [True] and n == 5 * 2 * 16  # 5 norms, weight and bias
+    assert launch(_norms_whole, 2, args=((),))[0][0] == [True]  # by default sharded too
+    x, y = text
+    ranks = launch(S.train_fsdp, 2, args=(model_fn, x, y, 8, 4),
+                   kwargs=dict(keep_whole=(torch.nn.LayerNorm,)))
+    one = Z.train_one_process(model_fn, x, y, 8, 4)
+    for result in ranks:  # the kept norms' gradients averaged by hand, the rest by FSDP
+        torch.testing.assert_close(result["params"], one["params"], rtol=0, atol=1e-9)
