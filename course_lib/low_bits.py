@@ -152,10 +152,16 @@ def _as(flat, grads):
 
 
 def _same_size(flat, group) -> None:
-    """Refuse, on every rank alike, gradients whose sizes differ between the ranks."""
-    sizes = [int(t) for t in _gather(torch.tensor([flat.numel()], device=flat.device), group)]
+    """Refuse, on every rank alike, gradients whose sizes differ between the ranks, or that hold
+    NaN or inf on any rank (a diverged run: no code or sign stands for them)."""
+    mine = torch.tensor([flat.numel(), bool(torch.isfinite(flat).all())], device=flat.device)
+    sizes, finite = zip(*(t.tolist() for t in _gather(mine, group)), strict=True)
     if len(set(sizes)) > 1:
-        raise ValueError(f"the ranks' gradients hold different numbers of values: {sizes}")
+        raise ValueError(f"the ranks' gradients hold different numbers of values: {list(sizes)}")
+    if not all(finite):
+        bad = [rank for rank, ok in enumerate(finite) if not ok]
+        raise ValueError(f"the gradients of rank(s) {bad} hold NaN or inf: the run diverged "
+                         f"(try a smaller learning rate) and no low-bit code can send them")
 
 
 def _gather(tensor, group):

@@ -233,6 +233,11 @@ def _edge_compress(make):
         out["sizes"] = ""
     except ValueError as why:
         out["sizes"] = str(why)
+    try:  # rank 1 diverged: both ranks refuse, neither waits for the other
+        make().all_reduce([torch.tensor([1.0, float("inf") if rank else 2.0])])
+        out["diverged"] = ""
+    except ValueError as why:
+        out["diverged"] = str(why)
     return out
 
 
@@ -245,6 +250,7 @@ def test_zero_gradients_stay_zero_dtypes_stay_and_ranks_of_other_sizes_are_refus
         assert r["zeros"] == [0.0] * 4  # an unused parameter does not move
         assert r["dtypes"] == [torch.float32, torch.float32, torch.float16] and r["finite"]
         assert r["sizes"] == "the ranks' gradients hold different numbers of values: [5, 6]"
+        assert r["diverged"].startswith("the gradients of rank(s) [1] hold NaN or inf")
 
 
 def test_bad_codes_scales_and_values_are_refused_by_name():

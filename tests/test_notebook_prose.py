@@ -66,7 +66,7 @@ ALLOWED = {
            "97%": "the threshold the cell's own check asserts",
            "25%": "the bound the cell's own check asserts (the issue's acceptance)",
            "50%": "the kernel speed sections 1 and 2 assume, a parameter (a100_cluster's mfu)"},
-    "12b": {"15%": "the bound section 4's own check asserts for plans with few messages",
+    "12b": {"30%": "the bound section 4's own check asserts for plans with few messages",
             "20%": "exercise 2's illustration of a prediction off by one share for every plan, "
                    "a made-up number"},
     "10": {"2x": "the threshold the bucket-size cell's own check asserts (the issue's acceptance)",
