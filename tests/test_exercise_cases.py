@@ -17,6 +17,7 @@ import test_exercises_lesson05 as t05
 import test_exercises_lesson06 as t06
 import test_exercises_lesson06b as t06b
 import test_exercises_lesson07 as t07
+import test_exercises_lesson07b as t07b
 import test_exercises_lesson08 as t08
 import test_exercises_lesson09 as t09
 import test_exercises_lesson10 as t10
@@ -38,6 +39,7 @@ from course_lib.exercises import lesson05 as ex05
 from course_lib.exercises import lesson06 as ex06
 from course_lib.exercises import lesson06b as ex06b
 from course_lib.exercises import lesson07 as ex07
+from course_lib.exercises import lesson07b as ex07b
 from course_lib.exercises import lesson08 as ex08
 from course_lib.exercises import lesson09 as ex09
 from course_lib.exercises import lesson10 as ex10
@@ -352,6 +354,16 @@ def pairs_forge(data):
         row["predicted"], row["measured"] = ex12b.VISIBLE_RANKINGS[0]
 
 
+def ef_forge(data):  # hidden gradients halved: the halved means would then look right
+    for case in data["hidden"]:
+        case["gradients"] = case["gradients"] / 2
+
+
+def bytes_forge(data):  # every hidden message the first visible one
+    for row in data["hidden"]:
+        row["sizes"], row["bits"], row["group"] = ex07b.MLP_SIZES, 1, None
+
+
 def pop_hidden(data):
     data["hidden"].pop()
 
@@ -412,6 +424,10 @@ FORGERIES = {
                                       gossip_never_on_hidden, gossip_forge, pop_hidden),
     "lesson07.fp16_stochastic_round": Forgery(ex07._probe_fp16_round, t07.right_round,
                                               round_negated, round_forge, drop_group),
+    "lesson07b.ef_sign": Forgery(ex07b._probe_ef, t07b.ef_sign_all_reduce, t07b.halved, ef_forge,
+                                 pop_hidden),
+    "lesson07b.message_bytes": Forgery(ex07b._probe_bytes, t07b.message_bytes,
+                                       t07b.bytes_by_heart, bytes_forge, pop_hidden),
     "lesson08.dirichlet_with_floor": Forgery(ex08._probe_partition, t08.with_floor,
                                              partition_without_floor, partition_forge, pop_case),
     "lesson09.unmask_sum": Forgery(ex09._probe_unmask, t09.unmask_sum, unmask_zeros, unmask_forge,

@@ -13,6 +13,7 @@ from course_lib.exercises import (  # noqa: F401  (each lesson module registers 
     lesson03,
     lesson06,
     lesson06b,
+    lesson07b,
     lesson08,
     lesson09,
     lesson12,
@@ -21,7 +22,8 @@ from course_lib.exercises import (  # noqa: F401  (each lesson module registers 
 )
 
 NAMES = ["lesson01.cost_sizes", "lesson02.q_after", "lesson03.crossover_size",
-         "lesson06.gradients_per_second", "lesson06b.gossip_steps", "lesson08.partition",
+         "lesson06.gradients_per_second", "lesson06b.gossip_steps", "lesson07b.message_bytes",
+         "lesson08.partition",
          "lesson09.federation", "lesson12.split_stages", "lesson12b.pairs_in_order"]
 
 

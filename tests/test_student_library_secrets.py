@@ -53,6 +53,10 @@ PIECES = [
     # lesson 7, exercise 2 (stochastic rounding to fp16): the two fp16 values around x
     ("lesson07", "_neighbours",
      "lo = np.where(h.astype(np.float64) > x, np.nextafter(h, np.float16(-np.inf)), h)"),
+    # lesson 7b, exercise 1 (EF-signSGD's compressor on ranks): the message, and exercise 2's bytes
+    ("lesson07b", "ef_sign_reference",
+     "sign = torch.where(corrected >= 0, 1.0, -1.0).to(corrected.dtype)"),
+    ("lesson07b", "bytes_of_message", "return math.ceil(n * bits / 8) + 4 * scales"),
     # lesson 8, exercise 2 (what uniform weights train on): the distance, and "off by" it
     ("lesson08", "uniform_mix_distance", "weight[part] = 1 / (len(parts) * len(part))"),
     ("lesson08", "_judge_uniform_mix", "That is sum_c |q(c) - p(c)|"),
@@ -133,8 +137,8 @@ RIGHT_ANSWERS = textwrap.dedent("""
     from course_lib.data import load_digits, shard_rows
     from course_lib.erm import diabetes_problem
     from course_lib.exercises import (lesson00, lesson01, lesson02, lesson03, lesson04,
-                                      lesson06, lesson06b, lesson07, lesson08, lesson09,
-                                      practice)
+                                      lesson06, lesson06b, lesson07, lesson07b, lesson08,
+                                      lesson09, practice)
 
     def practice_draw(name, draw):  # what a run outside the grader draws: a practice draw
         return practice.draws(name, draw)[3]
@@ -234,6 +238,17 @@ RIGHT_ANSWERS = textwrap.dedent("""
 
     verdict("lesson07._neighbours", lesson07.check_fp16_stochastic_round, fp16_round)
 
+    def ef_sign_all_reduce(grad, residual, group=None):
+        corrected = grad + residual
+        message = corrected.abs().mean() * torch.where(corrected >= 0, 1.0, -1.0).double()
+        mean = message.clone()
+        dist.all_reduce(mean, group=group)
+        return mean / dist.get_world_size(group), corrected - message
+
+    verdict("lesson07b.ef_sign_reference", lesson07b.check_ef_sign, ef_sign_all_reduce)
+    verdict("lesson07b.bytes_of_message", lesson07b.check_message_bytes,
+            lambda s, b, g: -(-sum(s) * b // 8) + 4 * (len(s) if g is None else -(-sum(s) // g)))
+
     labels = load_digits().y_train.numpy()
     alpha, seed = practice_draw("lesson08.partition", lesson08.draw_partition)
     counts = pt.label_counts(labels, pt.dirichlet_per_class(labels, 50, alpha=alpha, min_size=5,
@@ -259,7 +274,8 @@ RIGHT_ANSWERS = textwrap.dedent("""
 JUDGED = {"lesson00._simulate", "lesson01.count_macs", "lesson02._gd_losses_until",
           "lesson02._judge_one", "lesson03._judge_crossover", "lesson04.worth",
           "lesson06.simulated_staleness", "lesson06.simulated_rate",
-          "lesson06b.steps_to_agree", "lesson07._neighbours", "lesson08._judge_uniform_mix",
+          "lesson06b.steps_to_agree", "lesson07._neighbours", "lesson07b.ef_sign_reference",
+          "lesson07b.bytes_of_message", "lesson08._judge_uniform_mix",
           "lesson09._judge_breakdown"}  # lesson09._attackers_per_round: in _judge_breakdown
 
 
