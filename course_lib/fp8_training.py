@@ -28,9 +28,10 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
 class DelayedScaling:
     """The scale of one tensor's casts to ``dtype`` (E4M3 or E5M2): from the largest |x| of its
-    last ``history`` casts (the first cast uses its own), divided by 2^``margin``."""
+    last ``history`` casts (the first cast uses its own), divided by 2^``margin``.
+    ``scaled=False`` casts unscaled (scale 1), as FP8 without per-tensor scales would."""
 
-    def __init__(self, dtype=E4M3, history: int = 16, margin: int = 0):
+    def __init__(self, dtype=E4M3, history: int = 16, margin: int = 0, scaled: bool = True):
         if dtype not in (E4M3, E5M2):
             raise ValueError(f"dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
         if isinstance(history, bool) or not isinstance(history, int) or history < 1:
@@ -38,7 +39,7 @@ class DelayedScaling:
         if isinstance(margin, bool) or not isinstance(margin, int) or not 0 <= margin <= 32:
             raise ValueError(f"margin must be a whole number from 0 to 32 (halvings of the "
                              f"scale), got {margin!r}")
-        self.dtype, self.history, self.margin = dtype, history, margin
+        self.dtype, self.history, self.margin, self.scaled = dtype, history, margin, scaled
         self.amaxes: list[float] = []
         self.saturated = 0
 
@@ -49,7 +50,7 @@ class DelayedScaling:
     def scale(self) -> float:
         """max(format) / (max(amax history) x 2^margin); 1 while the history holds only zeros."""
         top = max(self.amaxes, default=0.0)
-        return self.largest / (top * 2**self.margin) if top > 0 else 1.0
+        return self.largest / (top * 2**self.margin) if top > 0 and self.scaled else 1.0
 
     def cast(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` cast to FP8 with the history's scale and back (x's value as FP8 holds it, in
@@ -94,12 +95,13 @@ class FP8Linear(torch.nn.Module):
     e5m2 output gradient, each with its own :class:`DelayedScaling`); the parameters stay
     float32 (the masters) and the bias is added in float32."""
 
-    def __init__(self, linear: torch.nn.Linear, history: int = 16, margin: int = 0):
+    def __init__(self, linear: torch.nn.Linear, history: int = 16, margin: int = 0,
+                 scaled: bool = True):
         super().__init__()
         self.weight, self.bias = linear.weight, linear.bias
-        self.scalers = {"input": DelayedScaling(E4M3, history, margin),
-                        "weight": DelayedScaling(E4M3, history, margin),
-                        "grad": DelayedScaling(E5M2, history, margin)}
+        self.scalers = {"input": DelayedScaling(E4M3, history, margin, scaled),
+                        "weight": DelayedScaling(E4M3, history, margin, scaled),
+                        "grad": DelayedScaling(E5M2, history, margin, scaled)}
 
     def forward(self, x):
         y = _FP8Product.apply(x, self.weight, self.scalers)
@@ -110,16 +112,17 @@ class FP8Linear(torch.nn.Module):
                 f"bias={self.bias is not None}")
 
 
-def to_fp8_training(model: torch.nn.Module, history: int = 16, margin: int = 0):
+def to_fp8_training(model: torch.nn.Module, history: int = 16, margin: int = 0,
+                    scaled: bool = True):
     """``model`` with every ``torch.nn.Linear`` that runs as a module replaced, in place, by an
     :class:`FP8Linear` holding the same parameters (a ``Linear`` itself: returned as one).
     ``torch.nn.MultiheadAttention`` reads its projections' weights directly, so it keeps
-    them. Returns the model."""
+    them. ``scaled=False``: every cast unscaled. Returns the model."""
     DelayedScaling(E4M3, history, margin)  # refuse bad settings before any change
     if isinstance(model, torch.nn.Linear):
-        return FP8Linear(model, history, margin)
+        return FP8Linear(model, history, margin, scaled)
     if isinstance(model, torch.nn.MultiheadAttention):
         return model
     for name, child in list(model.named_children()):
-        setattr(model, name, to_fp8_training(child, history, margin))
+        setattr(model, name, to_fp8_training(child, history, margin, scaled))
     return model

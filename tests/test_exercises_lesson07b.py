@@ -102,12 +102,12 @@ def test_the_reference_is_ef_sign_sgd_and_the_shipped_fingerprints_are_its():
     gradients = ex.ef_cases(None)["visible"]["gradients"]
     means, residuals = ex.ef_sign_reference(gradients)
     for r in range(2):  # what was sent plus what is kept is the corrected gradient
-        kept = torch.zeros(10, dtype=torch.float64)
+        kept = torch.zeros(2, 5, dtype=torch.float64)
         for t in range(ex.STEPS):
             corrected = gradients[r][t] + kept
             sent = corrected - residuals[r][t]
             scale = corrected.abs().mean()
-            torch.testing.assert_close(sent.abs(), scale.expand(10))
+            torch.testing.assert_close(sent.abs(), scale.expand(2, 5))
             assert torch.all((sent > 0) == (corrected >= 0))  # a zero counts as +
             kept = residuals[r][t]
     torch.testing.assert_close(torch.tensor(projections(means)), torch.tensor(ex.VISIBLE_MEANS))
@@ -124,8 +124,11 @@ def test_ef_sign_in_the_student_edition_judges_the_visible_case_by_its_fingerpri
     means, residuals = ex.ef_sign_reference(case["gradients"])
     right = {"visible": case | {"ranks": [{"means": means, "residuals": residuals[r]}
                                           for r in range(2)]}}
+    float32_scales = {"visible": case | {"ranks": [{"means": means, "residuals": residuals[r] * (
+        1 + 2e-7)} for r in range(2)]}}  # a scale sent in float32: off by float32's rounding
     monkeypatch.setattr(ex, "ef_sign_reference", stripped)
     assert ex._judge_ef(right).startswith("correct")
+    assert ex._judge_ef(float32_scales).startswith("correct")
     wrong = {"visible": case | {"ranks": [{"means": means, "residuals": residuals[r] * 0}
                                           for r in range(2)]}}
     with pytest.raises(common.ExerciseFailed, match="every residual is 0"):

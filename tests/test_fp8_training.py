@@ -37,6 +37,16 @@ def test_a_spike_beyond_the_history_saturates_and_is_counted():
     assert scaler.scale() == pytest.approx(448 / 20)  # the spike is in the history now
 
 
+def test_unscaled_casts_are_plain_float8_casts_and_flush_what_scaling_keeps():
+    tiny = torch.full((16,), 1e-7) * torch.linspace(1, 2, 16)  # below e5m2's smallest subnormal
+    plain = F.DelayedScaling(F.E5M2, scaled=False)
+    assert torch.equal(plain.cast(tiny), tiny.to(torch.float8_e5m2).float())  # scale 1
+    assert plain.scale() == 1.0 and plain.cast(tiny).eq(0).all()
+    assert F.DelayedScaling(F.E5M2).cast(tiny).ne(0).all()  # scaled: every value kept
+    layer = F.to_fp8_training(torch.nn.Linear(3, 4), scaled=False)
+    assert all(not s.scaled for s in layer.scalers.values())
+
+
 def test_the_layer_multiplies_fp8_inputs_forward_and_an_e5m2_gradient_backward():
     g = torch.Generator().manual_seed(1)
     linear = torch.nn.Linear(6, 4)
