@@ -189,3 +189,17 @@ def test_the_command_builds_where_it_is_told_with_the_kit_it_is_given(monkeypatc
     assert site.main(["build"]) == 0 and calls[-1] == (site.OUT, None)
     with pytest.raises(SystemExit):
         site.main([])  # a command is required
+
+
+def test_the_build_needs_no_network(tmp_path):
+    from course_lib.exercises import sandbox
+
+    if sandbox.unavailable() is not None:
+        pytest.skip(f"no network-less sandbox here: {sandbox.unavailable()}")
+    out = tmp_path / "web"
+    done = subprocess.run([shutil.which("bwrap"), "--unshare-net", "--dev-bind", "/", "/",
+                           "--proc", "/proc", "--", sys.executable, "-m", "course_lib.site",
+                           "build", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(list(out.glob("*.html"))) >= len(site.lessons()) + 2  # the lessons, index, search
