@@ -75,7 +75,7 @@ This page shows the lesson as it last ran: every figure and number below was pri
 code. To run it yourself, with its exercises unsolved, clone the course and write the student
 edition: `python -m course_lib.exercises student` (the README's quick start). On a hosted
 notebook service, download this page's notebook (the download button above) and run it there:
-its first cell installs the kit{where}.
+its first cell installs the kit{where}.{widgets}
 ```'''
 
 
@@ -87,12 +87,15 @@ def lessons(root: Path = ROOT) -> list[Path]:
 def page(nb, kit: str | None = None):
     """A lesson's page: its student edition, without widgets' live views, with a note on how
     to run it and a first cell that installs the kit (``kit``: what pip installs)."""
-    out = editions.student_version(nb)
+    out, live = editions.student_version(nb), 0
     for cell in out.cells:
         if cell.cell_type == "code":
+            live += sum(WIDGET in o.get("data", {}) for o in cell.outputs)
             cell.outputs = [o for o in cell.outputs if WIDGET not in o.get("data", {})]
     where = f" from `{kit}`" if kit else " (this site was built without a kit to install)"
-    note = nbformat.v4.new_markdown_cell(HOW_TO_RUN.format(where=where))
+    widgets = (" The widgets of this lesson respond only in a running notebook: here each shows "
+               "the figure of its first setting.") if live else ""
+    note = nbformat.v4.new_markdown_cell(HOW_TO_RUN.format(where=where, widgets=widgets))
     install = nbformat.v4.new_code_cell(INSTALL.format(kit=kit))
     first = 1 if out.cells and out.cells[0].cell_type == "markdown" else 0  # after the title
     out.cells[first:first] = [note, install]

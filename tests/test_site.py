@@ -68,6 +68,8 @@ def test_a_page_is_the_student_edition_without_live_widgets_and_says_how_to_run_
         assert any("image/png" in o.get("data", {}) for o in page.cells[i + 2].outputs)
     note, install = page.cells[1], page.cells[2]
     assert "python -m course_lib.exercises student" in note.source
+    assert "widgets of this lesson respond only in a running notebook" in note.source
+    assert "widgets" not in site.page(nbformat.v4.new_notebook()).cells[0].source
     assert "git+https://example.org/course.git" in note.source + install.source
     assert len({c["id"] for c in page.cells}) == len(page.cells)
     nbformat.validate(page)
