@@ -2,6 +2,7 @@
 only in a graded run (course_lib.exercises.lesson07b)."""
 
 import math
+import sys
 
 import pytest
 import torch
@@ -83,7 +84,7 @@ def test_ef_sign_accepts_packed_signs_and_the_library_and_explains_wrong_ones():
         ex.check_ef_sign(zero_is_zero)
     with pytest.raises(common.ExerciseFailed, match="the ranks hold different means"):
         ex.check_ef_sign(own_mean)
-    with pytest.raises(common.ExerciseFailed, match=r"return \(mean, residual\), two tensors"):
+    with pytest.raises(common.ExerciseFailed, match=r"return \(mean, residual\), two real"):
         ex.check_ef_sign(lambda grad, residual, group=None: grad)
 
 
@@ -111,9 +112,15 @@ def test_the_reference_is_ef_sign_sgd_and_the_shipped_fingerprints_are_its():
             assert torch.all((sent > 0) == (corrected >= 0))  # a zero counts as +
             kept = residuals[r][t]
     torch.testing.assert_close(torch.tensor(projections(means)), torch.tensor(ex.VISIBLE_MEANS))
-    torch.testing.assert_close(torch.tensor(projections(residuals[0])),
+    torch.testing.assert_close(torch.tensor(projections(torch.stack(residuals))),
                                torch.tensor(ex.VISIBLE_RESIDUALS))
     assert (gradients == 0).any()  # the visible case tries the sign of zero
+
+
+def _ranks(means, residuals, offset=None):
+    return [{"means": means, "residuals": residuals[r],
+             "offset": torch.zeros(2, 5, dtype=torch.float64) if offset is None else offset[r]}
+            for r in range(len(residuals))]
 
 
 def test_ef_sign_in_the_student_edition_judges_the_visible_case_by_its_fingerprints(monkeypatch):
@@ -122,17 +129,75 @@ def test_ef_sign_in_the_student_edition_judges_the_visible_case_by_its_fingerpri
 
     case = ex.ef_cases(None)["visible"]
     means, residuals = ex.ef_sign_reference(case["gradients"])
-    right = {"visible": case | {"ranks": [{"means": means, "residuals": residuals[r]}
-                                          for r in range(2)]}}
-    float32_scales = {"visible": case | {"ranks": [{"means": means, "residuals": residuals[r] * (
-        1 + 2e-7)} for r in range(2)]}}  # a scale sent in float32: off by float32's rounding
+    right = {"visible": case | {"ranks": _ranks(means, residuals)}}
+    float32_scales = {"visible": case | {"ranks": _ranks(means, [r * (1 + 2e-7) for r in
+                                                              residuals])}}  # float32 scales
     monkeypatch.setattr(ex, "ef_sign_reference", stripped)
     assert ex._judge_ef(right).startswith("correct")
     assert ex._judge_ef(float32_scales).startswith("correct")
-    wrong = {"visible": case | {"ranks": [{"means": means, "residuals": residuals[r] * 0}
-                                          for r in range(2)]}}
+    wrong = {"visible": case | {"ranks": _ranks(means, [r * 0 for r in residuals])}}
     with pytest.raises(common.ExerciseFailed, match="every residual is 0"):
         ex._judge_ef(wrong)
+    rank_1_wrong = _ranks(means, residuals)
+    rank_1_wrong[1]["residuals"] = rank_1_wrong[1]["residuals"] + 7  # rank 0 alone is right
+    with pytest.raises(common.ExerciseFailed):
+        ex._judge_ef({"visible": case | {"ranks": rank_1_wrong}})
+    rank_1_wrong[1] |= {"residuals": residuals[1], "means": means + 123}
+    with pytest.raises(common.ExerciseFailed, match="the ranks hold different means"):
+        ex._judge_ef({"visible": case | {"ranks": rank_1_wrong}})
+
+
+def test_ef_sign_refuses_data_that_lacks_a_rank_a_tensor_or_a_drawn_offset(monkeypatch):
+    case = ex.ef_cases(None)["visible"]
+    means, residuals = ex.ef_sign_reference(case["gradients"])
+    assert ex._judge_ef({"visible": case | {"ranks": _ranks(means, residuals)}}).startswith(
+        "correct")
+    for ranks, why in (([], "expected the results of 2 ranks"),
+                       (_ranks(means, residuals)[:1], "expected the results of 2 ranks"),
+                       ([{}, {}], "rank 0's means is not a real tensor"),
+                       (_ranks(means[:2], residuals), r"rank 0's means is not a real tensor of "
+                                                      r"shape \(4, 2, 5\)"),
+                       (_ranks(means.to(torch.complex128), residuals), "not a real tensor")):
+        with pytest.raises(common.ExerciseFailed, match=why):
+            ex._judge_ef({"visible": case | {"ranks": ranks}})
+    monkeypatch.setenv(common.HIDDEN_SEED, "12345")  # a graded run: offsets drawn on each rank
+    cases = ex.ef_cases(12345)
+    unsalted = {"visible": cases["visible"] | {"ranks": _ranks(means, residuals)},
+                "hidden": [cases["hidden"][0] | {"ranks": []}]}
+    with pytest.raises(common.ExerciseFailed, match="rank 0's offset was not drawn by the check"):
+        ex._judge_ef(unsalted)
+
+
+def peeking(grad, residual, group=None):  # reads every rank's inputs from the check's frame
+    gradients = sys._getframe(1).f_locals["gradients"]
+    step = PEEKED.setdefault(id(gradients), [0])
+    means, residuals = ex.ef_sign_reference(gradients)  # no message sent
+    t, step[0] = step[0], step[0] + 1
+    return means[t].clone(), residuals[dist.get_rank()][t].clone()
+
+
+PEEKED: dict = {}
+
+
+@pytest.mark.filterwarnings("ignore:.*oversubscribed")
+def test_in_a_graded_run_no_rank_can_answer_for_the_others_without_a_message(monkeypatch):
+    assert "correct" in ex.check_ef_sign(peeking)  # outside a graded run the inputs are known
+    monkeypatch.setenv(common.HIDDEN_SEED, "12345")  # each rank adds an offset of its own
+    assert "correct" in ex.check_ef_sign(ef_sign_all_reduce)
+    with pytest.raises(common.ExerciseFailed, match="step 1, rank 0: the mean is off"):
+        ex.check_ef_sign(peeking)
+
+
+def test_the_recorded_values_are_copies_taken_when_returned():
+    kept = {}
+
+    def buffered(grad, residual, group=None):  # right, but returns the same buffers each step
+        mean, residual = ef_sign_all_reduce(grad, residual, group)
+        kept.setdefault("mean", torch.empty_like(mean)).copy_(mean)
+        kept.setdefault("residual", torch.empty_like(residual)).copy_(residual)
+        return kept["mean"], kept["residual"]
+
+    assert "correct" in ex.check_ef_sign(buffered)
 
 
 def test_message_bytes_accepts_the_formula_and_explains_wrong_counts():
@@ -143,6 +208,12 @@ def test_message_bytes_accepts_the_formula_and_explains_wrong_counts():
     with pytest.raises(common.ExerciseFailed, match=r"group None: 1126 bytes is not right"):
         ex.check_message_bytes(lambda s, b, g: message_bytes(s, b, g) if g else
                                math.ceil(sum(s) * b / 8) + 4)  # one scale for all tensors
+    import numpy as np
+
+    assert "correct" in ex.check_message_bytes(lambda s, b, g: np.int64(message_bytes(s, b, g)))
+    assert "correct" in ex.check_message_bytes(lambda s, b, g: np.array(message_bytes(s, b, g)))
+    with pytest.raises(common.ExerciseFailed, match="return a whole number of bytes"):
+        ex.check_message_bytes(lambda s, b, g: np.array([message_bytes(s, b, g)] * 2))
     with pytest.raises(common.ExerciseFailed, match="return a whole number of bytes"):
         ex.check_message_bytes(lambda sizes, bits, group: sum(sizes) * bits / 8)
 

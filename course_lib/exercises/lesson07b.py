@@ -11,6 +11,7 @@ themselves and take only the answers from the data (:mod:`.cases`).
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.distributed as dist
@@ -48,39 +49,68 @@ def ef_cases(seed) -> dict:
     return cases
 
 
-def _ef_ranks(ef_sign_all_reduce, cases):
+def _ef_ranks(ef_sign_all_reduce, cases, salted=False):
     """On every rank: ``STEPS`` calls per case, each with this rank's gradient and the residual
-    it returned last (zeros at first). Returns each step's mean and residual."""
+    it returned last (zeros at first). Returns each step's mean and residual (copies). In a
+    graded run (``salted``) each rank first adds an offset of its own, drawn from the operating
+    system's randomness, to its gradients: no rank can know another's without a message."""
     rank = dist.get_rank()
     out = []
     for gradients in cases:
-        residual, means, residuals = torch.zeros_like(gradients[rank][0]), [], []
+        offset = torch.zeros_like(gradients[rank][0])
+        if salted:
+            g = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+            offset = torch.randn(offset.shape, generator=g, dtype=offset.dtype) * \
+                gradients[rank].abs().mean()
+        residual, means, residuals = torch.zeros_like(offset), [], []
         for grad in gradients[rank]:
-            got = ef_sign_all_reduce(grad.clone(), residual.clone(), group=None)
+            got = ef_sign_all_reduce(grad + offset, residual.clone(), group=None)
             if not (isinstance(got, tuple) and len(got) == 2 and all(
-                    isinstance(t, torch.Tensor) and t.shape == grad.shape for t in got)):
+                    isinstance(t, torch.Tensor) and t.shape == grad.shape
+                    and t.is_floating_point() for t in got)):
                 raise TypeError(f"ef_sign_all_reduce returned {type(got).__name__}: return "
-                                f"(mean, residual), two tensors of the gradient's shape "
-                                f"{tuple(grad.shape)}")
-            mean, residual = (t.detach().to("cpu", torch.float64) for t in got)
+                                f"(mean, residual), two real floating tensors of the "
+                                f"gradient's shape {tuple(grad.shape)}")
+            mean, residual = (t.detach().to("cpu", torch.float64, copy=True) for t in got)
             means.append(mean)
-            residuals.append(residual)
-        out.append({"means": torch.stack(means), "residuals": torch.stack(residuals)})
+            residuals.append(residual.clone())
+        out.append({"means": torch.stack(means), "residuals": torch.stack(residuals),
+                    "offset": offset})
     return out
 
 
 def _probe_ef(ef_sign_all_reduce, timeout: float = 60) -> dict:
     cases = ef_cases(hidden_seed())
+    salted = hidden_seed() is not None
     hint = "does every rank call the same collectives, in the same order?"
-    runs = [launch_checked(_ef_ranks, 2, (ef_sign_all_reduce, [cases["visible"]["gradients"]]),
-                           timeout=timeout, hint=hint)]
-    for case in cases.get("hidden", []):
-        runs.append(launch_checked(_ef_ranks, len(case["gradients"]),
-                                   (ef_sign_all_reduce, [case["gradients"]]), timeout=timeout,
-                                   hint=hint))
+    runs = [launch_checked(_ef_ranks, len(case["gradients"]),
+                           (ef_sign_all_reduce, [case["gradients"]], salted), timeout=timeout,
+                           hint=hint)
+            for case in [cases["visible"], *cases.get("hidden", [])]]
     rows = [c | {"ranks": [r[0] for r in run]}
             for c, run in zip([cases["visible"], *cases.get("hidden", [])], runs, strict=True)]
     return {"visible": rows[0], "hidden": rows[1:]} if "hidden" in cases else {"visible": rows[0]}
+
+
+def _malformed(case) -> str | None:
+    """What is wrong with the data's form: a rank missing, or a mean, residual or offset not a
+    real tensor of the right shape (in a graded run, each rank's offset must look drawn)."""
+    gradients, ranks = case["gradients"], case["ranks"]
+    if not isinstance(ranks, list) or len(ranks) != len(gradients):
+        return f"expected the results of {len(gradients)} ranks"
+    for r, rank in enumerate(ranks):
+        if not isinstance(rank, dict):
+            return f"rank {r} returned no results"
+        shape = (STEPS, *gradients[r][0].shape)
+        for key, want in (("means", shape), ("residuals", shape), ("offset", shape[1:])):
+            t = rank.get(key)
+            if not (isinstance(t, torch.Tensor) and tuple(t.shape) == want
+                    and t.is_floating_point()):
+                return f"rank {r}'s {key} is not a real tensor of shape {want}"
+        size, drawn = gradients[r].abs().mean(), rank["offset"].abs().mean()
+        if hidden_seed() is not None and not (0.05 * size <= drawn <= 5 * size):
+            return f"rank {r}'s offset was not drawn by the check"
+    return None
 
 
 def ef_sign_reference(gradients):
@@ -107,13 +137,15 @@ def ef_sign_reference(gradients):
 # the visible case's right means and residuals as cases.projections (a test holds them to the
 # reference): the student edition, which lacks the reference, judges the visible case with them
 VISIBLE_MEANS = [-0.8947140729229259, -0.697805499351948, -4.977772572482843]
-VISIBLE_RESIDUALS = [-1.6273778919684299, 0.49190967427985655, 0.1256995783818966]
+VISIBLE_RESIDUALS = [-3.6834457545733565, 1.7015684434056262, 6.372400932087801]  # all ranks
 
 
 def _hint(case) -> str:
     """What a wrong answer most likely missed, from its own outputs (no reference needed)."""
     ranks, p = case["ranks"], len(case["ranks"])
     means = [r["means"] for r in ranks]
+    if not all(torch.isfinite(r[k]).all() for r in ranks for k in ("means", "residuals")):
+        return "a mean or a residual holds NaN or inf"
     if any(not torch.allclose(m, means[0], rtol=0, atol=EF_TOL) for m in means):
         return "the ranks hold different means: every rank must end with the same average"
     if all(r["residuals"].abs().max() == 0 for r in ranks):
@@ -125,16 +157,25 @@ def _hint(case) -> str:
 
 
 def _ef_wrong(case) -> str | None:
+    if wrong := _malformed(case):
+        return wrong
+    ranks = case["ranks"]
     try:
-        means, residuals = ef_sign_reference(case["gradients"])
+        means, residuals = ef_sign_reference([g + rank["offset"].double() for g, rank in
+                                              zip(case["gradients"], ranks, strict=True)])
     except NotImplementedError:  # the student edition: the visible case's fingerprints
-        got = [torch.as_tensor(projections(case["ranks"][0][k])) for k in ("means", "residuals")]
+        if any(rank["offset"].abs().max() > 0 for rank in ranks):  # a graded run's offsets:
+            raise  # only the grader's library judges them
+        got = [torch.as_tensor(projections(ranks[0]["means"])),
+               torch.as_tensor(projections(torch.stack([r["residuals"] for r in ranks])))]
         right = [torch.as_tensor(v) for v in (VISIBLE_MEANS, VISIBLE_RESIDUALS)]
-        if all(torch.allclose(a, b, rtol=EF_TOL, atol=EF_TOL * (1 + b.abs().max()))
-               for a, b in zip(got, right, strict=True)):
+        same = all(torch.allclose(r["means"], ranks[0]["means"], rtol=0, atol=EF_TOL)
+                   for r in ranks)
+        if same and all(torch.allclose(a, b, rtol=EF_TOL, atol=EF_TOL * (1 + b.abs().max()))
+                        for a, b in zip(got, right, strict=True)):
             return None
         return _hint(case)
-    for r, rank in enumerate(case["ranks"]):
+    for r, rank in enumerate(ranks):
         for t in range(STEPS):
             for what, got, right in (("mean", rank["means"][t], means[t]),
                                      ("residual", rank["residuals"][t], residuals[r][t])):
@@ -151,10 +192,11 @@ def _judge_ef(data) -> str:
         raise ExerciseFailed(wrong)
     if any(_ef_wrong(case) for case in data.get("hidden", [])):
         raise HiddenTestFailed("a hidden case failed")
-    sent = data["visible"]["gradients"][0][0].numel()
+    n = data["visible"]["gradients"][0][0].numel()
+    graded = "" if "hidden" in data else " (the grader adds a case on 3 ranks)"
     return (f"correct: on 2 ranks for {STEPS} steps every mean and residual matches "
-            f"EF-signSGD's; each rank sent {math.ceil(sent / 8)} bytes of signs and one scale a "
-            f"step, where float32 takes {4 * sent}")
+            f"EF-signSGD's{graded}. Sent as one bit a number, a message is {math.ceil(n / 8)} "
+            f"bytes of signs and one scale, where float32 takes {4 * n}")
 
 
 check_ef_sign = checked("lesson07b.ef_sign", _probe_ef, _judge_ef)
@@ -192,8 +234,11 @@ def _probe_bytes(message_bytes) -> dict:
         rows = []
         for case in cases:
             got = message_bytes(list(case["sizes"]), case["bits"], case["group"])
-            if hasattr(got, "item") and getattr(got, "numel", lambda: 0)() == 1:
-                got = got.item()
+            if not isinstance(got, (int, float)) and hasattr(got, "item"):
+                try:  # a one-element tensor, a numpy integer or 0-d array
+                    got = got.item()
+                except (ValueError, RuntimeError):
+                    pass
             if not is_whole(got):
                 raise ExerciseFailed(f"message_bytes returned {got!r} for sizes "
                                      f"{case['sizes']}: return a whole number of bytes")
