@@ -24,6 +24,7 @@ import argparse
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -34,11 +35,18 @@ from course_lib.exercises import editions
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "build" / "site"
 WIDGET = "application/vnd.jupyter.widget-view+json"
-TITLE = "Parallel and distributed deep learning, by doing it"
+MARKER = ".course-site"  # written into every folder this command builds: only those it replaces
+CSS = """.bd-page-width { max-width: 100rem; }
+.bd-main .bd-content .bd-article-container { max-width: 64em; }
+div.highlight pre, div.cell_output pre { font-size: 12.5px; }
+div.math-display { margin: 0.8em 0; overflow-x: auto; }
+"""
 
 CONF = '''
 project = {title!r}
 html_title = {title!r}
+author = "the course's authors"
+html_css_files = ["course.css"]
 extensions = ["myst_nb", "course_lib.site"]  # course_lib.site: math as MathML, at build time
 nb_execution_mode = "off"  # the committed outputs, as they are
 myst_enable_extensions = ["dollarmath", "amsmath"]
@@ -64,19 +72,22 @@ import sys
 KIT = {kit!r}  # what pip installs: set when the site was built (--kit)
 if importlib.util.find_spec("course_lib") is None:
     if KIT is None:
-        raise ModuleNotFoundError("course_lib is not installed: pip install the course kit "
-                                  "from your course's repository, then run this lesson again")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", KIT], check=True)'''
+        raise ModuleNotFoundError("course_lib is not installed: pip install the course's "
+                                  "student edition, then run this lesson again")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", KIT], check=True)
+    importlib.invalidate_caches()'''
 
 HOW_TO_RUN = '''\
-```{{admonition}} Run this lesson
-:class: tip
-This page shows the lesson as it last ran: every figure and number below was printed by its
-code. To run it yourself, with its exercises unsolved, clone the course and write the student
-edition: `python -m course_lib.exercises student` (the README's quick start). On a hosted
-notebook service, download this page's notebook (the download button above) and run it there:
-its first cell installs the kit{where}.{widgets}
-```'''
+> **Run this lesson.** What follows is the lesson as it last ran: every figure and number was
+> printed by its code. To run it with its exercises unsolved, clone the course and write the
+> student edition with `python -m course_lib.exercises student` (the README's quick start).
+> {hosted}'''
+HOSTED = ("On a hosted notebook service, run this notebook (the site's download button gives it): "
+          "its next cell installs the course's student edition from `{kit}` where it is missing.")
+NOT_HOSTED = ("Its next cell would install the kit on a hosted notebook service, but this site "
+              "was built without one to install (`--kit`): clone the course instead.")
+STILL = ("> On the website: the figure for the widget's first setting. Run the notebook to move "
+         "its controls.")
 
 
 def lessons(root: Path = ROOT) -> list[Path]:
@@ -85,20 +96,21 @@ def lessons(root: Path = ROOT) -> list[Path]:
 
 
 def page(nb, kit: str | None = None):
-    """A lesson's page: its student edition, without widgets' live views, with a note on how
-    to run it and a first cell that installs the kit (``kit``: what pip installs)."""
-    out, live = editions.student_version(nb), 0
+    """A lesson's page: its student edition, each widget's live view replaced by a note under
+    its first figure, with a note on how to run it and a first cell that installs the student
+    edition (``kit``: what pip installs)."""
+    out, cells = editions.student_version(nb), []
     for cell in out.cells:
-        if cell.cell_type == "code":
-            live += sum(WIDGET in o.get("data", {}) for o in cell.outputs)
+        cells.append(cell)
+        if cell.cell_type == "code" and any(WIDGET in o.get("data", {}) for o in cell.outputs):
             cell.outputs = [o for o in cell.outputs if WIDGET not in o.get("data", {})]
-    where = f" from `{kit}`" if kit else " (this site was built without a kit to install)"
-    widgets = (" The widgets of this lesson respond only in a running notebook: here each shows "
-               "the figure of its first setting.") if live else ""
-    note = nbformat.v4.new_markdown_cell(HOW_TO_RUN.format(where=where, widgets=widgets))
+            cells.append(nbformat.v4.new_markdown_cell(STILL))
+    hosted = HOSTED.format(kit=kit) if kit else NOT_HOSTED
     install = nbformat.v4.new_code_cell(INSTALL.format(kit=kit))
-    first = 1 if out.cells and out.cells[0].cell_type == "markdown" else 0  # after the title
-    out.cells[first:first] = [note, install]
+    install.metadata["tags"] = ["hide-input"]
+    first = 1 if cells and cells[0].cell_type == "markdown" else 0  # after the title
+    cells[first:first] = [nbformat.v4.new_markdown_cell(HOW_TO_RUN.format(hosted=hosted)), install]
+    out.cells = cells
     for i, cell in enumerate(out.cells):
         cell["id"] = f"cell-{i}"  # unique, whatever the inserted cells were given
     return out
@@ -109,9 +121,14 @@ def landing(readme: str, names: list[str]) -> str:
     each notebook link pointing at the lesson's page, and the table of contents."""
     title = re.search(r"^# (.+)$", readme, re.M)
     intro = re.search(r"^# .+?\n\n(.+?)\n\n", readme, re.S)
-    table = re.search(r"^## Lessons\n(.*?)(?=^## )", readme, re.S | re.M)
+    table = re.search(r"^## Lessons\n(.*?)(?=^## |\Z)", readme, re.S | re.M)
     if not (title and table):
         raise ValueError("the README has no '# title' or no '## Lessons' section to build from")
+    rows = [line for line in table.group(1).splitlines() if line.startswith("|")]
+    cells = {len(re.findall(r"(?<!\\)\|", row)) for row in rows}
+    if len(cells) > 1:
+        raise ValueError("a row of the README's lesson table has more or fewer cells than its "
+                         "header: escape a | inside a cell as \\|")
     body = re.sub(r"\]\(notebooks/([^)]+\.ipynb)\)", r"](\1)", table.group(1))
     toc = "\n".join(["```{toctree}", ":hidden:", ":maxdepth: 1", "", *names, "```"])
     return "\n\n".join([f"# {title.group(1)}", intro.group(1) if intro else "",
@@ -148,30 +165,53 @@ def stage(src: Path, kit: str | None = None, root: Path = ROOT) -> list[Path]:
     if src.exists():
         shutil.rmtree(src)
     (src / "_static").mkdir(parents=True)
-    (src / "conf.py").write_text(CONF.format(title=TITLE))
+    readme = (Path(root) / "README.md").read_text(encoding="utf-8")
+    title = re.search(r"^# (.+)$", readme, re.M)
+    (src / "conf.py").write_text(CONF.format(title=title.group(1) if title else "The course"))
     (src / "_static" / "favicon.svg").write_text(FAVICON)
+    (src / "_static" / "course.css").write_text(CSS)
     pages = []
     for path in lessons(root):
         nbformat.write(page(nbformat.read(path, as_version=4), kit), src / path.name)
         pages.append(src / path.name)
-    readme = (Path(root) / "README.md").read_text(encoding="utf-8")
     (src / "index.md").write_text(landing(readme, [p.stem for p in pages]), encoding="utf-8")
     return pages
 
 
+def check_out(out: Path, root: Path = ROOT) -> Path:
+    """``out`` resolved, if the build may write there: a new or empty folder, or one this
+    command built before (it holds :data:`MARKER`); never the course's own folders."""
+    out, root = Path(out).resolve(), Path(root).resolve()
+    if out == root or root.is_relative_to(out) or any(
+            out.is_relative_to(root / part) for part in ("notebooks", "course_lib", ".git")):
+        raise ValueError(f"--out {out} would overwrite the course itself: build elsewhere "
+                         f"(the default is {OUT})")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
+        raise ValueError(f"--out {out} holds files this command did not build: it replaces the "
+                         f"whole folder, so choose a new or empty one (or delete it yourself)")
+    return out
+
+
 def build(out: Path = OUT, kit: str | None = None, root: Path = ROOT) -> Path:
-    """Build the site into ``out`` (its sources staged beside it, in ``<out>-src``); returns
-    the landing page. Nothing is executed, and nothing is fetched from the network."""
+    """Build the site into ``out`` (checked by :func:`check_out`, then replaced); returns the
+    landing page. Nothing is executed, and nothing is fetched from the network. Sphinx and
+    MyST-NB work in a temporary folder; only the site is copied to ``out``."""
     from sphinx.cmd.build import build_main
 
-    out = Path(out)
-    src = out.parent / f"{out.name}-src"
-    stage(src, kit, root)
-    if out.exists():
-        shutil.rmtree(out)
-    code = build_main(["-b", "html", "-q", "-j", "2", str(src), str(out)])
-    if code != 0:
-        raise RuntimeError(f"sphinx-build failed (exit {code}) on the sources in {src}")
+    out = check_out(out, root)
+    with tempfile.TemporaryDirectory(prefix="course-site-") as work:
+        src, html = Path(work) / "src", Path(work) / "html"
+        stage(src, kit, root)
+        code = build_main(["-b", "html", "-q", "-W", "--keep-going", "-j", "2",
+                           "-d", str(Path(work) / "doctrees"), str(src), str(html)])
+        if code != 0:
+            raise RuntimeError(f"sphinx-build failed (exit {code}): its messages are above")
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.copytree(html, out)
+    (out / MARKER).write_text("built by python -m course_lib.site build: it may replace me\n")
     return out / "index.html"
 
 
@@ -185,7 +225,11 @@ def main(argv=None) -> int:
                       help="what a hosted notebook's first cell pip-installs, e.g. "
                            "git+https://<your course's repository>")
     args = parser.parse_args(argv)
-    index = build(args.out, args.kit)
+    try:
+        index = build(args.out, args.kit)
+    except ValueError as why:
+        print(f"python -m course_lib.site: {why}", file=sys.stderr)
+        return 2
     print(f"built {index}: open it in a browser, or publish {args.out} on any static host")
     return 0
 

@@ -101,6 +101,26 @@ def test_the_student_edition_holds_no_solution_text_anywhere(tmp_path):
                 assert ours.outputs == theirs.outputs
 
 
+def test_the_student_edition_pip_installs_its_library_without_the_answers(tmp_path):
+    import zipfile
+
+    hw.release(ROOT / "notebooks", tmp_path / "edition")
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                           "--no-build-isolation", "-q", "-w", str(tmp_path / "wheel"),
+                           str(tmp_path / "edition")], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = (tmp_path / "wheel").glob("course_lib-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        texts = {n: archive.read(n).decode() for n in names if n.endswith(".py")}
+    assert "course_lib/exercises/lesson07b.py" in names and "course_lib/EDITION" in names
+    assert "course_lib/exercises/practice.json" in names
+    region = re.compile(r"^\s*### BEGIN SOLUTION", re.MULTILINE)  # a region, not its regex
+    assert not [n for n, text in texts.items() if region.search(text)]
+    assert editions.LIBRARY_STUB.strip() in texts["course_lib/exercises/lesson07b.py"]
+
+
 def test_the_student_command_writes_the_edition_once_and_opens_it_with_its_library(tmp_path):
     from course_lib.exercises.__main__ import open_student_edition
 

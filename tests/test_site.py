@@ -55,22 +55,25 @@ def _guide_answers() -> list[str]:
 
 def test_a_page_is_the_student_edition_without_live_widgets_and_says_how_to_run_it():
     nb = nbformat.read(ROOT / "notebooks" / WIDGET_LESSON, as_version=4)
-    widget_cells = [i for i, c in enumerate(nb.cells) if any(
+    widgets = [c.source for c in nb.cells if any(
         site.WIDGET in o.get("data", {}) for o in c.get("outputs", []))]
-    assert widget_cells  # the lesson has a widget to leave out
-    page = site.page(nb, kit="git+https://example.org/course.git")
+    assert widgets  # the lesson has a widget to leave out
+    page = site.page(nb, kit="git+https://example.org/course-student.git")
     sources = "\n".join(c.source for c in page.cells)
     assert not _solution_lines(site.lessons()) & set(
         line.strip() for line in sources.splitlines())
     outputs = [o for c in page.cells if c.cell_type == "code" for o in c.outputs]
     assert not any(site.WIDGET in o.get("data", {}) for o in outputs)
-    for i in widget_cells:  # its default figure stays, as a picture (two cells were put before)
-        assert any("image/png" in o.get("data", {}) for o in page.cells[i + 2].outputs)
+    for i, cell in enumerate(page.cells):  # its first figure stays, as a picture, with a note
+        if cell.source in widgets:
+            assert any("image/png" in o.get("data", {}) for o in cell.outputs)
+            assert page.cells[i + 1].source == site.STILL
     note, install = page.cells[1], page.cells[2]
     assert "python -m course_lib.exercises student" in note.source
-    assert "widgets of this lesson respond only in a running notebook" in note.source
-    assert "widgets" not in site.page(nbformat.v4.new_notebook()).cells[0].source
-    assert "git+https://example.org/course.git" in note.source + install.source
+    assert "`git+https://example.org/course-student.git`" in note.source
+    assert "hide-input" in install.metadata["tags"]
+    assert "was built without one to install" in site.page(nb).cells[1].source
+    assert site.STILL not in "".join(c.source for c in site.page(nbformat.v4.new_notebook()).cells)
     assert len({c["id"] for c in page.cells}) == len(page.cells)
     nbformat.validate(page)
 
@@ -81,12 +84,13 @@ def test_the_install_cell_installs_the_kit_only_where_it_is_missing(monkeypatch)
     calls = []
     monkeypatch.setattr(subprocess, "run", lambda args, check: calls.append(args))
     cell = site.page(nbformat.v4.new_notebook(), kit="course-lib").cells[1].source
+    assert cell.startswith("# Where the course kit is not installed")
     exec(cell, {})  # course_lib imports here: nothing to install
     assert calls == []
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     exec(cell, {})
     assert calls == [[sys.executable, "-m", "pip", "install", "-q", "course-lib"]]
-    with pytest.raises(ModuleNotFoundError, match="pip install the course kit"):
+    with pytest.raises(ModuleNotFoundError, match="pip install the course's student edition"):
         exec(site.page(nbformat.v4.new_notebook()).cells[1].source, {})
 
 
@@ -99,6 +103,11 @@ def test_the_landing_page_is_the_readme_lesson_table_linking_each_page():
     assert md.index("## Lessons") < md.index("{toctree}")
     with pytest.raises(ValueError, match="no '## Lessons' section"):
         site.landing("# A course\n\nNo table.\n", names)
+    last = ("# A course\n\nIntro.\n\n## Lessons\n\n| a | b |\n|---|---|\n"
+            "| [x](notebooks/x.ipynb) | y |\n")
+    assert "](x.ipynb)" in site.landing(last, ["x"])  # the table may end the README
+    with pytest.raises(ValueError, match=r"escape a \| inside a cell"):
+        site.landing(last.replace("| y |", "| y (|w|) |"), ["x"])
 
 
 def test_math_becomes_mathml_when_the_page_is_built():
@@ -118,7 +127,8 @@ def built(tmp_path_factory):
 def test_the_build_writes_one_page_per_lesson_a_search_index_and_no_guide(built):
     pages = {p.stem for p in built.glob("*.html")}
     assert {p.stem for p in site.lessons()} | {"index", "search"} <= pages
-    assert (built / "searchindex.js").is_file()
+    assert (built / "searchindex.js").is_file() and (built / site.MARKER).is_file()
+    assert not (built / ".doctrees").exists() and not (built.parent / "jupyter_execute").exists()
     assert not [p for p in built.rglob("*") if "instructor_guide" in p.name]
     assert "instructor_guide" not in (built / "searchindex.js").read_text()
 
@@ -183,6 +193,29 @@ def test_every_page_in_chromium(built):
     assert problems == [], "\n".join(problems[:20])
 
 
+def test_the_build_never_replaces_the_course_or_a_folder_it_did_not_build(tmp_path):
+    for out in (ROOT, ROOT.parent, ROOT / "notebooks", ROOT / "notebooks" / "site",
+                ROOT / "course_lib" / "x", ROOT / ".git"):
+        with pytest.raises(ValueError, match="would overwrite the course itself"):
+            site.check_out(out)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "CNAME").write_text("course.example.org")
+    with pytest.raises(ValueError, match="holds files this command did not build"):
+        site.check_out(theirs)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        site.check_out(tmp_path / "file")
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / site.MARKER).write_text("")
+    (ours / "old.html").write_text("")
+    assert site.check_out(ours) == ours.resolve()  # built before: it may be replaced
+    assert site.check_out(tmp_path / "new") == (tmp_path / "new").resolve()
+    (tmp_path / "empty").mkdir()
+    assert site.check_out(tmp_path / "empty") == (tmp_path / "empty").resolve()
+
+
 def test_the_command_builds_where_it_is_told_with_the_kit_it_is_given(monkeypatch, capsys):
     calls = []
     monkeypatch.setattr(site, "build", lambda out, kit: calls.append((out, kit)) or out / "i.html")
@@ -191,6 +224,9 @@ def test_the_command_builds_where_it_is_told_with_the_kit_it_is_given(monkeypatc
     assert site.main(["build"]) == 0 and calls[-1] == (site.OUT, None)
     with pytest.raises(SystemExit):
         site.main([])  # a command is required
+    monkeypatch.undo()
+    assert site.main(["build", "--out", str(ROOT)]) == 2  # refused, with the reason
+    assert "would overwrite the course itself" in capsys.readouterr().err
 
 
 def test_the_build_needs_no_network(tmp_path):

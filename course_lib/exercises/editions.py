@@ -211,10 +211,39 @@ def student_library(source: Path, target: Path) -> Path:
     return target
 
 
+STUDENT_PYPROJECT = """[build-system]
+requires = ["setuptools>=69"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "course-lib"
+version = "0.1.0"
+description = "The course kit's library, student edition: the exercises' answers left out."
+requires-python = ">=3.10"
+dependencies = {dependencies}
+
+[tool.setuptools.packages.find]
+include = ["course_lib*"]
+
+[tool.setuptools.package-data]
+"course_lib" = ["EDITION"]
+"course_lib.exercises" = ["practice.json"]
+"""
+
+
+def student_pyproject(ours: Path) -> str:
+    """A ``pyproject.toml`` that makes the student edition pip-installable, its library without
+    the answers (what a hosted notebook's first cell installs: ``course_lib.site``), with the
+    dependencies of ``ours``, the course's own."""
+    found = re.search(r"^dependencies = (\[.*?\])", Path(ours).read_text(), re.S | re.M)
+    return STUDENT_PYPROJECT.format(dependencies=found.group(1) if found else "[]")
+
+
 def release(source: Path, target: Path) -> list[Path]:
     """Write the student edition of the lessons in ``source`` (a ``notebooks`` folder beside
     ``course_lib`` and ``data``) into ``target``: ``target/notebooks``, ``target/course_lib``,
-    ``target/data``. Returns the notebooks written."""
+    ``target/data``, and a ``pyproject.toml`` that pip installs the edition's library with.
+    Returns the notebooks written."""
     import course_lib
 
     source, target = Path(source), Path(target)
@@ -227,6 +256,9 @@ def release(source: Path, target: Path) -> list[Path]:
     student_library(Path(course_lib.__file__).parent, target / "course_lib")
     (target / "course_lib" / EDITION_MARKER).write_text(
         "the student edition: its kernel must import this course_lib (course_lib/edition.py)\n")
+    ours = Path(course_lib.__file__).resolve().parent.parent / "pyproject.toml"
+    if ours.is_file():  # pip install <the edition's folder or repository> installs its library
+        (target / "pyproject.toml").write_text(student_pyproject(ours))
     data = Path(course_lib.__file__).resolve().parent.parent / "data"
     if data.is_dir():
         shutil.copytree(data, target / "data", dirs_exist_ok=True,
