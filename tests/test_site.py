@@ -173,10 +173,12 @@ def test_every_page_in_chromium(built):
                         problems.append(f"{path.name}: link to a missing page: {link}")
                     elif anchor and f'id="{anchor}"' not in file.read_text(encoding="utf-8"):
                         problems.append(f"{path.name}: link to a missing anchor: {link}")
+                text = " ".join(page.evaluate("document.body.innerText").split())
                 if path.stem in {p.stem for p in site.lessons()}:
                     if page.evaluate("document.querySelectorAll('math').length") == 0:
                         problems.append(f"{path.name}: no math drawn")
-                text = " ".join(page.evaluate("document.body.innerText").split())
+                    if "Follows:" not in text or "Run this lesson." not in text:
+                        problems.append(f"{path.name}: no lecture reference or no way to run it")
                 problems += [f"{path.name}: shows a solution line: {s}" for s in secrets
                              if " ".join(s.split()) in text]
                 problems += [f"{path.name}: shows the guide's answer: {a}" for a in answers
