@@ -15,7 +15,12 @@ from dataclasses import replace
 
 from course_lib.cost_models import check_processes, zero_bytes_per_rank
 from course_lib.plans import Plan, Transformer
-from course_lib.stages import micro_batch_tokens, stage_layers, stage_parameters
+from course_lib.stages import (
+    micro_batch_tokens,
+    stage_expert_parameters,
+    stage_layers,
+    stage_parameters,
+)
 
 
 def state_bytes(psi: float, dp: int, zero: int, value_bytes: int = 2) -> float:
@@ -46,14 +51,18 @@ def activation_bytes_per_layer(model: Transformer, plan: Plan) -> float:
     ``"recomputed"`` keeps no scores; ``"flash"`` keeps a float32 log-sum-exp per head. For
     GPT-2's shape in bf16: s b h (10 + 24/t + 5 a s / (h t)), Korthikanti et al.'s Table 2.
     With full recomputation only the layer's input, 2 s b h (split over t with sequence
-    parallelism)."""
+    parallelism). With experts, the hidden values of each of the top_k (and shared) experts a
+    token goes to, and each routed copy of its input (the capacity's padding left out)."""
     s, h, t, vb = model.seq, model.hidden, plan.tp, model.value_bytes
     tokens = micro_batch_tokens(model, plan)
     replicated_share = 1 / t if plan.sequence_parallel else 1.0
     if plan.recompute:
         return tokens * vb * h * replicated_share
     replicated = 4 * vb * h + (2 * h if model.dropout else 0)
-    split = vb * (2 * h + 2 * model.kv_width) + (3 if model.gated_mlp else 2) * vb * model.ffn_width
+    mlps = model.top_k + model.shared_experts if model.experts else 1
+    routed = model.top_k * vb * h if model.experts else 0
+    split = (vb * (2 * h + 2 * model.kv_width) + routed
+             + (3 if model.gated_mlp else 2) * vb * model.ffn_width * mlps)
     scores = {"stored": model.heads * s * (vb + (1 + vb if model.dropout else 0)),
               "recomputed": 0, "flash": 4 * model.heads}[plan.attention]
     return tokens * (replicated * replicated_share + (split + scores) / t)
@@ -98,14 +107,13 @@ def in_flight(plan: Plan, stage: int) -> float:
 def memory(model: Transformer, plan: Plan, per_layer=activation_bytes_per_layer,
            per_head=head_activation_bytes) -> dict:
     """Predicted bytes per GPU on the stage that needs most: ``state`` (parameters, gradients,
-    optimizer state of its share, :func:`state_bytes`; ZeRO-3 adds two units' gathered
+    optimizer state of its share, :func:`state_bytes`, an expert's over the dp x cp / ep
+    GPUs that hold it; ZeRO-3 adds two units' gathered
     parameters, the one computing and the one prefetched: blocks, or the largest matrix),
     ``activations`` (``per_layer`` bytes for each of its layers and each micro-batch
     :func:`in_flight`; with recomputation, the
     recomputed layer's activations beyond its kept input while backward recomputes it; on the
     last stage ``per_head``, None for none), their ``total``, and ``stage``, which stage it is."""
-    if plan.ep > 1:
-        raise ValueError("the planner does not model expert parallelism yet (ep > 1)")
     layers = stage_layers(model, plan)
     kept = per_layer(model, plan)
     working = 0.0
@@ -119,10 +127,13 @@ def memory(model: Transformer, plan: Plan, per_layer=activation_bytes_per_layer,
                 (model.ffn_width + 1) * model.hidden)
         gathered = 2 * model.value_bytes * unit / plan.tp
     best, states = None, {}
-    for s, (n, psi) in enumerate(zip(layers, stage_parameters(model, plan), strict=True)):
+    for s, (n, psi, experts) in enumerate(zip(layers, stage_parameters(model, plan),
+                                               stage_expert_parameters(model, plan), strict=True)):
         if psi not in states:
             shards = plan.dp * plan.cp  # ZeRO shards over the ranks with the same layers
-            states[psi] = state_bytes(psi, shards, plan.zero, model.value_bytes) + gathered
+            states[psi] = (state_bytes(psi - experts, shards, plan.zero, model.value_bytes)
+                           + state_bytes(experts, shards // plan.ep, plan.zero, model.value_bytes)
+                           + gathered)
         state = states[psi]
         acts = in_flight(plan, s) * n * kept + working
         if s == plan.pp - 1 and per_head is not None:

@@ -98,9 +98,6 @@ def plan_conflicts(plan: Plan, *, layers: int, heads: int, global_batch: int,
         if dp % plan.ep:
             out.append(f"expert parallelism spreads the experts over data-parallel ranks: "
                        f"ep = {plan.ep} must divide dp = {dp}")
-        if plan.zero:
-            out.append("ZeRO shards what the data-parallel ranks hold alike; with ep > 1 "
-                       "their experts differ: use zero 0")
     if plan.sequence_parallel and tp == 1:
         out.append("sequence parallelism splits the sequence over the tensor-parallel group: "
                    "it needs tp > 1")
@@ -133,8 +130,12 @@ def check_plan(world_size: int, plan: Plan | None = None, *, global_batch: int, 
             "dp x tp x pp", f"{dp} x {tp} x {pp}")
         raise ValueError(f"{names} = {sizes} = {plan.gpus}, but the job has {world_size} ranks: "
                          f"start {names} processes")
-    if conflicts := plan_conflicts(plan, layers=layers, heads=heads, global_batch=global_batch,
-                                   seq=seq, experts=experts):
+    conflicts = plan_conflicts(plan, layers=layers, heads=heads, global_batch=global_batch,
+                               seq=seq, experts=experts)
+    if plan.ep > 1 and plan.zero:  # the planner models it (each expert's own shards)
+        conflicts.append("train_gpt's ZeRO shards what the data-parallel ranks hold alike; "
+                         "with ep > 1 their experts differ: use zero 0")
+    if conflicts:
         raise ValueError(f"plan {plan}: " + "; ".join(conflicts))
     return plan
 

@@ -39,7 +39,8 @@ def divisors(n: int) -> list[int]:
 def candidate_plans(model: Transformer, cluster: Cluster, zero_stages=(0, 1, 2, 3),
                     micro_batch_sizes=(1, 2, 4, 8, 16, 32), recompute=(False, True),
                     attention=ATTENTION, sequence_parallel=(False, True),
-                    chunks=(1, 2, 3, 4, 6, 8), gather_units=("block",), cp=(1,)) -> list[Plan]:
+                    chunks=(1, 2, 3, 4, 6, 8), gather_units=("block",), cp=(1,),
+                    ep=(1,)) -> list[Plan]:
     """Every plan that uses all GPUs and has no conflict with the model
     (:func:`course_lib.plan_checks.plan_conflicts`: tp divides the heads, pp the layers, 1F1B's
     micro-batches, ZeRO-3 without pipelining, ...). The search: tp divides a node's GPUs (each
@@ -48,13 +49,16 @@ def candidate_plans(model: Transformer, cluster: Cluster, zero_stages=(0, 1, 2, 
     batch splits into m micro-batches of one of ``micro_batch_sizes`` sequences (without
     pipelining, m is gradient accumulation); interleaving (``chunks`` v > 1) only with a
     pipeline, a ZeRO stage only with dp > 1, ``gather_units`` only for ZeRO-3, context
-    parallelism over each of ``cp`` GPUs (1: none; the sequence splits evenly over them). The
+    parallelism over each of ``cp`` GPUs (1: none; the sequence splits evenly over them), expert
+    parallelism over each of ``ep`` of the data-parallel GPUs (a model with ``experts``). The
     other arguments list the choices to search."""
     n = cluster.gpus
     for c in cp:
         check_positive("candidate_plans", cp=c)
+    for e in ep:
+        check_positive("candidate_plans", ep=e)
     rules = dict(layers=model.layers, heads=model.heads, global_batch=model.global_batch,
-                 kv_heads=model.kv_heads, seq=model.seq)
+                 kv_heads=model.kv_heads, seq=model.seq, experts=model.experts)
     plans = []
     for tp, c, pp in itertools.product(divisors(n), sorted(set(cp)), divisors(n)):
         if cluster.gpus_per_node % tp or n % (tp * c * pp):
@@ -65,14 +69,14 @@ def candidate_plans(model: Transformer, cluster: Cluster, zero_stages=(0, 1, 2, 
         if plan_conflicts(Plan(dp, tp, pp, micro_batches=pp, stages=stages, cp=c),
                           **(rules | dict(global_batch=dp * pp))):
             continue  # tp or pp cannot split this model, whatever the other choices
-        for zero, b, full, attn, sp, v in itertools.product(
+        for zero, b, full, attn, sp, v, e in itertools.product(
                 zero_stages, micro_batch_sizes, recompute, attention, sequence_parallel,
-                chunks):
+                chunks, sorted(set(ep))):
             m, left = divmod(model.global_batch, dp * b)
             if left or (zero and dp * c == 1) or (v > 1 and pp == 1):
                 continue
             for unit in gather_units if zero == 3 else ("block",):
-                plan = Plan(dp, tp, pp, zero, m, full, attn, sp, v, stages, unit, c)
+                plan = Plan(dp, tp, pp, zero, m, full, attn, sp, v, stages, unit, c, e)
                 if not plan_conflicts(plan, **rules):
                     plans.append(plan)
     return plans
@@ -178,15 +182,17 @@ def torchrun_command(model: Transformer, cluster: Cluster, plan: Plan, steps: in
     (:func:`course_lib.plan_checks.check_plan`)."""
     # what train_gpt's command line would refuse, refused here
     check_plan(cluster.gpus, plan, global_batch=model.global_batch, layers=model.layers,
-               heads=model.heads, seq=model.seq)
+               heads=model.heads, seq=model.seq, experts=model.experts)
     where = ("--standalone" if cluster.nodes == 1 else
              f"--nnodes {cluster.nodes} --rdzv-backend c10d --rdzv-endpoint $HEAD_NODE:$PORT "
              f"--rdzv-id $JOB_ID")
     flags = (f"--dp {plan.dp} --tp {plan.tp} --pp {plan.pp}"
-             f"{f' --cp {plan.cp}' if plan.cp > 1 else ''} --zero {plan.zero} "
+             f"{f' --cp {plan.cp}' if plan.cp > 1 else ''}"
+             f"{f' --ep {plan.ep}' if plan.ep > 1 else ''} --zero {plan.zero} "
              f"--micro-batches {plan.micro_batches}{' --recompute' if plan.recompute else ''}")
     shape = (f"--layers {model.layers} --d-model {model.hidden} --heads {model.heads} "
-             f"--context {model.seq} --vocab {model.vocab} --global-batch {model.global_batch}")
+             f"--context {model.seq} --vocab {model.vocab} --global-batch {model.global_batch}"
+             + (f" --experts {model.experts} --top-k {model.top_k}" if model.experts else ""))
     return (f"torchrun {where} --nproc-per-node {cluster.gpus_per_node} -m course_lib.train_gpt "
             f"{flags} {shape} --steps {steps}")
 

@@ -49,11 +49,13 @@ def a100_cluster(gpus: int, mfu: float = 0.5, inter_bandwidth: float = 25e9) -> 
                    mfu=mfu)
 
 
-def h100_cluster(gpus: int, mfu: float = 0.5) -> Cluster:
+def h100_cluster(gpus: int, mfu: float = 0.5, intra_bandwidth: float = 450e9) -> Cluster:
     """``gpus`` H100 80 GB GPUs in nodes of 8 with 400 Gb/s (50 GB/s) per GPU between nodes
-    (Llama 3's and Nemotron-4's clusters)."""
+    (Llama 3's and Nemotron-4's clusters). An H800 computes as an H100 with a slower NVLink:
+    160 GB/s as DeepSeek-V3 (section 3.2.2) measured it, ``intra_bandwidth=160e9``."""
     return Cluster(gpus_per_node=min(gpus, 8), nodes=max(1, gpus // 8), memory=80 * 2**30,
-                   peak_flops=H100_PEAK, intra_bandwidth=450e9, inter_bandwidth=50e9, mfu=mfu)
+                   peak_flops=H100_PEAK, intra_bandwidth=intra_bandwidth, inter_bandwidth=50e9,
+                   mfu=mfu)
 
 
 def megatron_flops(model: Transformer) -> float:
@@ -74,7 +76,7 @@ class Run:
     name: str
     source: str
     model: Transformer
-    cluster: str          # "a100", "a100 omni-path" or "h100"
+    cluster: str          # "a100", "a100 omni-path", "h100" or "h800"
     gpus: int
     plan: dict            # the published plan's fields
     tflops: float         # published teraFLOP/s per GPU, in ``convention``
@@ -279,6 +281,6 @@ def layer_flops(model: Transformer, micro_batch: int) -> float:
 
 def cluster_of(run: Run, mfu: float) -> Cluster:
     """The run's cluster at the kernels' ``mfu``."""
-    if run.cluster == "h100":
-        return h100_cluster(run.gpus, mfu)
+    if run.cluster in ("h100", "h800"):
+        return h100_cluster(run.gpus, mfu, 450e9 if run.cluster == "h100" else 160e9)
     return a100_cluster(run.gpus, mfu, 6.25e9 if run.cluster == "a100 omni-path" else 25e9)

@@ -58,14 +58,21 @@ def micro_batch_tokens(model: Transformer, plan: Plan) -> float:
 def stage_parameters(model: Transformer, plan: Plan) -> list[float]:
     """Parameters one GPU of each stage holds: its layers, the embedding on the first stage and
     the head on the last (a tied head is a second copy of the embedding there, whose gradients
-    Megatron-LM adds to the first stage's), all divided over the tensor-parallel group."""
+    Megatron-LM adds to the first stage's), all divided over the tensor-parallel group; of the
+    routed experts, a 1/ep share (:func:`stage_expert_parameters`)."""
     layers = stage_layers(model, plan)
     out = []
     for s, n in enumerate(layers):
-        count = n * model.layer_parameters
+        count = n * (model.layer_parameters - model.expert_parameters)
         count += model.embedding_parameters if s == 0 else 0
         if s == plan.pp - 1:
             count += model.head_parameters
             count += model.vocab * model.hidden if model.tied_head and plan.pp > 1 else 0
-        out.append(count / plan.tp)
+        out.append(count / plan.tp + n * model.expert_parameters / (plan.tp * plan.ep))
     return out
+
+
+def stage_expert_parameters(model: Transformer, plan: Plan) -> list[float]:
+    """Of :func:`stage_parameters`, the routed experts' share: each GPU holds experts / ep of
+    each of its layers' experts (0 for a model without experts)."""
+    return [n * model.expert_parameters / (plan.tp * plan.ep) for n in stage_layers(model, plan)]

@@ -17,6 +17,11 @@ Lecture: the seed article's "choose a strategy" step. Every term is an earlier l
   sequence's tokens (the load-balanced split), and the gradients are averaged over the dp x cp
   GPUs that hold the same layers. (``train_gpt``'s ring, written to be read, sends one pass more
   in backward and overlaps only its forward);
+* **expert parallel**: a mixture of experts' two all-to-alls per layer and micro-batch forward
+  (dispatch and combine, each of a GPU's tokens x top_k x h numbers) and two backward (four
+  with full recomputation), among the ep GPUs (:func:`course_lib.cost_models.all_to_all_time`),
+  less what the layer's compute beside them hides (DeepSeek-V3's DualPipe hides them under
+  another micro-batch's compute);
 * **data parallel**: the gradient collectives less what the compute beside them hides
   (lesson 10). With accumulation the one all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1) can
   hide only under the *last* micro-batch's backward, and the last bucket under nothing; ZeRO-1
@@ -26,20 +31,22 @@ Lecture: the seed article's "choose a strategy" step. Every term is an earlier l
   layer's gradients, at least DDP's 25 MiB; ZeRO-3's unit of gathering) pays the ring's
   latency, and communication that overlaps compute still slows it: by 18.9% on average in Lee
   et al. 2025's measurements on A100, H100 and AMD GPUs (arXiv 2507.03114), the figure used
-  here.
+  here. The experts' gradients are summed over the dp x cp / ep GPUs that hold each expert,
+  counted here as over dp x cp (a ring's time barely depends on its size).
 """
 
 from __future__ import annotations
 
 import math
 
-from course_lib.cost_models import ring_all_reduce_time
+from course_lib.cost_models import all_to_all_time, ring_all_reduce_time
 from course_lib.plans import Cluster, Plan, Transformer
 from course_lib.stages import gathered_units, micro_batch_tokens, stage_layers, stage_parameters
 
 BUCKET_BYTES = 25 * 2**20
 OVERLAP_SLOWDOWN = 0.189
-TERMS = ("compute", "bubble", "tensor_parallel", "pipeline", "context_parallel", "data_parallel")
+TERMS = ("compute", "bubble", "tensor_parallel", "pipeline", "context_parallel",
+         "expert_parallel", "data_parallel")
 
 
 def stage_seconds(model: Transformer, cluster: Cluster, plan: Plan) -> list[dict]:
@@ -170,12 +177,25 @@ def context_parallel_seconds(model: Transformer, cluster: Cluster, plan: Plan, l
     return layers * exposed(sends, attention if overlap else 0.0, 0.0)
 
 
+def expert_parallel_seconds(model: Transformer, cluster: Cluster, plan: Plan, t: dict,
+                            layers: int, overlap: bool = True) -> float:
+    """The experts' exposed all-to-alls in one micro-batch on a stage of ``layers`` layers whose
+    compute is ``t`` (:func:`stage_seconds`): per layer, 4 all-to-alls (6 with full
+    recomputation) of tokens x top_k x h values per GPU among the ep GPUs of a group
+    (data-parallel neighbours: tp x cp x pp apart), beside that layer's compute."""
+    if plan.ep == 1:
+        return 0.0
+    alpha, beta = cluster.link(plan.ep, plan.tp * plan.cp * plan.pp)
+    routed = model.value_bytes * micro_batch_tokens(model, plan) * model.top_k * model.hidden
+    comm = (6 if plan.recompute else 4) * float(all_to_all_time(routed, plan.ep, alpha, beta))
+    window = (t["forward"] + t["backward"]) / layers if overlap else 0.0
+    return layers * exposed(comm, window, 0.0)
+
+
 def step_time(model: Transformer, cluster: Cluster, plan: Plan, overlap: bool = True) -> dict:
     """Predicted seconds of one step, term by term (:data:`TERMS`), and their ``total``.
     ``overlap``: the data-parallel collectives run beside the compute (DDP, FSDP, lesson 10);
     False for a step that all-reduces after backward (:mod:`course_lib.train_gpt`)."""
-    if plan.ep > 1:
-        raise ValueError("the planner does not model expert parallelism yet (ep > 1)")
     if plan.gpus > cluster.gpus:
         raise ValueError(f"the plan needs dp x cp x tp x pp = {plan.gpus} GPUs, the cluster "
                          f"has {cluster.gpus}")
@@ -189,6 +209,9 @@ def step_time(model: Transformer, cluster: Cluster, plan: Plan, overlap: bool = 
                pipeline=pipeline_seconds(model, cluster, plan),
                context_parallel=m * context_parallel_seconds(
                    model, cluster, plan, stage_layers(model, plan)[slowest], overlap),
+               expert_parallel=m * expert_parallel_seconds(
+                   model, cluster, plan, stages[slowest], stage_layers(model, plan)[slowest],
+                   overlap),
                data_parallel=data_parallel_seconds(model, cluster, plan, stages, overlap))
     out["total"] = sum(out.values())
     return out
@@ -202,7 +225,8 @@ def collectives(model: Transformer, plan: Plan) -> int:
     tp = layers * (6 if plan.recompute else 4) * m if plan.tp > 1 else 0
     pp = 2 * plan.chunks * m if plan.pp > 1 else 0
     cp = 3 * (plan.cp - 1) * layers * m
+    ep = (6 if plan.recompute else 4) * layers * m if plan.ep > 1 else 0
     dp = 0
     if plan.dp * plan.cp > 1:
         dp = {0: 1, 1: 2, 2: m + 1, 3: 3 * layers * gathered_units(model, plan) * m}[plan.zero]
-    return tp + pp + cp + dp
+    return tp + pp + cp + ep + dp

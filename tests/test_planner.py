@@ -230,11 +230,83 @@ def test_cp_choices_are_checked_and_the_gradients_cp_group_takes_its_own_link():
     assert got < grads / 1e11  # priced at NVLink's speed, not the 1 GB/s between nodes
 
 
-def test_expert_parallelism_is_refused_by_the_planner_until_it_models_it():
-    plan = P.Plan(dp=2, tp=1, pp=1, ep=2)
-    for predict in (P.step_time, lambda m, c, p: P.memory(m, p)):
-        with pytest.raises(ValueError, match="does not model expert parallelism"):
-            predict(GPT_7B, NODE, plan)
+MOE_7B = replace(GPT_7B, experts=8, top_k=2, global_batch=64)
+
+
+def test_experts_count_every_expert_held_and_only_the_chosen_ones_computed():
+    import torch
+
+    from course_lib.experts import model_of
+
+    gpt = model_of(dict(vocab=96, d_model=64, layers=4, heads=4, context=32, experts=4,
+                        top_k=2), 0, torch.float32)
+    model = P.Transformer(layers=4, hidden=64, heads=4, seq=32, vocab=96, global_batch=8,
+                          value_bytes=4, tied_head=False, experts=4, top_k=2)
+    assert model.parameters == sum(p.numel() for p in gpt.parameters())
+    h, mlp = 4096, 8 * 4096 * 4096 + 4 * 4096 + 4096  # one MLP: 2 h f weights, f + h biases
+    dense = GPT_7B.layer_parameters
+    assert MOE_7B.mlp_parameters == mlp and MOE_7B.expert_parameters == 8 * mlp
+    assert MOE_7B.layer_parameters == dense + 7 * mlp + 8 * h  # 8 MLPs and a router
+    assert MOE_7B.active_layer_parameters == dense + mlp + 8 * h  # a token uses 2 of them
+    per = MOE_7B.forward_flops_per_token()["layer"]
+    assert per == 2 * (dense + mlp + 8 * h) + 4 * h * GPT_7B.seq
+    shared = replace(MOE_7B, shared_experts=1)
+    assert shared.layer_parameters - MOE_7B.layer_parameters == mlp
+    assert shared.active_layer_parameters - MOE_7B.active_layer_parameters == mlp
+    for change, match in ((dict(top_k=9), "more experts than the 8"),
+                          (dict(experts=-1), "experts must be a whole number"),
+                          (dict(experts=0, shared_experts=1), "needs experts > 0")):
+        with pytest.raises(ValueError, match=match):
+            replace(MOE_7B, **change)
+
+
+def test_expert_parallelism_divides_the_experts_state_and_pays_two_all_to_alls_each_way():
+    data, spread = P.Plan(dp=8, tp=1, pp=1), P.Plan(dp=8, tp=1, pp=1, ep=8)
+    layers, mlp = MOE_7B.layers, MOE_7B.mlp_parameters
+    psi = MOE_7B.parameters
+    assert P.memory(MOE_7B, data)["state"] == pytest.approx(16 * psi)
+    experts = layers * 8 * mlp
+    assert P.memory(MOE_7B, spread)["state"] == pytest.approx(16 * (psi - experts + experts / 8))
+    # ZeRO-1 over 8: the rest's state over 8 GPUs, each expert's over the 8 / ep = 1 holding it
+    zero = P.memory(MOE_7B, replace(spread, zero=1))["state"]
+    assert zero == pytest.approx(P.state_bytes(psi - experts, 8, 1) + 16 * experts / 8)
+    assert P.memory(MOE_7B, spread)["activations"] == P.memory(MOE_7B, data)["activations"]
+    # 4 all-to-alls a layer (dispatch and combine, forward and backward) of a GPU's tokens x
+    # top_k x h values among the 8 GPUs of the node; the same compute
+    one, ep = (P.step_time(MOE_7B, NODE, plan, overlap=False) for plan in (data, spread))
+    assert one["expert_parallel"] == 0 and ep["compute"] == pytest.approx(one["compute"])
+    alpha, beta = NODE.link(8, 1)
+    routed = 2 * (64 / 8 * GPT_7B.seq) * 2 * 4096
+    assert ep["expert_parallel"] == pytest.approx(
+        layers * 4 * float(M.all_to_all_time(routed, 8, alpha, beta)))
+    assert P.step_time(MOE_7B, NODE, spread)["expert_parallel"] < ep["expert_parallel"]
+    assert P.collectives(MOE_7B, spread) == P.collectives(MOE_7B, data) + 4 * layers
+
+
+def test_ep_choices_follow_the_rules_and_the_planner_models_zero_with_experts():
+    plans = P.candidate_plans(MOE_7B, NODE, ep=(1, 2, 8))
+    assert {p.ep for p in plans} == {1, 2, 8}
+    assert all(p.dp % p.ep == 0 and p.tp == 1 for p in plans if p.ep > 1)
+    assert any(p.ep == 8 and p.zero == 1 for p in plans)  # train_gpt's refusal is its own
+    assert {p.ep for p in P.candidate_plans(GPT_7B, NODE, ep=(1, 2))} == {1}  # no experts
+    with pytest.raises(ValueError, match="ep must be a positive whole number"):
+        P.candidate_plans(MOE_7B, NODE, ep=(0,))
+    command = P.torchrun_command(MOE_7B, NODE, P.Plan(dp=8, tp=1, pp=1, ep=2))
+    assert "--ep 2 --zero 0" in command and command.endswith("--experts 8 --top-k 2 --steps 10")
+
+
+def test_a_published_run_with_expert_parallelism_is_predicted_within_a_third():
+    from course_lib import validation as V
+    from course_lib.published_experts import DEEPSEEK_V3, EXPERT_RUN
+
+    assert 650e9 < DEEPSEEK_V3.parameters < 720e9  # 671B, plus what the shape adds (its note)
+    assert 36e9 < DEEPSEEK_V3.layers * DEEPSEEK_V3.active_layer_parameters < 38e9  # 37B used
+    c = V.compare(EXPERT_RUN, pub.measured_mfu())
+    assert c["candidate"] and c["ranked"].plan.ep == 64
+    assert 0.75 <= c["ratio"] <= 1.33, c["ratio"]
+    # its memory as the module's note says: over 80 GiB, all of the excess activations
+    memory = c["ranked"].memory
+    assert not c["fits"] and memory["state"] < 20 * 2**30 < 80 * 2**30 < memory["total"]
 
 
 def test_a_long_context_run_needs_the_cp_axis_to_exist():
