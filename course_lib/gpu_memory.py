@@ -14,8 +14,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from course_lib.cost_models import check_processes, zero_bytes_per_rank
+from course_lib.plan_checks import check_experts
 from course_lib.plans import Plan, Transformer
 from course_lib.stages import (
+    layer_parameters_held,
     micro_batch_tokens,
     stage_expert_parameters,
     stage_layers,
@@ -52,7 +54,8 @@ def activation_bytes_per_layer(model: Transformer, plan: Plan) -> float:
     GPT-2's shape in bf16: s b h (10 + 24/t + 5 a s / (h t)), Korthikanti et al.'s Table 2.
     With full recomputation only the layer's input, 2 s b h (split over t with sequence
     parallelism). With experts, the hidden values of each of the top_k (and shared) experts a
-    token goes to, and each routed copy of its input (the capacity's padding left out)."""
+    token goes to, and each routed copy's input and output (the output for the gate's gradient;
+    the capacity's padding left out)."""
     s, h, t, vb = model.seq, model.hidden, plan.tp, model.value_bytes
     tokens = micro_batch_tokens(model, plan)
     replicated_share = 1 / t if plan.sequence_parallel else 1.0
@@ -60,7 +63,7 @@ def activation_bytes_per_layer(model: Transformer, plan: Plan) -> float:
         return tokens * vb * h * replicated_share
     replicated = 4 * vb * h + (2 * h if model.dropout else 0)
     mlps = model.top_k + model.shared_experts if model.experts else 1
-    routed = model.top_k * vb * h if model.experts else 0
+    routed = 2 * model.top_k * vb * h if model.experts else 0  # each copy's input and output
     split = (vb * (2 * h + 2 * model.kv_width) + routed
              + (3 if model.gated_mlp else 2) * vb * model.ffn_width * mlps)
     scores = {"stored": model.heads * s * (vb + (1 + vb if model.dropout else 0)),
@@ -114,6 +117,7 @@ def memory(model: Transformer, plan: Plan, per_layer=activation_bytes_per_layer,
     :func:`in_flight`; with recomputation, the
     recomputed layer's activations beyond its kept input while backward recomputes it; on the
     last stage ``per_head``, None for none), their ``total``, and ``stage``, which stage it is."""
+    check_experts(model, plan)
     layers = stage_layers(model, plan)
     kept = per_layer(model, plan)
     working = 0.0
@@ -123,9 +127,9 @@ def memory(model: Transformer, plan: Plan, per_layer=activation_bytes_per_layer,
         working = per_layer(model, replace(plan, attention="stored")) - kept
     gathered = 0.0
     if plan.zero == 3 and plan.dp * plan.cp > 1:
-        unit = (model.layer_parameters if plan.gather_unit == "block" else
-                (model.ffn_width + 1) * model.hidden)
-        gathered = 2 * model.value_bytes * unit / plan.tp
+        unit = (layer_parameters_held(model, plan) if plan.gather_unit == "block" else
+                (model.ffn_width + 1) * model.hidden / plan.tp)
+        gathered = 2 * model.value_bytes * unit
     best, states = None, {}
     for s, (n, psi, experts) in enumerate(zip(layers, stage_parameters(model, plan),
                                                stage_expert_parameters(model, plan), strict=True)):

@@ -76,8 +76,9 @@ class Transformer:
         if self.experts and self.top_k > self.experts:
             raise ValueError(f"Transformer.top_k = {self.top_k} sends each token to more "
                              f"experts than the {self.experts} there are")
-        if self.shared_experts and not self.experts:
-            raise ValueError("Transformer.shared_experts needs experts > 0 (a mixture of experts)")
+        if (self.shared_experts or self.top_k != 1) and not self.experts:
+            raise ValueError("Transformer.shared_experts and top_k need experts > 0 (a mixture "
+                             "of experts)")
         if self.hidden % self.heads:
             raise ValueError(f"Transformer.hidden = {self.hidden} must split into heads = "
                              f"{self.heads} equal heads")

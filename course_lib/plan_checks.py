@@ -90,14 +90,7 @@ def plan_conflicts(plan: Plan, *, layers: int, heads: int, global_batch: int,
     if experts and tp > 1:
         out.append("tensor parallelism splits a dense MLP, and this course does not split "
                    "experts over tensor-parallel ranks: use tp = 1 with experts")
-    if plan.ep > 1:
-        if not experts:
-            out.append(f"ep = {plan.ep} spreads a model's experts, and this one has none")
-        elif experts % plan.ep:
-            out.append(f"ep = {plan.ep} does not divide the {experts} experts")
-        if dp % plan.ep:
-            out.append(f"expert parallelism spreads the experts over data-parallel ranks: "
-                       f"ep = {plan.ep} must divide dp = {dp}")
+    out += expert_conflicts(plan, experts)
     if plan.sequence_parallel and tp == 1:
         out.append("sequence parallelism splits the sequence over the tensor-parallel group: "
                    "it needs tp > 1")
@@ -113,6 +106,27 @@ def plan_conflicts(plan: Plan, *, layers: int, heads: int, global_batch: int,
             out.append(f"interleaving cuts each stage into {v} chunks of whole layers: "
                        f"{per_stage} layers per stage do not")
     return out
+
+
+def expert_conflicts(plan: Plan, experts: int) -> list[str]:
+    """Why ``plan``'s ep cannot spread ``experts`` experts a block (0: a dense model); [] when it
+    can: ep divides the experts, and the data-parallel ranks it spreads them over."""
+    if plan.ep == 1:
+        return []
+    if not experts:
+        return [f"ep = {plan.ep} spreads a model's experts, and this one has none"]
+    out = [f"ep = {plan.ep} does not divide the {experts} experts"] if experts % plan.ep else []
+    if plan.dp % plan.ep:
+        out.append(f"expert parallelism spreads the experts over data-parallel ranks: "
+                   f"ep = {plan.ep} must divide dp = {plan.dp}")
+    return out
+
+
+def check_experts(model, plan: Plan) -> None:
+    """Refuse a ``plan`` whose ep cannot spread ``model``'s experts (the planner's predictions
+    ask this first), naming why."""
+    if conflicts := expert_conflicts(plan, model.experts):
+        raise ValueError(f"plan {plan}: " + "; ".join(conflicts))
 
 
 def check_plan(world_size: int, plan: Plan | None = None, *, global_batch: int, layers: int,

@@ -112,7 +112,8 @@ def rank_plans(model: Transformer, cluster: Cluster, per_layer=activation_bytes_
             f"no plan uses all {cluster.gpus} GPUs for this model: tp must divide the heads "
             f"({model.heads}) and a node's {cluster.gpus_per_node} GPUs, pp be at most the "
             f"layers ({model.layers}), dp divide the global batch ({model.global_batch}), 2 x cp "
-            f"the sequence ({model.seq}), and the choices given ({sorted(options) or 'none'}) "
+            f"the sequence ({model.seq}), ep the experts ({model.experts}) and dp, and the "
+            f"choices given ({sorted(options) or 'none'}) "
             f"leave some plan")
     out = []
     for plan in plans:
@@ -181,6 +182,9 @@ def torchrun_command(model: Transformer, cluster: Cluster, plan: Plan, steps: in
     interleaving, uneven stages, selective recomputation, ...) is refused
     (:func:`course_lib.plan_checks.check_plan`)."""
     # what train_gpt's command line would refuse, refused here
+    if model.shared_experts:
+        raise ValueError("train_gpt's mixtures of experts have no shared experts: plan a model "
+                         "with shared_experts=0 to run it")
     check_plan(cluster.gpus, plan, global_batch=model.global_batch, layers=model.layers,
                heads=model.heads, seq=model.seq, experts=model.experts)
     where = ("--standalone" if cluster.nodes == 1 else

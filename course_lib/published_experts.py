@@ -17,7 +17,8 @@ DEEPSEEK_2024 = "DeepSeek-AI 2024, DeepSeek-V3 technical report, sections 3.1-3.
 # 2,048 (gated) per block, each token sent to 8 and to one shared expert; 15,360 sequences of
 # 4,096 tokens a step (after the warm-up of the batch size), vocabulary 129,280; 180K GPU-hours
 # per trillion tokens: 1,543 tokens a second per GPU. Our shape differs: standard attention for
-# its multi-head latent attention, the first 3 blocks' dense MLP (18,432 wide: 9 experts' FLOPs)
+# its multi-head latent attention (whose scores are 128 x 192 wide, not 7,168: about 16% more
+# of a layer's FLOPs than counted), the first 3 blocks' dense MLP (18,432 wide: 9 experts' FLOPs)
 # counted as experts (5% more parameters), no multi-token prediction. Not modelled: its FP8
 # matrix products, its DualPipe schedule, and what it does to fit in memory (activations kept
 # in FP8, norms recomputed): the planner's memory for it is over 80 GiB.

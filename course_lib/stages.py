@@ -72,6 +72,13 @@ def stage_parameters(model: Transformer, plan: Plan) -> list[float]:
     return out
 
 
+def layer_parameters_held(model: Transformer, plan: Plan) -> float:
+    """One layer's parameters on one GPU: the layer over the tensor-parallel group, of its
+    routed experts only a 1/ep share (ZeRO-3 gathers this much a block; a bucket holds it)."""
+    return (model.layer_parameters - model.expert_parameters
+            + model.expert_parameters / plan.ep) / plan.tp
+
+
 def stage_expert_parameters(model: Transformer, plan: Plan) -> list[float]:
     """Of :func:`stage_parameters`, the routed experts' share: each GPU holds experts / ep of
     each of its layers' experts (0 for a model without experts)."""

@@ -20,8 +20,9 @@ Lecture: the seed article's "choose a strategy" step. Every term is an earlier l
 * **expert parallel**: a mixture of experts' two all-to-alls per layer and micro-batch forward
   (dispatch and combine, each of a GPU's tokens x top_k x h numbers) and two backward (four
   with full recomputation), among the ep GPUs (:func:`course_lib.cost_models.all_to_all_time`),
-  less what the layer's compute beside them hides (DeepSeek-V3's DualPipe hides them under
-  another micro-batch's compute);
+  less what compute beside them hides. Dispatch, experts and combine wait for each other, so
+  with ``overlap`` this assumes a schedule that runs another micro-batch's compute beside them
+  (DeepSeek-V3's DualPipe); without one (``overlap=False``) they all add;
 * **data parallel**: the gradient collectives less what the compute beside them hides
   (lesson 10). With accumulation the one all-reduce (ZeRO-0) or reduce-scatter (ZeRO-1) can
   hide only under the *last* micro-batch's backward, and the last bucket under nothing; ZeRO-1
@@ -31,8 +32,8 @@ Lecture: the seed article's "choose a strategy" step. Every term is an earlier l
   layer's gradients, at least DDP's 25 MiB; ZeRO-3's unit of gathering) pays the ring's
   latency, and communication that overlaps compute still slows it: by 18.9% on average in Lee
   et al. 2025's measurements on A100, H100 and AMD GPUs (arXiv 2507.03114), the figure used
-  here. The experts' gradients are summed over the dp x cp / ep GPUs that hold each expert,
-  counted here as over dp x cp (a ring's time barely depends on its size).
+  here. A routed expert's gradients (and ZeRO's shards of it) go over the dp x cp / ep GPUs
+  that hold it: none when ep = dp x cp.
 """
 
 from __future__ import annotations
@@ -40,8 +41,16 @@ from __future__ import annotations
 import math
 
 from course_lib.cost_models import all_to_all_time, ring_all_reduce_time
+from course_lib.plan_checks import check_experts
 from course_lib.plans import Cluster, Plan, Transformer
-from course_lib.stages import gathered_units, micro_batch_tokens, stage_layers, stage_parameters
+from course_lib.stages import (
+    gathered_units,
+    layer_parameters_held,
+    micro_batch_tokens,
+    stage_expert_parameters,
+    stage_layers,
+    stage_parameters,
+)
 
 BUCKET_BYTES = 25 * 2**20
 OVERLAP_SLOWDOWN = 0.189
@@ -90,10 +99,10 @@ def stage_data_parallel_seconds(model: Transformer, plan: Plan, psi: float, t: d
                                 alpha: float, beta: float, overlap: bool) -> tuple:
     """One stage's data-parallel seconds, ``(per_step, end)``: what its collectives expose during
     the step, and what the one after its last backward exposes. ``psi``: the parameters one GPU
-    of the stage holds; ``t``: its :func:`stage_seconds`; ``alpha``, ``beta``: the
-    data-parallel group's link."""
+    of the stage holds, as many as the dp x cp GPUs' collectives cost (:func:`ring_equivalent`);
+    ``t``: its :func:`stage_seconds`; ``alpha``, ``beta``: the data-parallel group's link."""
     m = plan.micro_batches
-    layer_bytes = model.value_bytes * model.layer_parameters / plan.tp
+    layer_bytes = model.value_bytes * layer_parameters_held(model, plan)
     units = gathered_units(model, plan)
     grads = model.value_bytes * psi
     if plan.zero == 3:  # one gather (or reduce-scatter) per unit, and for the embeddings
@@ -136,8 +145,10 @@ def data_parallel_seconds(model: Transformer, cluster: Cluster, plan: Plan, stag
     alpha, beta = (cluster.link(plan.cp, plan.tp) if plan.dp == 1 else
                    cluster.link(plan.dp * plan.cp, plan.tp * plan.pp))
     worst, slack, cache = 0.0, 0.0, {}  # stages alike cost alike: each kind computed once
-    for psi, t, layers in zip(stage_parameters(model, plan), stages, stage_layers(model, plan),
-                              strict=True):
+    for held, experts, t, layers in zip(stage_parameters(model, plan),
+                                        stage_expert_parameters(model, plan), stages,
+                                        stage_layers(model, plan), strict=True):
+        psi = ring_equivalent(held, experts, plan)
         key = (psi, t["forward"], t["backward"], layers)
         if key not in cache:
             cache[key] = stage_data_parallel_seconds(model, plan, psi, t, layers, alpha, beta,
@@ -148,6 +159,14 @@ def data_parallel_seconds(model: Transformer, cluster: Cluster, plan: Plan, stag
         worst = max(worst, per_step + max(0.0, end - slack))
         slack += t["backward"] / plan.chunks
     return worst
+
+
+def ring_equivalent(held: float, experts: float, plan: Plan) -> float:
+    """The parameters whose collective over the dp x cp GPUs costs what ``held`` parameters'
+    do, ``experts`` of them going over only the dp x cp / ep GPUs that hold each expert: a ring
+    sends (p - 1)/p of its data, so they count (p_e - 1)/p_e over (p - 1)/p (0 for p_e = 1)."""
+    p, p_e = plan.dp * plan.cp, plan.dp * plan.cp // plan.ep
+    return held - experts + experts * ((p_e - 1) / p_e) / ((p - 1) / p)
 
 
 def pipeline_seconds(model: Transformer, cluster: Cluster, plan: Plan) -> float:
@@ -196,6 +215,7 @@ def step_time(model: Transformer, cluster: Cluster, plan: Plan, overlap: bool = 
     """Predicted seconds of one step, term by term (:data:`TERMS`), and their ``total``.
     ``overlap``: the data-parallel collectives run beside the compute (DDP, FSDP, lesson 10);
     False for a step that all-reduces after backward (:mod:`course_lib.train_gpt`)."""
+    check_experts(model, plan)
     if plan.gpus > cluster.gpus:
         raise ValueError(f"the plan needs dp x cp x tp x pp = {plan.gpus} GPUs, the cluster "
                          f"has {cluster.gpus}")

@@ -255,7 +255,8 @@ def test_experts_count_every_expert_held_and_only_the_chosen_ones_computed():
     assert shared.active_layer_parameters - MOE_7B.active_layer_parameters == mlp
     for change, match in ((dict(top_k=9), "more experts than the 8"),
                           (dict(experts=-1), "experts must be a whole number"),
-                          (dict(experts=0, shared_experts=1), "needs experts > 0")):
+                          (dict(experts=0, shared_experts=1), "need experts > 0"),
+                          (dict(experts=0), "need experts > 0")):  # top_k 2 without experts
         with pytest.raises(ValueError, match=match):
             replace(MOE_7B, **change)
 
@@ -281,6 +282,32 @@ def test_expert_parallelism_divides_the_experts_state_and_pays_two_all_to_alls_e
         layers * 4 * float(M.all_to_all_time(routed, 8, alpha, beta)))
     assert P.step_time(MOE_7B, NODE, spread)["expert_parallel"] < ep["expert_parallel"]
     assert P.collectives(MOE_7B, spread) == P.collectives(MOE_7B, data) + 4 * layers
+    # ZeRO-3 gathers what a GPU holds of a block, 1/ep of its experts; an expert's state is
+    # sharded over the 8 / ep = 1 GPU holding it
+    three = replace(spread, zero=3)
+    gathered = 2 * 2 * (MOE_7B.layer_parameters - experts / layers + experts / layers / 8)
+    assert P.memory(MOE_7B, three)["state"] == pytest.approx(
+        16 * (psi - experts) / 8 + 16 * experts / 8 + gathered)
+    # an expert's gradients go over the GPUs that hold it: with ep = dp none, half of them with
+    # ep = dp / 2 (a ring sends (p - 1)/p of its data: 1/2 on 2 GPUs, 7/8 on 8)
+    from course_lib.step_time import ring_equivalent
+    assert ring_equivalent(100.0, 60.0, spread) == pytest.approx(40.0)
+    assert ring_equivalent(100.0, 60.0, replace(spread, ep=4)) == pytest.approx(40 + 60 * 4 / 7)
+    assert ring_equivalent(100.0, 60.0, data) == pytest.approx(100.0)
+    dp_seconds = {e: P.step_time(MOE_7B, NODE, replace(data, ep=e), overlap=False)
+                  ["data_parallel"] for e in (1, 8)}
+    assert dp_seconds[8] < 0.5 * dp_seconds[1]
+
+
+@pytest.mark.parametrize("model, plan, match", [
+    (GPT_7B, P.Plan(dp=8, tp=1, pp=1, ep=2), "spreads a model's experts, and this one has none"),
+    (MOE_7B, P.Plan(dp=8, tp=1, pp=1, ep=16), "does not divide the 8 experts"),
+    (MOE_7B, P.Plan(dp=2, tp=1, pp=1, ep=4, zero=1), "ep = 4 must divide dp = 2"),
+    (replace(MOE_7B, experts=12), P.Plan(dp=6, tp=1, pp=1, ep=4), "ep = 4 must divide dp = 6")])
+def test_predictions_refuse_an_ep_that_cannot_spread_the_experts(model, plan, match):
+    for predict in (lambda: P.step_time(model, NODE, plan), lambda: P.memory(model, plan)):
+        with pytest.raises(ValueError, match=match):
+            predict()
 
 
 def test_ep_choices_follow_the_rules_and_the_planner_models_zero_with_experts():
@@ -293,6 +320,8 @@ def test_ep_choices_follow_the_rules_and_the_planner_models_zero_with_experts():
         P.candidate_plans(MOE_7B, NODE, ep=(0,))
     command = P.torchrun_command(MOE_7B, NODE, P.Plan(dp=8, tp=1, pp=1, ep=2))
     assert "--ep 2 --zero 0" in command and command.endswith("--experts 8 --top-k 2 --steps 10")
+    with pytest.raises(ValueError, match="no shared experts"):
+        P.torchrun_command(replace(MOE_7B, shared_experts=1), NODE, P.Plan(dp=8, tp=1, pp=1))
 
 
 def test_a_published_run_with_expert_parallelism_is_predicted_within_a_third():
