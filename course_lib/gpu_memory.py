@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from course_lib.cost_models import check_processes, zero_bytes_per_rank
-from course_lib.plan_checks import check_experts
+from course_lib.plan_checks import check_split
 from course_lib.plans import Plan, Transformer
 from course_lib.stages import (
     layer_parameters_held,
@@ -117,7 +117,7 @@ def memory(model: Transformer, plan: Plan, per_layer=activation_bytes_per_layer,
     :func:`in_flight`; with recomputation, the
     recomputed layer's activations beyond its kept input while backward recomputes it; on the
     last stage ``per_head``, None for none), their ``total``, and ``stage``, which stage it is."""
-    check_experts(model, plan)
+    check_split(model, plan)
     layers = stage_layers(model, plan)
     kept = per_layer(model, plan)
     working = 0.0

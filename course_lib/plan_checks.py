@@ -84,9 +84,7 @@ def plan_conflicts(plan: Plan, *, layers: int, heads: int, global_batch: int,
         out.append("ZeRO-3 (FSDP) with pipeline parallelism gathers every stage's parameters "
                    "once per micro-batch; this course leaves that combination out: use zero "
                    "<= 2 with pp > 1")
-    if plan.cp > 1 and seq is not None and seq % (2 * plan.cp):
-        out.append(f"context parallelism's load-balanced (zigzag) split cuts each sequence into "
-                   f"2 x cp = {2 * plan.cp} equal chunks: {seq} tokens do not split so")
+    out += context_conflicts(plan, seq)
     if experts and tp > 1:
         out.append("tensor parallelism splits a dense MLP, and this course does not split "
                    "experts over tensor-parallel ranks: use tp = 1 with experts")
@@ -122,10 +120,18 @@ def expert_conflicts(plan: Plan, experts: int) -> list[str]:
     return out
 
 
-def check_experts(model, plan: Plan) -> None:
-    """Refuse a ``plan`` whose ep cannot spread ``model``'s experts (the planner's predictions
-    ask this first), naming why."""
-    if conflicts := expert_conflicts(plan, model.experts):
+def context_conflicts(plan: Plan, seq: int | None) -> list[str]:
+    """Why ``plan``'s cp cannot split sequences of ``seq`` tokens (None: not checked); []."""
+    if plan.cp > 1 and seq is not None and seq % (2 * plan.cp):
+        return [f"context parallelism's load-balanced (zigzag) split cuts each sequence into "
+                f"2 x cp = {2 * plan.cp} equal chunks: {seq} tokens do not split so"]
+    return []
+
+
+def check_split(model, plan: Plan) -> None:
+    """Refuse a ``plan`` whose cp cannot split ``model``'s sequences or whose ep cannot spread
+    its experts (the planner's predictions ask this first), naming why."""
+    if conflicts := context_conflicts(plan, model.seq) + expert_conflicts(plan, model.experts):
         raise ValueError(f"plan {plan}: " + "; ".join(conflicts))
 
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 
 from course_lib.cost_models import all_to_all_time, ring_all_reduce_time
-from course_lib.plan_checks import check_experts
+from course_lib.plan_checks import check_split
 from course_lib.plans import Cluster, Plan, Transformer
 from course_lib.stages import (
     gathered_units,
@@ -215,7 +215,7 @@ def step_time(model: Transformer, cluster: Cluster, plan: Plan, overlap: bool = 
     """Predicted seconds of one step, term by term (:data:`TERMS`), and their ``total``.
     ``overlap``: the data-parallel collectives run beside the compute (DDP, FSDP, lesson 10);
     False for a step that all-reduces after backward (:mod:`course_lib.train_gpt`)."""
-    check_experts(model, plan)
+    check_split(model, plan)
     if plan.gpus > cluster.gpus:
         raise ValueError(f"the plan needs dp x cp x tp x pp = {plan.gpus} GPUs, the cluster "
                          f"has {cluster.gpus}")

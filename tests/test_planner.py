@@ -303,8 +303,10 @@ def test_expert_parallelism_divides_the_experts_state_and_pays_two_all_to_alls_e
     (GPT_7B, P.Plan(dp=8, tp=1, pp=1, ep=2), "spreads a model's experts, and this one has none"),
     (MOE_7B, P.Plan(dp=8, tp=1, pp=1, ep=16), "does not divide the 8 experts"),
     (MOE_7B, P.Plan(dp=2, tp=1, pp=1, ep=4, zero=1), "ep = 4 must divide dp = 2"),
-    (replace(MOE_7B, experts=12), P.Plan(dp=6, tp=1, pp=1, ep=4), "ep = 4 must divide dp = 6")])
-def test_predictions_refuse_an_ep_that_cannot_spread_the_experts(model, plan, match):
+    (replace(MOE_7B, experts=12), P.Plan(dp=6, tp=1, pp=1, ep=4), "ep = 4 must divide dp = 6"),
+    (replace(GPT_7B, seq=8), P.Plan(dp=1, tp=1, pp=1, cp=8), "2 x cp = 16 equal chunks: 8 tokens"),
+    (replace(GPT_7B, seq=30), P.Plan(dp=1, tp=1, pp=1, cp=2), "30 tokens do not split so")])
+def test_predictions_refuse_a_cp_or_ep_that_cannot_split_the_model(model, plan, match):
     for predict in (lambda: P.step_time(model, NODE, plan), lambda: P.memory(model, plan)):
         with pytest.raises(ValueError, match=match):
             predict()

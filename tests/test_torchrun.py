@@ -63,6 +63,20 @@ def test_experiment_parser_has_the_shared_options():
         cluster.experiment_parser("x").parse_args(["--backend", "mpi"])
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--timeout", "0"], "argument --timeout: must be above 0, got 0"),
+    (["--timeout", "-1"], "argument --timeout: must be above 0, got -1"),
+    (["--timeout", "soon"], "argument --timeout: 'soon' is not a number"),
+    (["--world-size", "0"], "argument --world-size: must be above 0, got 0"),
+    (["--world-size", "1.5"], "argument --world-size: '1.5' is not a number")])
+def test_a_time_limit_or_world_size_of_zero_or_less_is_a_usage_error(capsys, argv, message):
+    with pytest.raises(SystemExit) as stopped:
+        cluster.experiment_parser("test").parse_args(argv)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+    args = cluster.experiment_parser("test").parse_args(["--timeout", "2.5", "--world-size", "3"])
+    assert (args.timeout, args.world_size) == (2.5, 3)
+
+
 def test_expected_sum():
     assert hello.expected_sum(4) == 10
 

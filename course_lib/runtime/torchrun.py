@@ -108,13 +108,29 @@ def run_main(main) -> None:
         os._exit(0)
 
 
+def positive(kind):
+    """An option's type: a ``kind`` (int or float) above zero, or the parser's usage error."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def experiment_parser(description: str) -> argparse.ArgumentParser:
     """Command-line options every experiment module shares (its own are added to the parser)."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--world-size", type=int, default=2,
+    parser.add_argument("--world-size", type=positive(int), default=2,
                         help="workers to launch (ignored under torchrun, which decides)")
     parser.add_argument("--backend", default="auto", choices=["auto", "gloo", "nccl"])
-    parser.add_argument("--timeout", type=float, default=300, help="seconds before giving up")
+    parser.add_argument("--timeout", type=positive(float), default=300,
+                        help="seconds before giving up")
     return parser
 
 
