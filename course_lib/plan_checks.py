@@ -129,9 +129,11 @@ def context_conflicts(plan: Plan, seq: int | None) -> list[str]:
 
 
 def check_split(model, plan: Plan) -> None:
-    """Refuse a ``plan`` whose cp cannot split ``model``'s sequences or whose ep cannot spread
-    its experts (the planner's predictions ask this first), naming why."""
-    if conflicts := context_conflicts(plan, model.seq) + expert_conflicts(plan, model.experts):
+    """Refuse a ``plan`` that cannot split ``model`` (:func:`plan_conflicts`: heads, layers,
+    batch, sequence, experts; the planner's predictions ask this first), naming why."""
+    if conflicts := plan_conflicts(plan, layers=model.layers, heads=model.heads,
+                                   global_batch=model.global_batch, kv_heads=model.kv_heads,
+                                   seq=model.seq, experts=model.experts):
         raise ValueError(f"plan {plan}: " + "; ".join(conflicts))
 
 
@@ -191,10 +193,12 @@ def check_model(shape: dict) -> None:
                  if shape[name] < 1]:
         raise ValueError(f"{', '.join(small)} must be at least 1, got "
                          f"{', '.join(str(shape[n]) for n in small)}")
-    if shape["d_model"] % shape["heads"] or shape["vocab"] < 96:
+    if shape["d_model"] % shape["heads"]:
         raise ValueError(f"d_model ({shape['d_model']}) must be a multiple of heads "
-                         f"({shape['heads']}), and vocab ({shape['vocab']}) at least the 96 "
-                         f"characters of the text")
+                         f"({shape['heads']})")
+    if shape["vocab"] < 96:
+        raise ValueError(f"vocab ({shape['vocab']}) must be at least the 96 characters of the "
+                         f"text")
     experts, k = shape["experts"], shape["top_k"]
     if experts < 0 or (experts and not 1 <= k <= experts) or (not experts and k != 1):
         raise ValueError(f"experts must be 0 (a dense MLP) or more, and top_k between 1 and "

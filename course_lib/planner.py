@@ -26,7 +26,7 @@ from course_lib.gpu_memory import (  # noqa: F401  (the planner's vocabulary, in
     state_bytes,
     tiny_gpt_bytes_per_layer,
 )
-from course_lib.plan_checks import check_plan, plan_conflicts
+from course_lib.plan_checks import check_model, check_plan, plan_conflicts
 from course_lib.plans import ATTENTION, Cluster, Plan, Transformer, check_positive  # noqa: F401
 from course_lib.stages import balanced_stages, micro_batch_size, stage_layers  # noqa: F401
 from course_lib.step_time import TERMS, collectives, step_time  # noqa: F401
@@ -53,6 +53,8 @@ def candidate_plans(model: Transformer, cluster: Cluster, zero_stages=(0, 1, 2, 
     parallelism over each of ``ep`` of the data-parallel GPUs (a model with ``experts``). The
     other arguments list the choices to search."""
     n = cluster.gpus
+    for b in micro_batch_sizes:
+        check_positive("candidate_plans", micro_batch_sizes=b)
     for c in cp:
         check_positive("candidate_plans", cp=c)
     for e in ep:
@@ -176,15 +178,24 @@ def torchrun_command(model: Transformer, cluster: Cluster, plan: Plan, steps: in
     command on each node, with the rendezvous host and a free port of your choosing in
     $HEAD_NODE and $PORT (a fixed port collides with other jobs) and a name for this job, the
     same on every node, in $JOB_ID (the rendezvous joins only the nodes that give it).
-    train_gpt runs data, context, tensor and pipeline parallelism, ZeRO and full recomputation;
+    train_gpt runs data, context, tensor, pipeline and expert parallelism, ZeRO and full
+    recomputation, in bf16 mixed precision for a model of 2-byte values;
     its attention is PyTorch's ``scaled_dot_product_attention`` (ring attention with cp > 1)
     whatever the plan's ``attention`` says. A plan it cannot run exactly (sequence parallelism,
     interleaving, uneven stages, selective recomputation, ...) is refused
     (:func:`course_lib.plan_checks.check_plan`)."""
-    # what train_gpt's command line would refuse, refused here
+    # what train_gpt's command line would refuse, or run as another model, refused here
+    check_positive("torchrun_command", steps=steps)
     if model.shared_experts:
         raise ValueError("train_gpt's mixtures of experts have no shared experts: plan a model "
                          "with shared_experts=0 to run it")
+    if model.gated_mlp or model.kv_width != model.hidden or model.ffn_width != 4 * model.hidden:
+        raise ValueError("train_gpt's GPT has a plain MLP 4 x d_model wide and a key/value head "
+                         "per head: plan a model with gated_mlp=False, ffn=None, kv_heads=None "
+                         "to run it")
+    check_model(dict(vocab=model.vocab, d_model=model.hidden, layers=model.layers,
+                     heads=model.heads, context=model.seq, experts=model.experts,
+                     top_k=model.top_k))
     check_plan(cluster.gpus, plan, global_batch=model.global_batch, layers=model.layers,
                heads=model.heads, seq=model.seq, experts=model.experts)
     where = ("--standalone" if cluster.nodes == 1 else
@@ -193,7 +204,8 @@ def torchrun_command(model: Transformer, cluster: Cluster, plan: Plan, steps: in
     flags = (f"--dp {plan.dp} --tp {plan.tp} --pp {plan.pp}"
              f"{f' --cp {plan.cp}' if plan.cp > 1 else ''}"
              f"{f' --ep {plan.ep}' if plan.ep > 1 else ''} --zero {plan.zero} "
-             f"--micro-batches {plan.micro_batches}{' --recompute' if plan.recompute else ''}")
+             f"--micro-batches {plan.micro_batches}{' --recompute' if plan.recompute else ''}"
+             f"{' --precision bf16' if model.value_bytes == 2 else ''}")
     shape = (f"--layers {model.layers} --d-model {model.hidden} --heads {model.heads} "
              f"--context {model.seq} --vocab {model.vocab} --global-batch {model.global_batch}"
              + (f" --experts {model.experts} --top-k {model.top_k}" if model.experts else ""))

@@ -109,7 +109,8 @@ class Plan:
     def __post_init__(self):
         check_positive("Plan", dp=self.dp, tp=self.tp, pp=self.pp, micro_batches=self.micro_batches,
                   chunks=self.chunks, cp=self.cp, ep=self.ep)
-        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+        if self.zero not in (0, 1, 2, 3) or not isinstance(self.zero, int) or \
+                isinstance(self.zero, bool):
             raise ValueError(f"Plan.zero must be a ZeRO stage 0, 1, 2 or 3, got {self.zero!r}")
         if self.attention not in ATTENTION:
             raise ValueError(f"Plan.attention must be one of {ATTENTION}, got "

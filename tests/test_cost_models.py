@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -167,3 +168,25 @@ def test_at_the_crossover_ring_and_ulysses_take_equal_time(p):
     assert M.ring_attention_time(n / 2, p, alpha, beta) < M.ulysses_time(n / 2, p, alpha, beta)
     assert M.ring_attention_time(2 * n, p, alpha, beta) > M.ulysses_time(2 * n, p, alpha, beta)
     assert M.ring_ulysses_crossover(2, alpha, beta) == float("inf")
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: M.ring_attention_time(math.nan, 4, 1e-6, 1e-9), "n_bytes must be zero or more"),
+    (lambda: M.ring_attention_time(100, 4, 1e-6, math.nan), "beta must be zero or more"),
+    (lambda: M.ring_attention_time(100, 4, 1e-6, 1e-9, -1.0), "block_seconds must be zero or"),
+    (lambda: M.all_reduce_bytes("efficient ring", -100, 4), "n_bytes must be zero or more"),
+    (lambda: M.alpha_beta_time([1.0, -2.0], 1e-6, 1e-9), "n_bytes must be zero or more"),
+    (lambda: M.ring_all_reduce_time(100, 4, -1e-6, 1e-9), "alpha must be zero or more"),
+    (lambda: M.zero_bytes_per_rank(-1, 4, 1), "psi must be zero or more"),
+    (lambda: M.context_parallel_bytes(-5, 4, "ring"), "n_bytes must be zero or more"),
+    (lambda: M.fit_alpha_beta([1, 2, 3], [0, 0, 0]), "needs times above 0"),
+    (lambda: M.fit_alpha_beta([1, 2, 3], [1e-3, math.nan, 1e-3]), "needs times above 0"),
+    (lambda: M.ring_all_reduce_time(100, True, 0, 1e-9), "number of processes"),
+    (lambda: M.ring_all_reduce_time(100, "3", 0, 1e-9), "number of processes"),
+    (lambda: M.ring_all_reduce_time(100, math.inf, 0, 1e-9), "number of processes")])
+def test_negative_or_nan_sizes_and_times_and_odd_process_counts_are_refused(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+    # arrays and tensors of sizes still work, element by element
+    times = M.alpha_beta_time(np.array([0.0, 1e6]), 1e-6, 1e-9)
+    torch.testing.assert_close(times, torch.tensor([1e-6, 1e-3 + 1e-6], dtype=torch.float64))

@@ -324,6 +324,19 @@ def test_ep_choices_follow_the_rules_and_the_planner_models_zero_with_experts():
     assert "--ep 2 --zero 0" in command and command.endswith("--experts 8 --top-k 2 --steps 10")
     with pytest.raises(ValueError, match="no shared experts"):
         P.torchrun_command(replace(MOE_7B, shared_experts=1), NODE, P.Plan(dp=8, tp=1, pp=1))
+    for other in (dict(gated_mlp=True), dict(ffn=1000), dict(kv_heads=8, experts=0, top_k=1)):
+        with pytest.raises(ValueError, match="plain MLP 4 x d_model wide"):  # another model
+            P.torchrun_command(replace(MOE_7B, **other), NODE, P.Plan(dp=8, tp=1, pp=1))
+    for steps in (0, -3, 2.5):
+        with pytest.raises(ValueError, match="steps must be a positive whole number"):
+            P.torchrun_command(MOE_7B, NODE, P.Plan(dp=8, tp=1, pp=1), steps=steps)
+    assert "--precision bf16" in command  # 2-byte values: bf16 mixed precision
+    fp32 = P.torchrun_command(replace(MOE_7B, value_bytes=4), NODE, P.Plan(dp=8, tp=1, pp=1))
+    assert "--precision" not in fp32
+    with pytest.raises(ValueError, match="micro_batch_sizes must be a positive whole number"):
+        P.candidate_plans(MOE_7B, NODE, micro_batch_sizes=(0,))
+    with pytest.raises(ValueError, match="zero must be a ZeRO stage"):
+        P.Plan(dp=8, tp=1, pp=1, zero=1.0)
 
 
 def test_a_published_run_with_expert_parallelism_is_predicted_within_a_third():
@@ -349,8 +362,10 @@ def test_a_long_context_run_needs_the_cp_axis_to_exist():
     assert ranked and ranked[0].fits and ranked[0].plan.cp == 16
     two = P.Cluster(gpus_per_node=2, nodes=1, memory=1e12, peak_flops=1e12,
                     intra_bandwidth=1e11, inter_bandwidth=1e11)
-    command = P.torchrun_command(TINY, two, P.Plan(dp=1, tp=1, pp=1, cp=2))
+    command = P.torchrun_command(replace(TINY, vocab=96), two, P.Plan(dp=1, tp=1, pp=1, cp=2))
     assert "--dp 1 --tp 1 --pp 1 --cp 2 --zero 0" in command
+    with pytest.raises(ValueError, match="vocab \\(10\\) must be at least the 96 characters"):
+        P.torchrun_command(TINY, two, P.Plan(dp=1, tp=1, pp=1, cp=2))  # train_gpt would refuse
 
 
 def test_tensor_parallel_all_reduces_count_the_recomputed_forward():

@@ -263,7 +263,7 @@ def test_context_parallelism_in_bf16_runs_from_the_command_line(capsys):
     (["--world-size", "2", "--cp", "2", "--dp", "2"], "dp x cp x tp x pp = 2 x 2 x 1 x 1 = 4"),
     (["--lr", "-1"], "--lr must be positive, got -1.0"),
     (["--d-model", "10"], "d_model (10) must be a multiple of heads (4)"),
-    (["--vocab", "2"], "vocab (2) at least the 96 characters"),
+    (["--vocab", "2"], "vocab (2) must be at least the 96 characters"),
     (["--cp", "3"], "2 x cp = 6 equal chunks: 32 tokens do not split so"),
     (["--experts", "-1"], "got experts = -1, top_k = 1"),
     (["--experts", "4", "--top-k", "5"], "top_k between 1 and the experts"),

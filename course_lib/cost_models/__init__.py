@@ -27,6 +27,7 @@ from course_lib.cost_models.laws import (  # noqa: F401
     amdahl_speedup,
     bulk_synchronous_timeline,
     check_processes,
+    check_sizes,
     fit_amdahl,
     fit_gustafson,
     gustafson_speedup,

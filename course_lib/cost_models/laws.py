@@ -7,11 +7,23 @@ import torch
 
 
 def check_processes(p, name: str = "p"):
-    """``p`` itself, if it is (or every entry of it is) a number of processes, at least 1."""
-    if not (isinstance(p, (int, float)) and not isinstance(p, bool) and p >= 1) and not (
-            np.size(p) and (np.asarray(p, dtype=float) >= 1).all()):
+    """``p`` itself, if it is (or every entry of it is) a number of processes, at least 1 and
+    finite."""
+    if isinstance(p, (bool, str, bytes)) or not (
+            (isinstance(p, (int, float)) and 1 <= p < float("inf")) or (
+            np.size(p) and np.isfinite(values := np.asarray(p, dtype=float)).all()
+            and (values >= 1).all())):
         raise ValueError(f"{name} (the number of processes) must be at least 1, got {p!r}")
     return p
+
+
+def check_sizes(name: str, value):
+    """``value`` itself, if it is (or every entry of it is) a size, a time or a rate: zero or
+    more, not NaN (infinity allowed: a link that never delivers)."""
+    if isinstance(value, (bool, str, bytes)) or not (np.size(value) and (
+            torch.as_tensor(value, dtype=torch.float64).detach().cpu() >= 0).all()):
+        raise ValueError(f"{name} must be zero or more (not NaN), got {value!r}")
+    return value
 
 
 # -- speedup -------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ for attention's q, k, v or output; a rank's whole send buffer for an expert all-
 
 import math
 
-from course_lib.cost_models.laws import check_processes
+from course_lib.cost_models.laws import check_processes, check_sizes
 from course_lib.cost_models.messages import alpha_beta_time
 
 CONTEXT_PARALLEL = ("ring", "ulysses")
@@ -24,6 +24,7 @@ def ring_attention_time(n_bytes, p: int, alpha: float, beta: float, block_second
     travel p - 1 steps while one block computes (``block_seconds``): the first block, then p - 1
     steps of max(block, alpha + 2 beta n). With no compute, the messages alone."""
     step = alpha_beta_time(2 * n_bytes, alpha, beta)
+    check_sizes("block_seconds", block_seconds)
     return block_seconds + (check_processes(p) - 1) * max(block_seconds, step)
 
 
@@ -38,7 +39,7 @@ def context_parallel_bytes(n_bytes, p: int, kind: str) -> float:
     4 (p - 1) n / p. The ring sends p / 2 times Ulysses' bytes."""
     if kind not in CONTEXT_PARALLEL:
         raise ValueError(f"kind must be one of {CONTEXT_PARALLEL}, got {kind!r}")
-    p = check_processes(p)
+    p, _ = check_processes(p), check_sizes("n_bytes", n_bytes)
     return 2 * (p - 1) * n_bytes if kind == "ring" else 4 * (p - 1) * n_bytes / p
 
 

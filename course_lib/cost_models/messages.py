@@ -4,11 +4,12 @@ sent as gradients become ready, the all-reduce algorithms' bytes and times, bus 
 
 import torch
 
-from course_lib.cost_models.laws import check_processes
+from course_lib.cost_models.laws import check_processes, check_sizes
 
 
 def alpha_beta_time(n_bytes, alpha: float, beta: float):
     """One message of n bytes: t = alpha + beta n (the note's "C/B + L")."""
+    check_sizes("n_bytes", n_bytes), check_sizes("alpha", alpha), check_sizes("beta", beta)
     return alpha + beta * torch.as_tensor(n_bytes, dtype=torch.float64)
 
 
@@ -17,6 +18,9 @@ def fit_alpha_beta(n_bytes, seconds, relative: bool = True) -> tuple[float, floa
     alpha, large ones beta); False: least squares in seconds over every message sent, so that
     their fitted times add up to the measured total (a step's messages, a few of them slow)."""
     n, t = (torch.as_tensor(v, dtype=torch.float64) for v in (n_bytes, seconds))
+    check_sizes("n_bytes", n)
+    if not (torch.isfinite(t).all() and (t > 0).all()):
+        raise ValueError(f"fitting alpha and beta needs times above 0, got {t.tolist()}")
     if (sizes := len(set(n.tolist()))) < 3 or len(n) != len(t):
         raise ValueError(f"fitting alpha and beta needs a time for each size and at least 3 "
                          f"sizes, got {len(t)} times of {sizes} sizes")
@@ -55,6 +59,7 @@ def all_reduce_bytes(algorithm: str, n_bytes: float, p: int) -> float:
     ring 2 (p - 1) / p n, almost independent of p."""
     if algorithm not in ALL_REDUCE_ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}: use one of {ALL_REDUCE_ALGORITHMS}")
+    check_sizes("n_bytes", n_bytes)
     if check_processes(p) == 1:
         return 0
     return {"reduce + broadcast": (p - 1) * n_bytes, "all-to-all": (p - 1) * n_bytes,
@@ -65,6 +70,7 @@ def all_reduce_bytes(algorithm: str, n_bytes: float, p: int) -> float:
 def ring_all_reduce_time(n_bytes, p: int, alpha: float, beta: float):
     """The efficient ring: 2 (p - 1) messages in sequence, 2 (p - 1) / p n bytes in all:
     2 (p - 1) alpha + 2 (p - 1) / p n beta. A number in, a number out; an array, a tensor."""
+    check_sizes("n_bytes", n_bytes), check_sizes("alpha", alpha), check_sizes("beta", beta)
     if isinstance(n_bytes, (int, float)) and check_processes(p):
         return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes * beta
     n = torch.as_tensor(n_bytes, dtype=torch.float64)

@@ -2,7 +2,7 @@
 ZeRO's bytes per rank (GPipe, Megatron-LM, ZeRO). Imported by ``course_lib.cost_models``, the one
 vocabulary of the course's predictions (``p``, ``n_bytes``, ``alpha``, ``beta``, ...)."""
 
-from course_lib.cost_models.laws import check_processes
+from course_lib.cost_models.laws import check_processes, check_sizes
 from course_lib.cost_models.messages import all_reduce_bytes
 
 
@@ -88,5 +88,6 @@ def zero_bytes_per_rank(psi: float, p: int, stage: int) -> float:
     state (4 Psi + 12 Psi / p), 2 the gradients (2 Psi + 14 Psi / p), 3 all (16 Psi / p)."""
     if stage not in ZERO_STAGES:
         raise ValueError(f"ZeRO stage must be one of {ZERO_STAGES}, got {stage!r}")
+    check_sizes("psi", psi)
     return {0: 16 * psi, 1: 4 * psi + 12 * psi / check_processes(p), 2: 2 * psi + 14 * psi / p,
             3: 16 * psi / p}[stage]
