@@ -58,7 +58,7 @@ class Transformer:
     def __post_init__(self):
         check_positive("Transformer", layers=self.layers, hidden=self.hidden, heads=self.heads,
                   seq=self.seq, vocab=self.vocab, global_batch=self.global_batch)
-        if self.value_bytes not in (2, 4):
+        if self.value_bytes not in (2, 4) or isinstance(self.value_bytes, bool | float):
             raise ValueError(f"Transformer.value_bytes must be 2 (bf16 mixed precision) or 4 "
                              f"(float32), got {self.value_bytes!r}")
         if self.ffn is not None:
@@ -68,6 +68,10 @@ class Transformer:
             if self.heads % self.kv_heads:
                 raise ValueError(f"Transformer.kv_heads = {self.kv_heads} must divide heads = "
                                  f"{self.heads} (each key/value head serves a group of heads)")
+        for name in ("tied_head", "gated_mlp", "dropout", "learned_positions"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Transformer.{name} is True or False, got "
+                                 f"{getattr(self, name)!r}")
         for name in ("experts", "shared_experts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -152,6 +152,8 @@ def size(n_bytes: float) -> str:
 def why(best: Ranked, other: Ranked) -> str:
     """Why ``other`` ranks below ``best``: it does not fit, the tie-break, or the term that
     costs it most."""
+    if other is best:
+        return f"{other.plan}: the best plan itself"
     if not other.fits:
         return (f"{other.plan}: needs {size(other.memory['total'])} per GPU "
                 f"({size(other.memory['state'])} state, "

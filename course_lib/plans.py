@@ -14,6 +14,7 @@ Throughput and model FLOPs utilisation (MFU) use model FLOPs; step time uses har
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, fields
 
 from course_lib.model_shapes import (  # noqa: F401  (the plan's vocabulary, in one place)
@@ -46,8 +47,9 @@ class Cluster:
         check_positive("Cluster", gpus_per_node=self.gpus_per_node, nodes=self.nodes)
         for name in ("memory", "peak_flops", "intra_bandwidth", "inter_bandwidth"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not value > 0:
-                raise ValueError(f"Cluster.{name} must be positive, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
+                    not 0 < value < float("inf"):
+                raise ValueError(f"Cluster.{name} must be positive and finite, got {value!r}")
         for name in ("intra_latency", "inter_latency"):
             value = getattr(self, name)
             if isinstance(value, bool) or not value >= 0:
@@ -125,6 +127,9 @@ class Plan:
             raise ValueError(f"Plan.chunks = {self.chunks}: interleaving needs a pipeline "
                              f"(pp > 1)")
         if self.stages is not None:
+            if not isinstance(self.stages, tuple | list):
+                raise ValueError(f"Plan.stages is a tuple of each stage's layers, e.g. (5, 6, 6, "
+                                 f"5), got {self.stages!r}")
             stages = tuple(self.stages)
             object.__setattr__(self, "stages", stages)
             if len(stages) != self.pp:

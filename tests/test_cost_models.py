@@ -183,7 +183,13 @@ def test_at_the_crossover_ring_and_ulysses_take_equal_time(p):
     (lambda: M.fit_alpha_beta([1, 2, 3], [1e-3, math.nan, 1e-3]), "needs times above 0"),
     (lambda: M.ring_all_reduce_time(100, True, 0, 1e-9), "number of processes"),
     (lambda: M.ring_all_reduce_time(100, "3", 0, 1e-9), "number of processes"),
-    (lambda: M.ring_all_reduce_time(100, math.inf, 0, 1e-9), "number of processes")])
+    (lambda: M.ring_all_reduce_time(100, math.inf, 0, 1e-9), "number of processes"),
+    (lambda: M.bus_bandwidth(100, 0, 4), "seconds must be above 0"),
+    (lambda: M.pipeline_timeline(2, 2, "bogus"), "schedule must be one of"),
+    (lambda: M.idle_fraction([], 2), "at least one busy span"),
+    (lambda: M.hidden_fraction_model([], [], 1e-6, 1e-9, 1.0), "at least one message"),
+    (lambda: M.fit_amdahl([1, 2, 4], [1, 0, 2]), "speedups must be above 0"),
+    (lambda: M.fit_gustafson([1, 2, 4], [1, math.nan, 2]), "speedups must be above 0")])
 def test_negative_or_nan_sizes_and_times_and_odd_process_counts_are_refused(call, message):
     with pytest.raises(ValueError, match=message):
         call()

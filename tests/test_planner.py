@@ -617,3 +617,19 @@ def test_with_plan_finds_the_published_fields_and_compare_says_when_it_cannot():
     impossible = pub.Run(**{**run.__dict__, "plan": {**run.plan, "tp": 3}})
     assert validation.compare(impossible, 0.5) == dict(run=impossible, candidate=False,
                                                        fits=False)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: P.Cluster(8, 1, float("inf"), 1e12, 1e9, 1e9), "memory must be positive and finite"),
+    (lambda: P.Cluster(8, 1, "80", 1e12, 1e9, 1e9), "memory must be positive and finite"),
+    (lambda: P.Plan(1, 1, 1, stages=3), "stages is a tuple of each stage's layers"),
+    (lambda: replace(GPT_7B, value_bytes=2.0), "value_bytes must be 2"),
+    (lambda: replace(GPT_7B, tied_head="yes"), "tied_head is True or False")])
+def test_descriptions_refuse_infinite_text_or_loose_values_by_name(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+    import numpy as np
+
+    assert P.Cluster(8, 1, np.float64(8e10), np.int64(10**12), 1e9, 1e9).memory == 8e10
+    ranked = P.rank_plans(GPT_7B, NODE)
+    assert P.why(ranked[0], ranked[0]).endswith("the best plan itself")

@@ -45,6 +45,8 @@ def fit_amdahl(p, speedups) -> float:
     p, s = np.asarray(p, dtype=float), np.asarray(speedups, dtype=float)
     if p.shape != s.shape or p.size == 0:
         raise ValueError("p and speedups must be non-empty and of the same length")
+    if not (np.isfinite(s).all() and (s > 0).all()):
+        raise ValueError(f"speedups must be above 0, got {s.tolist()}")
     x = 1.0 - 1.0 / check_processes(p)
     if not np.any(x > 0):
         return 1.0  # one process only: nothing to fit
@@ -56,6 +58,8 @@ def fit_gustafson(p, speedups) -> float:
     p, s = np.asarray(p, dtype=float), np.asarray(speedups, dtype=float)
     if p.shape != s.shape or p.size == 0:
         raise ValueError("p and speedups must be non-empty and of the same length")
+    if not (np.isfinite(s).all() and (s > 0).all()):
+        raise ValueError(f"speedups must be above 0, got {s.tolist()}")
     x = check_processes(p) - 1.0
     if not np.any(x > 0):
         return 1.0  # one process only: nothing to fit

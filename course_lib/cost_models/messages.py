@@ -2,6 +2,7 @@
 sent as gradients become ready, the all-reduce algorithms' bytes and times, bus bandwidth. Part of
 ``course_lib.cost_models``."""
 
+import numpy as np
 import torch
 
 from course_lib.cost_models.laws import check_processes, check_sizes
@@ -47,6 +48,8 @@ def hidden_fraction_model(ready, n_bytes, alpha: float, beta: float, backward: f
     the backward pass (at ``backward`` seconds): communication hidden under computation."""
     spans = overlapped_messages(ready, n_bytes, alpha, beta)
     total = sum(end - start for start, end in spans)
+    if not total > 0:
+        raise ValueError("the hidden share needs at least one message that takes time")
     return sum(max(0.0, min(end, backward) - start) for start, end in spans) / total
 
 
@@ -84,4 +87,7 @@ def bus_bandwidth(n_bytes: float, seconds: float, p: int, op: str = "all_reduce"
               "reduce_scatter": (p - 1) / p}
     if op not in factor:
         raise ValueError(f"unknown op {op!r}: use one of {sorted(factor)}")
+    check_sizes("n_bytes", n_bytes)
+    if not np.all(np.asarray(seconds, dtype=float) > 0):
+        raise ValueError(f"seconds must be above 0, got {seconds!r}")
     return n_bytes / seconds * factor[op]

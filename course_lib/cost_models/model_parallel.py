@@ -28,6 +28,8 @@ def pipeline_timeline(p: int, micro_batches: int, schedule: str = "1F1B",
     from course_lib.runtime.timing import Span
 
     check_processes(p), check_processes(micro_batches, "micro_batches")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
 
     times = {}
     for kind, value in (("forward", forward), ("backward", backward)):
@@ -61,6 +63,9 @@ def pipeline_timeline(p: int, micro_batches: int, schedule: str = "1F1B",
 
 def idle_fraction(spans, lanes: int) -> float:
     """Idle fraction of a timeline of busy spans: 1 - busy / (lanes x makespan)."""
+    if not spans:
+        raise ValueError("idle_fraction needs at least one busy span")
+    check_processes(lanes, "lanes")
     makespan = max(start + duration for _, start, duration, _ in spans)
     return 1.0 - sum(duration for _, _, duration, _ in spans) / (lanes * makespan)
 
