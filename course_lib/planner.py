@@ -217,6 +217,9 @@ def torchrun_command(model: Transformer, cluster: Cluster, plan: Plan, steps: in
 
 def same_choices(plan: Plan, **known) -> bool:
     """Whether ``plan`` has every field ``known`` gives (the rest are free)."""
+    if unknown := sorted(set(known) - set(plan.as_dict())):
+        raise ValueError(f"a Plan has no field {', '.join(unknown)}: its fields are "
+                         f"{', '.join(plan.as_dict())}")
     return all(getattr(plan, name) == value for name, value in known.items())
 
 

@@ -189,7 +189,10 @@ def test_at_the_crossover_ring_and_ulysses_take_equal_time(p):
     (lambda: M.idle_fraction([], 2), "at least one busy span"),
     (lambda: M.hidden_fraction_model([], [], 1e-6, 1e-9, 1.0), "at least one message"),
     (lambda: M.fit_amdahl([1, 2, 4], [1, 0, 2]), "speedups must be above 0"),
-    (lambda: M.fit_gustafson([1, 2, 4], [1, math.nan, 2]), "speedups must be above 0")])
+    (lambda: M.fit_gustafson([1, 2, 4], [1, math.nan, 2]), "speedups must be above 0"),
+    (lambda: M.bulk_synchronous_timeline([1.0, 2.0], 0.1, -2), "iterations"),
+    (lambda: M.bulk_synchronous_timeline([1.0, -2.0], 0.1), "compute_seconds must be zero"),
+    (lambda: M.megatron_all_reduces(-1), "blocks must be a whole number")])
 def test_negative_or_nan_sizes_and_times_and_odd_process_counts_are_refused(call, message):
     with pytest.raises(ValueError, match=message):
         call()

@@ -633,3 +633,5 @@ def test_descriptions_refuse_infinite_text_or_loose_values_by_name(make, match):
     assert P.Cluster(8, 1, np.float64(8e10), np.int64(10**12), 1e9, 1e9).memory == 8e10
     ranked = P.rank_plans(GPT_7B, NODE)
     assert P.why(ranked[0], ranked[0]).endswith("the best plan itself")
+    with pytest.raises(ValueError, match="a Plan has no field bogus"):
+        P.with_plan(ranked, bogus=1)

@@ -79,6 +79,8 @@ def bulk_synchronous_timeline(compute_seconds, communication: float, iterations:
     from course_lib.runtime.timing import Span
 
     check_processes(len(compute_seconds), "len(compute_seconds)")
+    check_processes(iterations, "iterations"), check_sizes("communication", communication)
+    check_sizes("compute_seconds", compute_seconds)
     spans, t, slowest = [], 0.0, max(compute_seconds)
     for _ in range(iterations):
         for k, c in enumerate(compute_seconds):

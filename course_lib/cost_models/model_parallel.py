@@ -73,6 +73,8 @@ def idle_fraction(spans, lanes: int) -> float:
 def megatron_all_reduces(blocks: int = 1) -> dict:
     """Megatron-LM's all-reduces per training step of ``blocks`` tensor-parallel MLP or attention
     blocks: one in the forward pass (g) and one in the backward pass (f) for each."""
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 0:
+        raise ValueError(f"blocks must be a whole number, 0 or more, got {blocks!r}")
     return {"forward": blocks, "backward": blocks}
 
 
