@@ -20,8 +20,12 @@ def check_processes(p, name: str = "p"):
 def check_sizes(name: str, value):
     """``value`` itself, if it is (or every entry of it is) a size, a time or a rate: zero or
     more, not NaN (infinity allowed: a link that never delivers)."""
-    if isinstance(value, (bool, str, bytes)) or not (np.size(value) and (
-            torch.as_tensor(value, dtype=torch.float64).detach().cpu() >= 0).all()):
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        ok = value >= 0  # the planner's many scalars: no tensor made for them
+    else:
+        ok = not isinstance(value, bool | str | bytes) and bool(np.size(value)) and bool(
+            (torch.as_tensor(value, dtype=torch.float64).detach().cpu() >= 0).all())
+    if not ok:
         raise ValueError(f"{name} must be zero or more (not NaN), got {value!r}")
     return value
 
