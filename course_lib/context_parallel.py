@@ -17,7 +17,7 @@ its score matrix grows as T^2. Three ideas let a sequence outgrow one device:
   (:func:`ring_attention`)
 * **DeepSpeed-Ulysses** (Jacobs et al. 2023): an all-to-all trades the sequence split for a
   split of the heads, each rank attends over the whole sequence for H/p heads, and a second
-  all-to-all trades back. (:func:`ulysses_attention`)
+  all-to-all trades back. (:func:`course_lib.ulysses.ulysses_attention`)
 
 Tensors are (heads, tokens, head_dim). Rank functions take ``group`` (default: all ranks) and
 compute on the device their tensors are on; the messages are real point-to-point sends
@@ -31,8 +31,9 @@ import math
 import torch
 import torch.distributed as dist
 
-from course_lib.collectives import all_to_all
 from course_lib.runtime.devices import device
+from course_lib.runtime.emulation import catch_up
+from course_lib.ulysses import ulysses_attention
 
 LAYOUTS = ("contiguous", "zigzag")
 CHUNKS = {"contiguous": 1, "zigzag": 2}  # runs of consecutive positions a rank holds
@@ -155,16 +156,17 @@ def _pass_on(tensor, group):
     return reqs, buffer
 
 
-def _wait(reqs) -> None:
-    for req in reqs:
-        req.wait()
+def _wait(reqs: list) -> None:
+    """Wait for the requests, once: the list is emptied (a gloo request waited twice hangs)."""
+    while reqs:
+        reqs.pop(0).wait()
 
 
 class RingAttention(torch.autograd.Function):
     """Ring attention's forward and backward: see :func:`ring_attention`."""
 
     @staticmethod
-    def forward(ctx, q, k, v, layout, causal, group, counts):
+    def forward(ctx, q, k, v, layout, causal, group, counts, emulated=None, overlap=True):
         p, r, _, _ = _ring(group)
         tokens = q.shape[-2] * p
         q_pos = sequence_positions(tokens, p, r, layout).to(q.device)
@@ -174,11 +176,15 @@ class RingAttention(torch.autograd.Function):
                 reqs, incoming = _pass_on(kv, group)
                 counts["messages"] += 1
                 counts["bytes"] += kv.numel() * kv.element_size()
+                if not overlap:  # (or, to compare, arrives before this one computes)
+                    _wait(reqs)
+            catch_up(emulated)  # an emulated device starts the block here (None: off) ...
             k_pos = sequence_positions(tokens, p, (r - step) % p, layout).to(q.device)
             scores, computed = block_scores(q, kv[0], q_pos, k_pos, causal, CHUNKS[layout])
             skip = scores is None
             if not skip:
                 state.add(scores, kv[1])
+            catch_up(emulated)  # ... and has computed it after its FLOPs / its rate
             counts["skipped" if skip else "blocks"] += 1
             counts["scores"] += computed
             counts["trace"].append((step, (r - step) % p, not skip))  # (step, owner, computed)
@@ -215,17 +221,19 @@ class RingAttention(torch.autograd.Function):
             _wait(reqs)
             ctx.counts["messages"] += 1
             ctx.counts["bytes"] += block.numel() * block.element_size()
-        return dq, block[2], block[3], None, None, None, None
+        return dq, block[2], block[3], None, None, None, None, None, None
 
 
 def ring_attention(q, k, v, *, causal: bool = False, layout: str = "contiguous", group=None,
-                   counts: dict | None = None):
+                   counts: dict | None = None, emulated=None, overlap: bool = True):
     """Attention of this rank's queries over the whole sequence, whose keys and values are
     split over the ranks of ``group`` as ``layout`` splits them (:func:`split_sequence`): the
     key/value blocks go around the ring. Differentiable (backward passes the blocks around
     again, with their gradients). ``counts`` (if given) adds up blocks computed and skipped
     under the causal mask, scores computed per head (forward), messages and bytes sent, and
-    keeps the forward's ``trace``: (step, whose keys were here, computed or not) per step."""
+    keeps the forward's ``trace``: (step, whose keys were here, computed or not) per step.
+    ``emulated`` (an ``EmulatedDevice``, inside its ``paced_step``) paces the forward's blocks;
+    ``overlap=False`` waits for the next block before computing this one, to compare."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     if not q.shape == k.shape == v.shape:
@@ -236,42 +244,7 @@ def ring_attention(q, k, v, *, causal: bool = False, layout: str = "contiguous",
     for key in ("blocks", "skipped", "scores", "messages", "bytes"):
         counts.setdefault(key, 0)
     counts.setdefault("trace", [])
-    return RingAttention.apply(q, k, v, layout, causal, group, counts)
-
-
-def _exchange(x, to_heads: bool, group, counts):
-    """(heads, n, d) split by sequence -> (heads / p, p n, d) split by heads (``to_heads``), or
-    back: an all-to-all of head groups, then the received token blocks laid end to end."""
-    p = dist.get_world_size(group)
-    if to_heads:  # slice s: head group s of my tokens, for rank s
-        h, n, d = x.shape
-        send = x.reshape(p, h // p, n, d)
-    else:  # slice s: rank s's tokens of my heads, back to rank s
-        h, t, d = x.shape
-        send = x.reshape(h, p, t // p, d).transpose(0, 1)
-    received = all_to_all(send, group)
-    counts["messages"] += 1
-    counts["bytes"] += send.numel() * send.element_size() * (p - 1) // p
-    if to_heads:  # received[s]: my heads, rank s's tokens
-        return received.transpose(0, 1).reshape(h // p, p * n, d)
-    return received.reshape(p * h, t // p, d)  # received[s]: head group s, my tokens
-
-
-def ulysses_attention(q, k, v, *, causal: bool = False, group=None, counts: dict | None = None):
-    """DeepSpeed-Ulysses: this rank holds a contiguous share of the tokens of every head; an
-    all-to-all gives it every token of heads / p heads, it attends, and an all-to-all gives each
-    rank its tokens back. Needs the heads to divide among the ranks. Differentiable."""
-    p = dist.get_world_size(group)
-    if q.shape[0] % p:
-        raise ValueError(f"Ulysses splits the heads: {q.shape[0]} heads do not divide among "
-                         f"{p} ranks")
-    if counts is None:
-        counts = {}
-    for key in ("messages", "bytes"):
-        counts.setdefault(key, 0)
-    qh, kh, vh = (_exchange(x, True, group, counts) for x in (q, k, v))
-    out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=causal)
-    return _exchange(out, False, group, counts)
+    return RingAttention.apply(q, k, v, layout, causal, group, counts, emulated, overlap)
 
 
 def run_context_parallel(q, k, v, d_out, *, causal: bool = False, layout: str = "contiguous",
@@ -284,7 +257,7 @@ def run_context_parallel(q, k, v, d_out, *, causal: bool = False, layout: str = 
         raise ValueError(f"kind must be 'ring' or 'ulysses', got {kind!r}")
     p, r = dist.get_world_size(group), dist.get_rank(group)
     layout = layout if kind == "ring" else "contiguous"
-    mine = [split_sequence(x, p, r, layout).to(device()) for x in (q, k, v, d_out)]
+    mine = [split_sequence(x, p, r, layout).to(device(group)) for x in (q, k, v, d_out)]
     q_, k_, v_ = (x.clone().requires_grad_(True) for x in mine[:3])
     counts: dict = {}
     attend = ring_attention if kind == "ring" else ulysses_attention
@@ -293,3 +266,4 @@ def run_context_parallel(q, k, v, d_out, *, causal: bool = False, layout: str = 
     out.backward(mine[3])
     return {"out": out.detach().cpu(), "dq": q_.grad.cpu(), "dk": k_.grad.cpu(),
             "dv": v_.grad.cpu(), "counts": counts, "layout": layout}
+

@@ -25,6 +25,7 @@ compute on the device their tensors are on.
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 import torch.distributed as dist
@@ -33,6 +34,7 @@ from course_lib.collectives import all_to_all
 from course_lib.models import feed_forward, tiny_gpt
 from course_lib.overlap import all_reduce_as_one_bucket
 from course_lib.runtime.devices import device
+from course_lib.runtime.timing import synchronize
 
 
 def route(logits, k: int):
@@ -139,19 +141,32 @@ class ExpertParallel(MixtureOfExperts):
         self.experts = moe.experts[rank * self.local:(rank + 1) * self.local]
         self.num_experts, self.k, self.capacity_factor = moe.num_experts, moe.k, \
             moe.capacity_factor
-        self.group, self.stats, self.sent = group, {}, {"messages": 0, "bytes": 0}
+        self.group, self.stats = group, {}
+        self.sent = {"messages": 0, "bytes": 0, "seconds": []}
 
     def run_experts(self, inputs):
         ep = dist.get_world_size(self.group)
         cap, d = inputs.shape[1:]
-        arrived = all_to_all(inputs.reshape(ep, self.local, cap, d), self.group)  # dispatch
+        arrived = self.exchange(inputs.reshape(ep, self.local, cap, d))  # dispatch
         by_expert = arrived.transpose(0, 1).reshape(self.local, ep * cap, d)
         pairs = zip(self.experts, by_expert, strict=True)
         out = torch.stack([expert(rows) for expert, rows in pairs])
         back = out.reshape(self.local, ep, cap, d).transpose(0, 1)
-        self.sent["messages"] += 2
-        self.sent["bytes"] += 2 * inputs.numel() * inputs.element_size() * (ep - 1) // ep
-        return all_to_all(back, self.group).reshape(self.num_experts, cap, d)  # combine
+        return self.exchange(back).reshape(self.num_experts, cap, d)  # combine
+
+    def exchange(self, slices):
+        """:func:`all_to_all` of ``slices`` (one per rank), adding to ``sent`` its messages and
+        the bytes this rank sent, and appending the seconds it took (the device synchronised)."""
+        slices = slices.contiguous()  # packing the slices is compute, not the message
+        synchronize(slices.device)
+        start = time.perf_counter()
+        out = all_to_all(slices, self.group)
+        synchronize(slices.device)
+        self.sent["seconds"].append(time.perf_counter() - start)
+        self.sent["messages"] += 1
+        self.sent["bytes"] += slices.numel() * slices.element_size() * (len(slices) - 1) \
+            // len(slices)
+        return out
 
 
 class ExpertFeedForward(torch.nn.Module):
@@ -230,10 +245,10 @@ def run_expert_parallel(moe: MixtureOfExperts, x, d_out, group=None) -> dict:
     if len(x) % ep:
         raise ValueError(f"{len(x)} tokens do not split evenly over {ep} ranks")
     n = len(x) // ep
-    layer = ExpertParallel(moe.to(device()), group)
+    layer = ExpertParallel(moe.to(device(group)), group)
     mine = slice(rank * n, (rank + 1) * n)
-    y, aux = layer(x[mine].to(device()))
-    y.backward(d_out[mine].to(device()))
+    y, aux = layer(x[mine].to(device(group)))
+    y.backward(d_out[mine].to(device(group)))
     router_grad = layer.router.weight.grad.clone()
     dist.all_reduce(router_grad, group=group)
     return {"out": y.detach().cpu(), "aux": aux.item(), "stats": layer.stats, "sent": layer.sent,

@@ -153,3 +153,41 @@ def test_ulysses_refuses_heads_that_do_not_divide_among_the_ranks():
     q, k, v, d_out = qkv(heads=3)
     with pytest.raises(Exception, match="3 heads do not divide among 2 ranks"):
         launch(cp.run_context_parallel, 2, args=(q, k, v, d_out), kwargs=dict(kind="ulysses"))
+
+
+def paced_ring(q, k, v, d_out, overlap, group=None):
+    """On each rank: ring attention's forward on an emulated device, once counted and once paced,
+    then forward and backward without it; ``overlap`` or waiting for each block first."""
+    import torch.distributed as dist
+
+    from course_lib.runtime.emulation import EmulatedDevice, paced_step
+
+    p, r = dist.get_world_size(group), dist.get_rank(group)
+    mine = [cp.split_sequence(x, p, r) for x in (q, k, v, d_out)]
+    emulated, outs = EmulatedDevice(1e9), []
+    with torch.no_grad():
+        for _ in range(2):
+            with paced_step(emulated):
+                outs.append(cp.ring_attention(*mine[:3], group=group, emulated=emulated,
+                                              overlap=overlap))
+    q_, k_, v_ = (x.clone().requires_grad_(True) for x in mine[:3])
+    out = cp.ring_attention(q_, k_, v_, group=group, overlap=overlap)
+    out.backward(mine[3])
+    return {"paced": outs, "pieces": emulated.pieces, "seconds": emulated.device_seconds,
+            "out": out.detach(), "dq": q_.grad, "dk": k_.grad, "dv": v_.grad}
+
+
+@pytest.mark.parametrize("ranks, overlap", [(2, False), (4, True), (4, False)])
+def test_ring_attention_paced_or_waiting_for_each_block_is_one_process_attention(ranks, overlap):
+    q, k, v, d_out = qkv()
+    results = launch(paced_ring, ranks, args=(q, k, v, d_out, overlap))
+    out, dq, dk, dv = reference(q, k, v, d_out, False)
+    for name, whole in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+        torch.testing.assert_close(cp.gather_sequence([r[name] for r in results]), whole)
+    for paced in range(2):
+        torch.testing.assert_close(cp.gather_sequence([r["paced"][paced] for r in results]), out)
+    n = TOKENS // ranks
+    block = 2 * HEADS * n * n * DIM * 2  # scores and their weighted sum of values: two products
+    for r in results:  # a pacing point before and after each of the p blocks
+        assert r["pieces"] == [0] + [block, 0] * (ranks - 1) + [block, 0]
+        assert r["seconds"] == pytest.approx(ranks * block / 1e9)  # the paced run only

@@ -203,13 +203,14 @@ def _choosing_a_strategy():
 def _long_sequences_and_experts():
     from course_lib import context_parallel as cp
     from course_lib import experts as ex
+    from course_lib.ulysses import ulysses_attention
 
     p, rank, g = dist.get_world_size(), dist.get_rank(), torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(4, 16, 8, generator=g, dtype=torch.float64) for _ in range(3))
     whole = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     for kind, layout in (("ring", "zigzag"), ("ulysses", "contiguous")):
         mine = [cp.split_sequence(t, p, rank, layout).to(device()) for t in (q, k, v)]
-        attend = cp.ring_attention if kind == "ring" else cp.ulysses_attention
+        attend = cp.ring_attention if kind == "ring" else ulysses_attention
         out = attend(*mine, causal=True, **({"layout": layout} if kind == "ring" else {}))
         torch.testing.assert_close(out.cpu(), cp.split_sequence(whole, p, rank, layout), msg=kind)
     moe, x = ex.MixtureOfExperts(8, 16, 4, 2, seed=0), torch.randn(4 * p, 8, generator=g)
