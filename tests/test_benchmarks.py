@@ -133,3 +133,22 @@ def test_the_grading_benchmark_times_sliced_and_whole_runs_and_a_class(tmp_path,
     assert row["sliced"] > 0 and row["whole"] > 0
     assert set(out["rates"]) == {1, 2} and all(r > 0 for r in out["rates"].values())
     assert "median per lesson" in printed and "submissions per hour" in printed
+
+
+def test_long_sequences_benchmark_times_the_ring_both_ways_and_the_experts_all_to_alls(capsys):
+    from course_lib.benchmarks import long_sequences as ls
+    from course_lib.experts import capacity
+
+    result = ls.main(["--repeats", "2"])
+    ring = result["ring"]
+    assert ring["p"] == 2 and "emulated device" in ring["label"]
+    assert ring["block"] >= 2 * ring["message"] * (1 - 1e-9)  # at least twice its message
+    for mode in ("with overlap", "waiting first"):
+        assert len(ring[mode]) == 2 and min(ring[mode]) > 0 and ring["host"][mode] >= 0
+    assert list(result["experts"]) == [64, 256, 1024, 4096]
+    for n, (n_bytes, seconds) in result["experts"].items():  # 4 experts of 64 float32s, top 2
+        assert n_bytes == 4 * capacity(n, 4, 2, 1.0) * 64 * 4
+        assert len(seconds) == 2 and min(seconds) > 0
+    assert result["alpha"] > 0 and result["beta"] > 0
+    printed = capsys.readouterr().out
+    assert "with overlap" in printed and "waiting first" in printed and "4096 tokens" in printed
