@@ -3,6 +3,7 @@
 import os
 
 import pytest
+import torch
 
 from course_lib.benchmarks import data_parallel as dp_benchmark
 from course_lib.benchmarks import launch as bench
@@ -152,3 +153,27 @@ def test_long_sequences_benchmark_times_the_ring_both_ways_and_the_experts_all_t
     assert result["alpha"] > 0 and result["beta"] > 0
     printed = capsys.readouterr().out
     assert "with overlap" in printed and "waiting first" in printed and "4096 tokens" in printed
+
+
+def test_long_sequences_benchmark_refuses_what_it_cannot_time():
+    from course_lib import launch
+    from course_lib.benchmarks import long_sequences as ls
+    from course_lib.experts import MixtureOfExperts
+
+    q = torch.zeros(2, 4, 8)
+    for ratio in (0, -1.0, float("nan"), True):
+        with pytest.raises(Exception, match="ratio .* must be positive"):
+            launch(ls.time_ring_forward, 2, args=(q, q, q), kwargs=dict(ratio=ratio))
+    with pytest.raises(Exception, match="ranks of a ring must be a whole number of at least 2"):
+        launch(ls.time_ring_forward, 1, args=(q, q, q))
+    moe = MixtureOfExperts(8, 16, 4)
+    with pytest.raises(Exception, match="repeats must be a whole number of at least 1"):
+        launch(ls.time_expert_parallel, 2, args=(moe, [8]), kwargs=dict(repeats=0))
+    with pytest.raises(Exception, match="tokens is empty"):
+        launch(ls.time_expert_parallel, 2, args=(moe, []))
+    with pytest.raises(Exception, match="a count of tokens must be a whole number"):
+        launch(ls.time_expert_parallel, 2, args=(moe, [8, 0]))
+    with pytest.raises(Exception, match="ranks of an all-to-all"):
+        launch(ls.alpha_beta_of_all_to_all, 1)
+    with pytest.raises(ValueError, match="--repeats must be a whole number"):
+        ls.main(["--repeats", "0"])

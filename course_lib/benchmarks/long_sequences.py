@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import statistics
 import time
 
@@ -31,6 +32,13 @@ from course_lib.experts import ExpertParallel, MixtureOfExperts, capacity
 from course_lib.runtime.devices import device
 from course_lib.runtime.emulation import EmulatedDevice, check_cpu_rank, flops_of, paced_step
 from course_lib.runtime.launching import launch
+
+
+def check_whole(name: str, value, least: int = 1) -> int:
+    """``value`` if it is a whole number of at least ``least``; a clear error otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be a whole number of at least {least}, got {value!r}")
+    return value
 
 
 def slowest(seconds: list, group=None) -> list:
@@ -49,7 +57,9 @@ def time_ring_forward(q, k, v, *, ratio: float = 0.5, repeats: int = 7, group=No
     repeat's forward seconds (the slowest rank's) ``with overlap`` and ``waiting first``, and
     ``host``: the seconds per forward of work without FLOPs, which the device does not model."""
     p, r, dev = dist.get_world_size(group), dist.get_rank(group), device(group)
-    check_cpu_rank(dev)
+    check_whole("repeats", repeats), check_whole("ranks of a ring", p, 2), check_cpu_rank(dev)
+    if isinstance(ratio, bool) or not 0 < ratio < math.inf:
+        raise ValueError(f"ratio (a message's time over a block's) must be positive, got {ratio!r}")
     mine = [split_sequence(x, p, r).to(dev) for x in (q, k, v)]
     kv, pos = torch.stack(mine[1:]), torch.arange(mine[0].shape[-2])
 
@@ -102,6 +112,11 @@ def time_expert_parallel(moe: MixtureOfExperts, tokens, *, repeats: int = 7, see
     counts as long as it took on the rank that reached it last: a rank that came earlier also
     waited for that one (the ranks route different tokens)."""
     dev, rank = device(group), dist.get_rank(group)
+    check_whole("repeats", repeats)
+    if not tokens:
+        raise ValueError("tokens is empty: give at least one count of tokens a rank")
+    for n in tokens:
+        check_whole("a count of tokens", n)
     layer = ExpertParallel(moe.to(dev), group)
     d, dtype = moe.router.in_features, moe.router.weight.dtype
     g = torch.Generator().manual_seed(seed * 1000 + rank)
@@ -123,7 +138,9 @@ def time_expert_parallel(moe: MixtureOfExperts, tokens, *, repeats: int = 7, see
 def alpha_beta_of_all_to_all(repeats: int = 7, group=None) -> tuple[float, float]:
     """Alpha and beta of an all-to-all's messages among the ranks of ``group``, fitted to
     all-to-alls of 1 KB to 2 MB a rank (medians of the slowest rank)."""
-    p, sizes = dist.get_world_size(group), [2**k for k in (8, 12, 15, 17, 19)]
+    p, sizes = check_whole("ranks of an all-to-all", dist.get_world_size(group), 2), \
+        [2**k for k in (8, 12, 15, 17, 19)]
+    check_whole("repeats", repeats)
     seconds = []
     for n in sizes:
         x, runs = torch.ones(p, n // p, device=device(group)), []
@@ -176,6 +193,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--busy", action="store_true", help="beside a busy process")
     args = parser.parse_args(argv)
+    check_whole("--repeats", args.repeats)
     torch.set_num_threads(1)
     with busy_process() if args.busy else contextlib.nullcontext():
         result = launch(both, 2, kwargs=dict(repeats=args.repeats))[0]
