@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.runtime.devices import device
-from course_lib.runtime.emulation import catch_up
+from course_lib.runtime.emulation import catch_up, check_cpu_rank
 from course_lib.ulysses import ulysses_attention
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -239,6 +239,8 @@ def ring_attention(q, k, v, *, causal: bool = False, layout: str = "contiguous",
     if not q.shape == k.shape == v.shape:
         raise ValueError(f"q, k and v must have one shape, got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if emulated is not None:
+        check_cpu_rank(q.device)  # a GPU is timed as it is
     if counts is None:
         counts = {}
     for key in ("blocks", "skipped", "scores", "messages", "bytes"):

@@ -144,15 +144,32 @@ def test_long_sequences_benchmark_times_the_ring_both_ways_and_the_experts_all_t
     ring = result["ring"]
     assert ring["p"] == 2 and "emulated device" in ring["label"]
     assert ring["block"] >= 2 * ring["message"] * (1 - 1e-9)  # at least twice its message
+    assert f"a block takes {ring['block'] / ring['message']:.1f} x its message" in ring["label"]
     for mode in ("with overlap", "waiting first"):
         assert len(ring[mode]) == 2 and min(ring[mode]) > 0 and ring["host"][mode] >= 0
-    assert list(result["experts"]) == [64, 256, 1024, 4096]
-    for n, (n_bytes, seconds) in result["experts"].items():  # 4 experts of 64 float32s, top 2
+    experts = result["experts"]
+    assert list(experts["times"]) == [64, 256, 1024, 4096]
+    for n, (n_bytes, seconds) in experts["times"].items():  # 4 experts of 64 float32s, top 2
         assert n_bytes == 4 * capacity(n, 4, 2, 1.0) * 64 * 4
         assert len(seconds) == 2 and min(seconds) > 0
-    assert result["alpha"] > 0 and result["beta"] > 0
+    assert experts["alpha"] > 0 and experts["beta"] > 0
     printed = capsys.readouterr().out
     assert "with overlap" in printed and "waiting first" in printed and "4096 tokens" in printed
+
+
+def test_the_long_sequences_report_puts_each_time_beside_its_model():
+    from course_lib.benchmarks import long_sequences as ls
+
+    ring = {"p": 2, "message": 1e-3, "block": 2e-3, "label": "emulated device",
+            "with overlap": [5e-3], "waiting first": [6e-3],
+            "host": {"with overlap": 0.0, "waiting first": 0.0}}
+    experts = {"alpha": 1e-4, "beta": 1e-9, "times": {64: (10**6, [2e-3])}}
+    text = ls.report({"ring": ring, "experts": experts})
+    assert "model   4.00 ms" in text  # with overlap: a block + max(block, message)
+    assert "model   5.00 ms" in text  # waiting first: two blocks + a message
+    assert "model   1.20 ms" in text  # 2 (p - 1) (alpha + beta n / p), n = 1 MB
+    assert "1/beta 1.00 GB/s" in text
+    assert "unbounded" in ls.report({"ring": ring, "experts": experts | {"beta": 0.0}})
 
 
 def test_long_sequences_benchmark_refuses_what_it_cannot_time():
@@ -160,20 +177,31 @@ def test_long_sequences_benchmark_refuses_what_it_cannot_time():
     from course_lib.benchmarks import long_sequences as ls
     from course_lib.experts import MixtureOfExperts
 
-    q = torch.zeros(2, 4, 8)
+    q, gloo = torch.zeros(2, 4, 8), dict(backend="gloo")
     for ratio in (0, -1.0, float("nan"), True):
         with pytest.raises(Exception, match="ratio .* must be positive"):
-            launch(ls.time_ring_forward, 2, args=(q, q, q), kwargs=dict(ratio=ratio))
+            launch(ls.time_ring_forward, 2, args=(q, q, q), kwargs=dict(ratio=ratio), **gloo)
     with pytest.raises(Exception, match="ranks of a ring must be a whole number of at least 2"):
-        launch(ls.time_ring_forward, 1, args=(q, q, q))
+        launch(ls.time_ring_forward, 1, args=(q, q, q), **gloo)
     moe = MixtureOfExperts(8, 16, 4)
     with pytest.raises(Exception, match="repeats must be a whole number of at least 1"):
-        launch(ls.time_expert_parallel, 2, args=(moe, [8]), kwargs=dict(repeats=0))
+        launch(ls.time_expert_parallel, 2, args=(moe, [8]), kwargs=dict(repeats=0), **gloo)
     with pytest.raises(Exception, match="tokens is empty"):
-        launch(ls.time_expert_parallel, 2, args=(moe, []))
+        launch(ls.time_expert_parallel, 2, args=(moe, []), **gloo)
     with pytest.raises(Exception, match="a count of tokens must be a whole number"):
-        launch(ls.time_expert_parallel, 2, args=(moe, [8, 0]))
+        launch(ls.time_expert_parallel, 2, args=(moe, [8, 0]), **gloo)
     with pytest.raises(Exception, match="ranks of an all-to-all"):
-        launch(ls.alpha_beta_of_all_to_all, 1)
+        launch(ls.alpha_beta_of_all_to_all, 1, **gloo)
     with pytest.raises(ValueError, match="--repeats must be a whole number"):
         ls.main(["--repeats", "0"])
+
+
+def test_the_all_to_all_model_recovers_alpha_and_beta_and_refuses_flat_times():
+    from course_lib.benchmarks.long_sequences import all_to_all_model
+    from course_lib.cost_models import all_to_all_time
+
+    sizes = [1e3, 1e4, 1e5, 1e6]
+    seconds = [float(all_to_all_time(n, 4, 2e-4, 1e-9)) for n in sizes]
+    assert all_to_all_model(sizes, seconds, 4) == pytest.approx((2e-4, 1e-9))
+    with pytest.raises(ValueError, match="did not take longer with more bytes"):
+        all_to_all_model(sizes, [2e-3, 1.5e-3, 1.2e-3, 1e-3], 4)  # shorter with more bytes

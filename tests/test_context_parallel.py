@@ -191,3 +191,49 @@ def test_ring_attention_paced_or_waiting_for_each_block_is_one_process_attention
     for r in results:  # a pacing point before and after each of the p blocks
         assert r["pieces"] == [0] + [block, 0] * (ranks - 1) + [block, 0]
         assert r["seconds"] == pytest.approx(ranks * block / 1e9)  # the paced run only
+
+
+def ring_order(q, k, v, overlap, group=None):
+    """On each rank: the order of ring attention's forward, each block's compute and each wait
+    for a message (the module's isend, irecv and block_scores wrapped to log them)."""
+    import torch.distributed as dist
+
+    log, isend, irecv, scores = [], dist.isend, dist.irecv, cp.block_scores
+
+    class Logged:
+        def __init__(self, work):
+            self.work = work
+
+        def wait(self):
+            log.append("wait")
+            return self.work.wait()
+
+    def logged_scores(*args, **kwargs):
+        log.append("compute")
+        return scores(*args, **kwargs)
+
+    dist.isend = lambda *a, **kw: Logged(isend(*a, **kw))
+    dist.irecv = lambda *a, **kw: Logged(irecv(*a, **kw))
+    cp.block_scores = logged_scores
+    try:
+        p, r = dist.get_world_size(group), dist.get_rank(group)
+        cp.ring_attention(*(cp.split_sequence(x, p, r) for x in (q, k, v)), group=group,
+                          overlap=overlap)
+    finally:
+        dist.isend, dist.irecv, cp.block_scores = isend, irecv, scores
+    return log
+
+
+def test_with_overlap_a_block_computes_before_its_successor_is_waited_for_and_not_without():
+    q, k, v, _ = qkv()
+    for overlap, order in ((True, ["compute", "wait", "wait"] * 2 + ["compute"]),
+                           (False, ["wait", "wait", "compute"] * 2 + ["compute"])):
+        assert launch(ring_order, 3, args=(q, k, v, overlap)) == [order] * 3
+
+
+def test_ring_attention_refuses_to_pace_a_gpu():
+    from course_lib.runtime.emulation import EmulatedDevice
+
+    q = torch.zeros(2, 4, 8, device="meta")
+    with pytest.raises(ValueError, match="emulated device stands in for an accelerator"):
+        cp.ring_attention(q, q, q, emulated=EmulatedDevice(1e9))

@@ -32,6 +32,7 @@ from course_lib.experts import ExpertParallel, MixtureOfExperts, capacity
 from course_lib.runtime.devices import device
 from course_lib.runtime.emulation import EmulatedDevice, check_cpu_rank, flops_of, paced_step
 from course_lib.runtime.launching import launch
+from course_lib.runtime.timing import synchronize
 
 
 def check_whole(name: str, value, least: int = 1) -> int:
@@ -48,6 +49,14 @@ def slowest(seconds: list, group=None) -> list:
     return t.tolist()
 
 
+def last_arrival(seconds: list, group=None) -> list:
+    """Each collective's time on the rank that reached it last, the shortest of the ranks' times
+    (a rank that came earlier also waited for that one): the message's own time."""
+    t = torch.tensor(seconds, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    return t.tolist()
+
+
 def time_ring_forward(q, k, v, *, ratio: float = 0.5, repeats: int = 7, group=None) -> dict:
     """Ring attention's forward (no mask) on an emulated device, with and without overlap, in
     turn ``repeats`` times after one counted run. The device's rate makes a block compute in
@@ -56,10 +65,10 @@ def time_ring_forward(q, k, v, *, ratio: float = 0.5, repeats: int = 7, group=No
     time, as a GPU's host is. Returns, on every rank: ``message`` and ``block`` seconds, each
     repeat's forward seconds (the slowest rank's) ``with overlap`` and ``waiting first``, and
     ``host``: the seconds per forward of work without FLOPs, which the device does not model."""
-    p, r, dev = dist.get_world_size(group), dist.get_rank(group), device(group)
-    check_whole("repeats", repeats), check_whole("ranks of a ring", p, 2), check_cpu_rank(dev)
     if isinstance(ratio, bool) or not 0 < ratio < math.inf:
         raise ValueError(f"ratio (a message's time over a block's) must be positive, got {ratio!r}")
+    p, r, dev = dist.get_world_size(group), dist.get_rank(group), device(group)
+    check_whole("repeats", repeats), check_whole("ranks of a ring", p, 2), check_cpu_rank(dev)
     mine = [split_sequence(x, p, r).to(dev) for x in (q, k, v)]
     kv, pos = torch.stack(mine[1:]), torch.arange(mine[0].shape[-2])
 
@@ -85,7 +94,7 @@ def time_ring_forward(q, k, v, *, ratio: float = 0.5, repeats: int = 7, group=No
     cpu_s = statistics.median(slowest(cpu[1:], group))
     rate = flops / max(message_s / ratio, 3 * cpu_s)  # the CPU busy a third of a block at most
     modes = {"with overlap": True, "waiting first": False}
-    stands_for = "a block takes longer than its message"
+    stands_for = f"a block takes {flops / rate / message_s:.1f} x its message"
     devices = {mode: EmulatedDevice(rate, stands_for) for mode in modes}
     times = {mode: [] for mode in modes}
     with torch.no_grad():
@@ -107,10 +116,11 @@ def time_expert_parallel(moe: MixtureOfExperts, tokens, *, repeats: int = 7, see
                          group=None) -> dict:
     """On each rank: ``moe``'s forward with its experts spread over the ranks of ``group``
     (:class:`~course_lib.experts.ExpertParallel`), for each count in ``tokens`` of this rank's
-    random tokens, ``repeats`` times after one warm-up. Returns {count: (bytes of one rank's
-    dispatch buffer, the seconds of its dispatch and combine in each repeat)}. Each all-to-all
-    counts as long as it took on the rank that reached it last: a rank that came earlier also
-    waited for that one (the ranks route different tokens)."""
+    random tokens, ``repeats`` times after one warm-up; then the alpha-beta model's ``alpha`` and
+    ``beta``, fitted in the same run (:func:`alpha_beta_of_all_to_all`). Returns them and
+    ``times``: {count: (bytes of one rank's dispatch buffer, the seconds of its dispatch and
+    combine in each repeat)}, each all-to-all's time that of the rank that reached it last
+    (:func:`last_arrival`: the ranks route different tokens, so one waits for the other)."""
     dev, rank = device(group), dist.get_rank(group)
     check_whole("repeats", repeats)
     if not tokens:
@@ -120,39 +130,52 @@ def time_expert_parallel(moe: MixtureOfExperts, tokens, *, repeats: int = 7, see
     layer = ExpertParallel(moe.to(dev), group)
     d, dtype = moe.router.in_features, moe.router.weight.dtype
     g = torch.Generator().manual_seed(seed * 1000 + rank)
-    out = {}
+    times = {}
     with torch.no_grad():
         for n in tokens:
             x = torch.randn(n, d, generator=g, dtype=dtype).to(dev)
             for _ in range(repeats + 1):
                 dist.barrier(group=group)
                 layer(x)
-            calls = torch.tensor(layer.sent["seconds"][-2 * repeats:], dtype=torch.float64)
-            dist.all_reduce(calls, op=dist.ReduceOp.MIN, group=group)
+            calls = torch.tensor(last_arrival(layer.sent["seconds"][-2 * repeats:], group))
             cap = capacity(n, moe.num_experts, moe.k, moe.capacity_factor)
-            out[n] = (moe.num_experts * cap * d * x.element_size(),
-                      calls.reshape(repeats, 2).sum(dim=1).tolist())
-    return out
+            times[n] = (moe.num_experts * cap * d * x.element_size(),
+                        calls.reshape(repeats, 2).sum(dim=1).tolist())
+    alpha, beta = alpha_beta_of_all_to_all(repeats, group)
+    return {"times": times, "alpha": alpha, "beta": beta}
 
 
 def alpha_beta_of_all_to_all(repeats: int = 7, group=None) -> tuple[float, float]:
-    """Alpha and beta of an all-to-all's messages among the ranks of ``group``, fitted to
-    all-to-alls of 1 KB to 2 MB a rank (medians of the slowest rank)."""
-    p, sizes = check_whole("ranks of an all-to-all", dist.get_world_size(group), 2), \
-        [2**k for k in (8, 12, 15, 17, 19)]
+    """Alpha and beta of an all-to-all's messages among the ranks of ``group``: all-to-alls of
+    1 KB to 2 MB a rank, each after a barrier, the median over ``repeats`` of the time of the
+    rank that reached it last, fitted to (p - 1) (alpha + beta n / p)."""
+    p = check_whole("ranks of an all-to-all", dist.get_world_size(group), 2)
     check_whole("repeats", repeats)
-    seconds = []
-    for n in sizes:
-        x, runs = torch.ones(p, n // p, device=device(group)), []
+    n_bytes, seconds, dev = [], [], device(group)
+    for numel in (2**k for k in (8, 12, 15, 17, 19)):
+        x, runs = torch.ones(p, numel // p, device=dev), []
         for _ in range(repeats + 1):
             dist.barrier(group=group)
+            synchronize(dev)
             start = time.perf_counter()
             dist.all_to_all_single(torch.empty_like(x), x, group=group)
+            synchronize(dev)
             runs.append(time.perf_counter() - start)
-        seconds.append(statistics.median(slowest(runs[1:], group)))
-    a, b = cost_models.fit_alpha_beta([4 * n for n in sizes], seconds)
-    # the fit's slope is per byte of a rank's whole buffer; (p - 1) (alpha + beta n / p)
-    return float(a) / (p - 1), float(b) * p / (p - 1)
+        n_bytes.append(x.numel() * x.element_size())
+        seconds.append(statistics.median(last_arrival(runs[1:], group)))
+    return all_to_all_model(n_bytes, seconds, p)
+
+
+def all_to_all_model(n_bytes, seconds, p: int) -> tuple[float, float]:
+    """Alpha and beta of (p - 1) (alpha + beta n / p), fitted to all-to-alls among ``p`` ranks
+    of ``n_bytes`` a rank (its whole buffer) that took ``seconds``. Refused when the times do
+    not grow with the bytes (a busy machine can hide it): beta would be 0."""
+    a, b = cost_models.fit_alpha_beta(n_bytes, seconds)
+    if b <= 0:
+        raise ValueError(f"the all-to-alls did not take longer with more bytes ({list(seconds)} s "
+                         f"for {list(n_bytes)} bytes): no beta to fit; was the machine busy? "
+                         f"Run them again")
+    return float(a) / (p - 1), float(b) * p / (p - 1)  # the fit's slope is per byte of n
 
 
 def both(repeats: int = 15, group=None) -> dict:
@@ -160,15 +183,14 @@ def both(repeats: int = 15, group=None) -> dict:
     alpha-beta model's prediction for them."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(128, 16, 1024, generator=g) for _ in range(3))  # wide, short
-    alpha, beta = alpha_beta_of_all_to_all(group=group)
     moe = MixtureOfExperts(64, 128, 4, k=2, capacity_factor=1.0, seed=0)
     return {"ring": time_ring_forward(q, k, v, repeats=repeats, group=group),
             "experts": time_expert_parallel(moe, [64, 256, 1024, 4096], repeats=repeats,
-                                            group=group),
-            "alpha": alpha, "beta": beta}
+                                            group=group)}
 
 
 def report(result: dict) -> str:
+    """:func:`both`'s result as lines: each measured median next to its model's time."""
     ring, p = result["ring"], result["ring"]["p"]
     m, c = ring["message"], ring["block"]
     model = {"with overlap": c + (p - 1) * max(c, m), "waiting first": p * c + (p - 1) * m}
@@ -178,10 +200,12 @@ def report(result: dict) -> str:
         lines.append(f"  {mode:14s} {statistics.median(ring[mode]) * 1e3:6.2f} ms median; "
                      f"model {modelled * 1e3:6.2f} ms + host work without FLOPs "
                      f"{ring['host'][mode] * 1e3:.2f} ms")
-    lines.append(f"experts' dispatch and combine (alpha {result['alpha'] * 1e6:.0f} us, "
-                 f"1/beta {1 / result['beta'] / 1e9:.2f} GB/s):")
-    for n, (n_bytes, seconds) in result["experts"].items():
-        modelled = cost_models.expert_parallel_time(n_bytes, p, result["alpha"], result["beta"])
+    experts = result["experts"]
+    alpha, beta = experts["alpha"], experts["beta"]
+    bandwidth = f"{1 / beta / 1e9:.2f} GB/s" if beta > 0 else "unbounded"
+    lines.append(f"experts' dispatch and combine (alpha {alpha * 1e6:.0f} us, 1/beta {bandwidth}):")
+    for n, (n_bytes, seconds) in experts["times"].items():
+        modelled = cost_models.expert_parallel_time(n_bytes, p, alpha, beta)
         lines.append(f"  {n:5d} tokens a rank, {n_bytes / 1e3:7.0f} kB: "
                      f"{statistics.median(seconds) * 1e3:6.2f} ms median, model "
                      f"{modelled * 1e3:6.2f} ms")
@@ -196,7 +220,8 @@ def main(argv=None):
     check_whole("--repeats", args.repeats)
     torch.set_num_threads(1)
     with busy_process() if args.busy else contextlib.nullcontext():
-        result = launch(both, 2, kwargs=dict(repeats=args.repeats))[0]
+        # gloo: the emulated device stands in for a GPU on CPU ranks
+        result = launch(both, 2, kwargs=dict(repeats=args.repeats), backend="gloo")[0]
     print("beside a busy process" if args.busy else "idle machine")
     print(report(result))
     return result
