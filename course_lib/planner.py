@@ -152,6 +152,10 @@ def size(n_bytes: float) -> str:
 def why(best: Ranked, other: Ranked) -> str:
     """Why ``other`` ranks below ``best``: it does not fit, the tie-break, or the term that
     costs it most."""
+    for name, ranked in (("best", best), ("other", other)):
+        if not isinstance(ranked, Ranked):
+            raise TypeError(f"why() compares two of rank_plans' results; {name} is a "
+                            f"{type(ranked).__name__}: rank it with rank_plans first")
     if other is best:
         return f"{other.plan}: the best plan itself"
     if not other.fits:

@@ -230,6 +230,7 @@ def main(argv=None) -> list | None:
     """The command line; returns every rank's results (``None`` on ranks other than torchrun's
     rank 0). ``--world-size``, if given, must be dp x tp x pp x cp (the plan decides)."""
     from course_lib.runtime.torchrun import (
+        check_backend,
         experiment_parser,
         launched_by_torchrun,
         run_experiment,
@@ -260,8 +261,9 @@ def main(argv=None) -> list | None:
     if launched_by_torchrun() and int(os.environ["WORLD_SIZE"]) != ranks:
         parser.error(f"torchrun started {os.environ['WORLD_SIZE']} processes, but {names} = "
                      f"{sizes} = {ranks}: start {ranks} (nodes x --nproc-per-node)")
-    if not a.lr > 0:
-        parser.error(f"--lr must be positive, got {a.lr}")
+    if not 0 < a.lr < float("inf"):
+        parser.error(f"--lr must be positive and finite, got {a.lr}")
+    check_backend(parser, a.backend, ranks)
     try:  # refused here, before any worker starts
         check_run(a.steps, a.global_batch)
         check_model({name: getattr(a, name) for name in MODEL})

@@ -402,6 +402,8 @@ def test_the_ranking_puts_fitting_plans_first_fastest_first_and_says_why():
     assert "as fast as the best" in P.why(fits[0], tie)
     smaller = replace(fits[0], micro_batch=fits[0].micro_batch / 2)
     assert f"micro-batches of {smaller.micro_batch:g} sequences" in P.why(fits[0], smaller)
+    with pytest.raises(TypeError, match="other is a Plan: rank it with rank_plans first"):
+        P.why(fits[0], fits[1].plan)
 
 
 def test_ties_go_to_fewer_collectives_then_larger_micro_batches():

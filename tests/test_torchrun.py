@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from course_lib import hello
 from course_lib.runtime import torchrun as cluster
@@ -128,3 +129,14 @@ def test_run_main_skips_teardown_only_after_a_torchrun_command_returned(torchrun
                           env=env, timeout=60)
     assert (proc.returncode, proc.stdout) == (code, out), proc.stderr
     assert ("ValueError: a bad option" in proc.stderr) == (how == "raise")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2 and torch.distributed.is_nccl_available(),
+                    reason="this machine can give two ranks NCCL")
+def test_a_backend_the_machine_cannot_give_is_a_usage_error_before_any_worker(capsys):
+    from course_lib import collectives, train_gpt
+
+    for main, argv in ((collectives.main, ["--world-size", "2"]), (train_gpt.main, ["--dp", "2"])):
+        with pytest.raises(SystemExit) as stopped:
+            main(["--backend", "nccl", *argv])
+        assert stopped.value.code == 2 and "backend='nccl'" in capsys.readouterr().err

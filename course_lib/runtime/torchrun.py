@@ -134,6 +134,16 @@ def experiment_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def check_backend(parser, backend: str, world_size: int) -> None:
+    """Outside torchrun, a backend this machine cannot give ``world_size`` ranks (nccl without
+    NCCL or GPUs) is the parser's usage error, before any worker starts."""
+    if not launched_by_torchrun():
+        try:
+            choose_backend(backend, world_size)
+        except ValueError as why:
+            parser.error(str(why))
+
+
 def run_command(fn, description: str, options, argv=None, *, world_size: int = 2):
     """An experiment's command line: :func:`experiment_parser`'s options plus ``options`` --
     ``(flag, type, default)`` each, or ``(flag, type, default, more)`` with ``more`` a dict for
@@ -145,6 +155,7 @@ def run_command(fn, description: str, options, argv=None, *, world_size: int = 2
     for flag, kind, default, *more in options:
         parser.add_argument(flag, type=kind, default=default, **(more[0] if more else {}))
     args = parser.parse_args(argv)
+    check_backend(parser, args.backend, args.world_size)
     names = [option[0].lstrip("-").replace("-", "_") for option in options]
     kwargs = {name: getattr(args, name) for name in names}
     return args, run_experiment(fn, world_size=args.world_size, kwargs=kwargs,
