@@ -106,6 +106,9 @@ def refuse_modules_without_a_command(argv=None) -> None:
     module = module_run_with_dash_m(argv or [])
     if module is None or (module != "course_lib" and not module.startswith("course_lib.")):
         return
+    if module == __name__:  # python -m course_lib.commands: answered here, as the package is
+        main()              # imported, before runpy would run this module a second time
+        raise SystemExit(0)
     if has_a_command(module) is False:
         print(refusal(module), file=sys.stderr)
         raise SystemExit(2)

@@ -136,6 +136,13 @@ def test_a_module_with_a_command_still_starts(module):
     assert "usage:" in done.stdout and "has no command" not in done.stderr
 
 
+def test_the_list_of_commands_prints_without_a_warning():
+    done = subprocess.run([sys.executable, "-m", "course_lib.commands"], capture_output=True,
+                          text=True, env=ENV, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert "  course_lib.train_gpt\n" in done.stdout and "  course_lib.hello\n" in done.stdout
+
+
 def test_every_lesson_command_is_listed():
     listed = commands.modules_with_a_command()
     assert set(COMMANDS) | {"course_lib.hello", "course_lib.train_gpt",
