@@ -205,3 +205,20 @@ def test_the_all_to_all_model_recovers_alpha_and_beta_and_refuses_flat_times():
     assert all_to_all_model(sizes, seconds, 4) == pytest.approx((2e-4, 1e-9))
     with pytest.raises(ValueError, match="did not take longer with more bytes"):
         all_to_all_model(sizes, [2e-3, 1.5e-3, 1.2e-3, 1e-3], 4)  # shorter with more bytes
+
+
+def exchanged(group=None):
+    """Rank r's vector [10 r, 10 r + 1, 10 r + 2, 10 r + 3], all-to-all'd over two ranks."""
+    import torch.distributed as dist
+
+    from course_lib.benchmarks.long_sequences import flat_all_to_all
+
+    return flat_all_to_all(torch.arange(4.0) + 10 * dist.get_rank(group), group)
+
+
+def test_the_flat_all_to_all_sends_slice_s_to_rank_s():
+    from course_lib import launch
+
+    got = launch(exchanged, 2, backend="gloo")
+    torch.testing.assert_close(got[0], torch.tensor([0.0, 1.0, 10.0, 11.0]))
+    torch.testing.assert_close(got[1], torch.tensor([2.0, 3.0, 12.0, 13.0]))

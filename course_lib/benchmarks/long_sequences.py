@@ -27,12 +27,12 @@ import torch.distributed as dist
 
 from course_lib import cost_models
 from course_lib.benchmarks.threads import busy_process
+from course_lib.collectives import time_all_reduce
 from course_lib.context_parallel import OnlineSoftmax, block_scores, ring_attention, split_sequence
 from course_lib.experts import ExpertParallel, MixtureOfExperts, capacity
 from course_lib.runtime.devices import device
 from course_lib.runtime.emulation import EmulatedDevice, check_cpu_rank, flops_of, paced_step
 from course_lib.runtime.launching import launch
-from course_lib.runtime.timing import synchronize
 
 
 def check_whole(name: str, value, least: int = 1) -> int:
@@ -145,25 +145,25 @@ def time_expert_parallel(moe: MixtureOfExperts, tokens, *, repeats: int = 7, see
     return {"times": times, "alpha": alpha, "beta": beta}
 
 
+def flat_all_to_all(tensor, group=None):
+    """An all-to-all of a rank's vector, one equal slice for each rank of ``group``, in the
+    form ``collectives.time_all_reduce`` times (it times any collective)."""
+    out = torch.empty_like(tensor)
+    dist.all_to_all_single(out, tensor, group=group)
+    return out
+
+
 def alpha_beta_of_all_to_all(repeats: int = 7, group=None) -> tuple[float, float]:
     """Alpha and beta of an all-to-all's messages among the ranks of ``group``: all-to-alls of
-    1 KB to 2 MB a rank, each after a barrier, the median over ``repeats`` of the time of the
-    rank that reached it last, fitted to (p - 1) (alpha + beta n / p)."""
+    1 KB to 2 MB a rank, each after a barrier (``collectives.time_all_reduce``), the median over
+    ``repeats`` of the time of the rank that reached it last, fitted to (p - 1) (alpha + beta n
+    / p)."""
     p = check_whole("ranks of an all-to-all", dist.get_world_size(group), 2)
     check_whole("repeats", repeats)
-    n_bytes, seconds, dev = [], [], device(group)
-    for numel in (2**k for k in (8, 12, 15, 17, 19)):
-        x, runs = torch.ones(p, numel // p, device=dev), []
-        for _ in range(repeats + 1):
-            dist.barrier(group=group)
-            synchronize(dev)
-            start = time.perf_counter()
-            dist.all_to_all_single(torch.empty_like(x), x, group=group)
-            synchronize(dev)
-            runs.append(time.perf_counter() - start)
-        n_bytes.append(x.numel() * x.element_size())
-        seconds.append(statistics.median(last_arrival(runs[1:], group)))
-    return all_to_all_model(n_bytes, seconds, p)
+    numels = [p * (2**k // p) for k in (8, 12, 15, 17, 19)]  # equal slices
+    timed = time_all_reduce(flat_all_to_all, numels, repeats=repeats, group=group)
+    seconds = [statistics.median(last_arrival(timed[n], group)) for n in numels]
+    return all_to_all_model([4 * n for n in numels], seconds, p)  # float32
 
 
 def all_to_all_model(n_bytes, seconds, p: int) -> tuple[float, float]:
