@@ -129,9 +129,9 @@ def plot_speedup(workers, times, *, title: str = "Speedup", label: str = "measur
                  else "scaled speedup p T(1) / T(p)", title=f"{title} ({scaling} scaling)")
         ax_e.set(xlabel="workers p", ylabel="efficiency E = S / p", title="Efficiency",
                  ylim=(0, 1.15 * max(1.0, float(np.max(speedup / p)))))
-        for ax in (ax_s, ax_e):
+        for ax, where in ((ax_s, "upper left"), (ax_e, "best")):  # above S(p) <= p: empty
             ax.set_xticks(p)
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=8, loc=where)
         fig.tight_layout()
     return fig
 
