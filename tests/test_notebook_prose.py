@@ -33,8 +33,7 @@ ALLOWED = {
     "01": {"95%": "the threshold the cell's own check asserts"},
     "02": {"1%": "the lecture note's §2.4 example, quoted",
            "60%": "the lecture note's §2.4 figure, quoted to correct it",
-           "39.5%": "1 - 0.99^50, a formula (also printed by the cell above it)",
-           "50%": "the union bound m q for the note's example, a formula"},
+           "39.5%": "1 - 0.99^50, a formula (also printed by the cell above it)"},
     "03": {"1 ms": "a rough guide for gloo's latency over loopback, the cell's REFERENCE_MS "
                    "parameter, not measured",
            "1.5 GB/s": "a rough guide for gloo's bandwidth over loopback, the cell's REFERENCE_GBS "
