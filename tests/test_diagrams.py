@@ -207,8 +207,14 @@ def test_the_token_path_dashes_exactly_the_dropped_routes():
     fig = diagrams.plot_token_path(chosen, slots, gates, experts_per_rank=2)
     arrows = [a for a in fig.axes[0].texts if getattr(a, "arrow_patch", None) is not None]
     dashed = [a for a in arrows if a.arrow_patch.get_linestyle() in ("--", "dashed")]
-    assert len(arrows) == 12 and len(dashed) == int((slots < 0).sum()) > 0
+    dropped = int((slots < 0).sum())
+    # each token to its router; each route dispatched; each kept route combined back
+    assert len(arrows) == 6 + 12 + (12 - dropped) and len(dashed) == dropped > 0
     assert "expert 3\nrank 1" in texts(fig) and "token 5" in texts(fig)
+    assert "output 5" in texts(fig) and {"all-to-all: dispatch", "all-to-all: combine"} <= set(
+        texts(fig))
+    e, g = chosen[0].tolist(), gates[0].tolist()
+    assert f"router\nE{e[0]} {g[0]:.2f}, E{e[1]} {g[1]:.2f}" in texts(fig)
     later = diagrams.plot_token_path(chosen[3:], slots[3:], gates[3:], 2, first=3)
     assert [t for t in texts(later) if t.startswith("token")] == ["token 3", "token 4", "token 5"]
     plt.close("all")

@@ -71,34 +71,53 @@ def plot_causal_work(splits, tokens: int, *, title: str = "Causal attention: who
 
 def plot_token_path(experts, slots, gates, experts_per_rank: int, *, first: int = 0,
                     title: str = "Each token's path: router, experts, ranks"):
-    """A few tokens' routes: ``experts`` (tokens, k) their chosen experts, ``slots`` (tokens, k)
-    their slots (-1: dropped, the expert was full), ``gates`` (tokens, k). Experts are grouped
-    by the rank that holds them (``experts_per_rank`` each); a dropped route is dashed. The
-    tokens are numbered from ``first`` (their place in the batch)."""
+    """A few tokens' routes through a layer of experts, left to right: the token, the router
+    (its top-k experts and their gates), the dispatch all-to-all to the experts (grouped by the
+    rank that holds them, ``experts_per_rank`` each), the combine all-to-all back, and the
+    token's output, the gate-weighted sum of its experts' outputs. ``experts`` (tokens, k) the
+    chosen experts, ``slots`` (tokens, k) their slots (-1: dropped, the expert was full: that
+    route is dashed and sends nothing back), ``gates`` (tokens, k). The tokens are numbered from
+    ``first`` (their place in the batch)."""
     experts, slots, gates = (np.asarray(a) for a in (experts, slots, gates))
     n, num_experts = len(experts), int(experts.max()) + 1 if experts.size else 0
     if not n:
         raise ValueError("no tokens to draw")
     num_experts = max(num_experts, experts_per_rank)
     ranks = -(-num_experts // experts_per_rank)
+    rows = max(n, ranks * experts_per_rank)
+    x_router, x_expert, x_out = 1.7, 4.6, 7.5  # columns: token, router, experts, output
+
+    def arrow(ax, x0, y0, x1, y1, width=0.8, dashed=False, color="0.3"):
+        ax.annotate("", xy=(x1, y1 + 0.2), xytext=(x0, y0 + 0.2),
+                    arrowprops=dict(arrowstyle="->", lw=width, ls="--" if dashed else "-",
+                                    color=color))
+
     with course_style():
-        fig, ax = plt.subplots(figsize=(7.5, 0.6 + 0.5 * max(n, num_experts)))
+        fig, ax = plt.subplots(figsize=(9.5, 0.9 + 0.5 * rows))
         for t in range(n):
-            box(ax, 0.0, -t, 1.2, 0.4, f"token {first + t}", COLORS[0], fontsize=7)
+            picks = ", ".join(f"E{int(e)} {g:.2f}" for e, g in zip(experts[t], gates[t],
+                                                                    strict=True))
+            box(ax, 0.0, -t, 1.1, 0.4, f"token {first + t}", COLORS[0], fontsize=7)
+            box(ax, x_router, -t, 1.5, 0.4, f"router\n{picks}", "0.6", fontsize=6)
+            box(ax, x_out, -t, 1.3, 0.4, f"output {first + t}", COLORS[0], fontsize=7)
+            arrow(ax, 1.1, -t, x_router, -t)
         for e in range(ranks * experts_per_rank):
             rank = e // experts_per_rank
-            box(ax, 4.0, -e, 1.4, 0.4, f"expert {e}\nrank {rank}",
+            box(ax, x_expert, -e, 1.4, 0.4, f"expert {e}\nrank {rank}",
                 COLORS[(rank + 1) % len(COLORS)], fontsize=7)
         for t in range(n):
             for j in range(experts.shape[1]):
-                kept = slots[t, j] >= 0
-                e = int(experts[t, j])
-                ax.annotate("", xy=(4.0, -e + 0.2), xytext=(1.2, -t + 0.2),
-                            arrowprops=dict(arrowstyle="->", lw=0.6 + 2 * float(gates[t, j]),
-                                            ls="-" if kept else "--",
-                                            color="0.3" if kept else COLORS[3]))
-        ax.text(2.6, 0.75, "all-to-all: dispatch (and combine, back)", ha="center", fontsize=8)
-        ax.set(xlim=(-0.3, 5.8), ylim=(-max(n, ranks * experts_per_rank) + 0.2, 1.1),
-               title=title + "\n(width: the gate; dashed: dropped, the expert was full)")
+                kept, e, width = slots[t, j] >= 0, int(experts[t, j]), 0.6 + 2 * float(gates[t, j])
+                arrow(ax, x_router + 1.5, -t, x_expert, -e, width, not kept,
+                      "0.3" if kept else COLORS[3])
+                if kept:  # the expert's output goes back to the token's rank, times the gate
+                    arrow(ax, x_expert + 1.4, -e, x_out, -t, width, color=COLORS[2])
+        for x, text in ((x_router + 1.5, "all-to-all: dispatch"), (x_expert + 1.4,
+                                                                    "all-to-all: combine")):
+            ax.text((x + (x_expert if x < x_expert else x_out)) / 2, 0.75, text, ha="center",
+                    fontsize=8)
+        ax.set(xlim=(-0.3, x_out + 1.5), ylim=(-rows + 0.2, 1.1),
+               title=title + "\n(router: expert E and gate; width: the gate; dashed: dropped, the "
+               "expert was full)")
         blank(ax)
     return fig
