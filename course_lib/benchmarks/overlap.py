@@ -43,9 +43,10 @@ MAIN = (("after backward", None), ("per parameter", None), ("buckets", 1.0), ("D
 SWEEP_MB = (0.05, 0.15, 0.5, 1.0, 2.0, 4.0)  # 4 MB: one bucket for the 3.3 MB model
 MESSAGE_BYTES = (2**10, 2**14, 2**17, 2**19, 2**21, 2**22)
 model_fn = functools.partial(tiny_gpt, vocab=96, d_model=128, layers=4, heads=4, context=64)
-# on the emulated device: a wider, shorter GPT, 8 characters per rank -- more gradient bytes per
-# FLOP, so a system's ratio of communication to compute is reachable with the cores mostly idle
-EMULATED = dict(model=functools.partial(tiny_gpt, vocab=96, d_model=256, layers=4, heads=4,
+# on the emulated device: a wider, deeper GPT, 8 characters per rank -- more gradient bytes per
+# FLOP, so a system's ratio of communication to compute is reachable with the cores mostly idle,
+# and more tensors, so one message each pays alpha as often as a real model's many tensors do
+EMULATED = dict(model=functools.partial(tiny_gpt, vocab=96, d_model=192, layers=6, heads=4,
                                         context=8), local_batch=1, context=8)
 
 
@@ -290,7 +291,7 @@ def main(argv=None):
                      f"{s['predicted'][name]:.0%}")
         print(f"  {name:22s} {t * 1e3:6.1f} ms  ({t / med['after backward']:.2f} x (a)){extra}")
     best = min(med[k] for k in med if k != "none" and not k.startswith("after"))
-    print(f"best overlapped step / (a): {best / med['after backward']:.2f} (target <= 0.85)")
+    print(f"best overlapped step / (a): {best / med['after backward']:.2f} (target <= 0.8)")
     return s
 
 
