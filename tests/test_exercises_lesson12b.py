@@ -83,7 +83,7 @@ def ties_as_wrong(predicted, measured):  # a predicted tie counted as a miss
 
 
 def test_pairs_in_order_accepts_kendalls_count_and_explains_ties_and_none():
-    assert "correct: on the emulated device the planner put 93%" in \
+    assert "the planner put 93% of the pairs" in \
         ex.check_pairs_in_order(pairs_in_order)
     with pytest.raises(common.ExerciseFailed, match="7 plans: 0.904.* is not the share"):
         ex.check_pairs_in_order(ties_as_wrong)
