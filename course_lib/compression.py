@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from course_lib.data_parallel import parameters_vector
 from course_lib.runtime.devices import device
-from course_lib.training import step_loop
+from course_lib.training import check_whole, step_loop
 
 
 def flatten(tensors):
@@ -163,6 +163,7 @@ def train(model_fn, x, y, x_test, y_test, compressor, error_feedback: bool,
     without a gradient sends zeros (every rank must send the same tensors). Returns ``losses``
     per step, test ``accuracy`` at the end, ``bytes`` this rank sent per step and the final
     ``params``."""
+    check_whole("steps", steps)  # bytes are per step
     dev = device(group)
     model = model_fn().to(dev)
     params = [p for p in model.parameters() if p.requires_grad]

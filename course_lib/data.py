@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from course_lib.training import check_whole
+
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
 
@@ -124,7 +126,11 @@ def shard_rows(n: int, p: int, seed: int | None = None) -> list[torch.Tensor]:
 def batch_rows(shard: torch.Tensor, batch: int, seed: int, worker: int, step: int):
     """The rows of worker ``worker``'s ``step``-th mini-batch: ``batch`` rows of its shard drawn
     without replacement. Seeded by (seed, worker, step), so a real run, a simulator and a
-    sequential reference all draw the same batches."""
+    sequential reference all draw the same batches. A batch of 0 rows, or more than the shard
+    holds, is refused."""
+    if check_whole("batch", batch) > len(shard):
+        raise ValueError(f"batch {batch} is larger than this worker's shard of {len(shard)} "
+                         f"rows; choose a batch of at most {len(shard)}")
     g = torch.Generator().manual_seed(seed * 1_000_003 + worker * 10_007 + step)
     return shard[torch.randperm(len(shard), generator=g)[:batch].to(shard.device)]
 

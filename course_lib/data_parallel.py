@@ -29,7 +29,7 @@ from course_lib.runtime.devices import device
 from course_lib.runtime.emulation import catch_up, paced_step
 from course_lib.runtime.timing import synchronize
 from course_lib.runtime.torchrun import run_command, run_main
-from course_lib.training import loss_fn, parameters_to_average
+from course_lib.training import check_steps, check_whole, loss_fn, parameters_to_average
 
 
 def sampler_global_batches(n: int, world_size: int, local_batch: int, seed: int = 0,
@@ -41,10 +41,8 @@ def sampler_global_batches(n: int, world_size: int, local_batch: int, seed: int 
     starting at r; so step t of all ranks together covers one contiguous block of the
     permutation — exactly what one process would use with the global batch.
     """
-    g = torch.Generator().manual_seed(seed + epoch)
-    perm = torch.randperm(n, generator=g)
-    per_rank = n // world_size
-    steps = per_rank // local_batch
+    steps = check_steps(n, world_size, local_batch)  # at least one, or a clear error
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
     return [perm[t * world_size * local_batch:(t + 1) * world_size * local_batch]
             for t in range(steps)]
 
@@ -82,9 +80,10 @@ def average_gradients(model, group=None, find_unused: bool = False) -> None:
 
 
 def train_from_scratch(model_fn, x, y, local_batch: int, lr: float, epochs: int = 1,
-                       seed: int = 0, group=None) -> dict:
+                       seed: int = 0, group=None, find_unused: bool = False) -> dict:
     """Data parallelism by hand: broadcast rank 0's initial weights, then per step: forward and
-    backward on this rank's part of the global batch, average the gradients, step."""
+    backward on this rank's part of the global batch, average the gradients, step.
+    ``find_unused``: as :func:`average_gradients`."""
     rank, world_size, dev = dist.get_rank(group), dist.get_world_size(group), device(group)
     model = model_fn().to(dev)
     x, y = x.to(dev), y.to(dev)
@@ -98,7 +97,7 @@ def train_from_scratch(model_fn, x, y, local_batch: int, lr: float, epochs: int 
             opt.zero_grad()
             loss = loss_fn(model, x[mine], y[mine])
             loss.backward()
-            average_gradients(model, group)
+            average_gradients(model, group, find_unused)
             opt.step()
             losses.append(loss.item())
     return dict(params=parameters_vector(model), losses=losses)
@@ -122,14 +121,17 @@ def ddp_loader(x, y, local_batch: int, seed: int = 0, group=None):
 
 def train_ddp(model_fn, x, y, local_batch: int, lr: float, epochs: int = 1, seed: int = 0,
               accumulate: int = 1, comm_hook=None, bucket_cap_mb: float | None = None,
-              group=None) -> dict:
+              group=None, find_unused: bool = False) -> dict:
     """The same with DistributedDataParallel and DistributedSampler.
 
     ``accumulate`` > 1 sums gradients over that many local batches inside ``no_sync`` (no
     all-reduce) and synchronises on the last one: one optimizer step for a batch that many times
-    larger. ``comm_hook`` is registered on the model (e.g. fp16 compression).
+    larger. ``comm_hook`` is registered on the model (e.g. fp16 compression). ``find_unused``:
+    DDP's ``find_unused_parameters`` (a parameter the loss does not use is then left out).
     """
-    options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    check_steps(len(y), dist.get_world_size(group), local_batch, accumulate)
+    options = {"find_unused_parameters": find_unused} | (
+        {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb})
     model = ddp_model(model_fn(), group, **options)  # broadcasts rank 0's weights itself
     dev = device(group)
     if comm_hook is not None:
@@ -220,15 +222,14 @@ def compression_hook(dtype, log: list | None = None):
 
 def linear_scaling_lr(base_lr: float, base_batch: int, batch: int) -> float:
     """Goyal et al. 2017: multiply the batch by k, multiply the learning rate by k."""
-    return base_lr * batch / base_batch
+    return base_lr * check_whole("batch", batch) / check_whole("base_batch", base_batch)
 
 
 def warmup_lr(step: int, target_lr: float, warmup_steps: int, start_lr: float) -> float:
     """Gradual warm-up: rise linearly from ``start_lr`` to ``target_lr`` over ``warmup_steps``,
     then stay at ``target_lr``."""
-    if step >= warmup_steps:
-        return target_lr
-    return start_lr + (target_lr - start_lr) * step / warmup_steps
+    done = step >= check_whole("warmup_steps", warmup_steps, least=0)
+    return target_lr if done else start_lr + (target_lr - start_lr) * step / warmup_steps
 
 
 # -- lesson 4's check, as a command ----------------------------------------------------------------

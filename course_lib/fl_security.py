@@ -77,9 +77,18 @@ def deep_leakage(model, gradients, *, steps: int = 50, seed: int = 0) -> torch.T
     return dummy.detach().reshape(-1)
 
 
+def check_clip_and_noise(clip: float, noise: float) -> None:
+    """A clipping norm is positive and finite (a negative one would flip the update), and a noise
+    multiplier is zero or more."""
+    if not 0 < clip < float("inf") or not 0 <= noise < float("inf"):
+        raise ValueError(f"clip must be positive and finite and noise zero or more, got "
+                         f"clip={clip!r}, noise={noise!r}")
+
+
 def clip_and_noise(update: torch.Tensor, clip: float, noise: float, generator=None):
     """Clip an update to norm ``clip`` and add N(0, (noise clip)^2) to every entry: the
     Gaussian mechanism, on one client's update."""
+    check_clip_and_noise(clip, noise)
     norm = update.norm().item()
     clipped = update * min(1.0, clip / norm) if norm > 0 else update
     return clipped + noise * clip * torch.randn(update.shape, generator=generator,
@@ -125,9 +134,9 @@ def coordinate_median(updates: torch.Tensor, w=None, state=None) -> torch.Tensor
 def trimmed_mean(updates: torch.Tensor, w=None, state=None, trim: float = 0.2) -> torch.Tensor:
     """Per coordinate, drop the ``trim`` fraction of largest and of smallest values, average
     the rest (Yin et al. 2018)."""
-    k = int(trim * len(updates))
-    if 2 * k >= len(updates):
-        raise ValueError(f"trimming {k} from each end of {len(updates)} updates leaves none")
+    if not 0 <= trim < 0.5:
+        raise ValueError(f"trim is the share cut from each end: from 0 to under 0.5, got {trim!r}")
+    k = int(trim * len(updates))  # under half of them from each end: some are left
     ordered = updates.sort(dim=0).values
     return ordered[k:len(updates) - k].mean(dim=0)
 
@@ -146,7 +155,10 @@ def krum(updates: torch.Tensor, w=None, state=None, byzantine: int = 1) -> torch
 
 def norm_check(updates: torch.Tensor, w=None, state=None, factor: float = 2.0) -> torch.Tensor:
     """The server checks update statistics: average only the updates whose norm is at most
-    ``factor`` times the median norm."""
+    ``factor`` times the median norm (a factor of 1 or more keeps at least half of them)."""
+    if not factor >= 1:
+        raise ValueError(f"factor must be 1 or more (under 1 it can keep no update), got "
+                         f"{factor!r}")
     norms = updates.norm(dim=1)
     return updates[norms <= factor * norms.median()].mean(dim=0)
 
@@ -155,7 +167,10 @@ def validation_check(updates: torch.Tensor, w, state=None, *, validation, margin
                      model=DIGITS_MLP) -> torch.Tensor:
     """The server checks validation accuracy: score the model w + update of every update on
     ``validation`` = (x, y), data the server holds; average those at least the median score
-    minus ``margin``."""
+    minus ``margin`` (a margin of 0 or more keeps at least half of them)."""
+    if not margin >= 0:
+        raise ValueError(f"margin must be 0 or more (below 0 it can keep no update), got "
+                         f"{margin!r}")
     scores = torch.tensor([model.accuracy(w + u, *validation) for u in updates])
     return updates[scores >= scores.median() - margin].mean(dim=0)
 
@@ -166,6 +181,7 @@ def dp_mean(clip: float, noise: float, seed: int = 0):
     sigma; turning it into an (epsilon, delta) guarantee needs a privacy accountant, which this
     lesson does not do. The noise generator lives in the run's ``state``: the same seed gives
     the same noise in every run."""
+    check_clip_and_noise(clip, noise)
 
     def aggregate(updates, w=None, state=None):
         state = {} if state is None else state

@@ -16,6 +16,7 @@ import torch
 from course_lib.loss_scaling import LossScaler
 from course_lib.models import digits_mlp
 from course_lib.runtime.timing import measure_interleaved
+from course_lib.training import check_whole
 
 PRECISIONS = ("fp32", "bf16", "fp16 + loss scaling", "fp16, no scaling")
 
@@ -41,6 +42,11 @@ def train(split, precision: str, *, epochs: int = 3, lr: float = 0.1, batch: int
     Returns the training ``losses`` per step (unscaled), the ``scale`` per step, the
     ``skipped`` steps and the test ``accuracy`` before training and after every epoch.
     """
+    if check_whole("batch", batch) > len(split.y_train):
+        raise ValueError(f"batch {batch} is larger than the {len(split.y_train)} training rows: "
+                         f"short batches are dropped, so no step would be taken")
+    if not 0 < loss_factor < float("inf"):
+        raise ValueError(f"loss_factor must be positive and finite, got {loss_factor!r}")
     model = model_fn(seed=seed).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=lr / loss_factor)
     scaler = LossScaler(init_scale) if precision == "fp16 + loss scaling" else None
@@ -76,7 +82,8 @@ def train(split, precision: str, *, epochs: int = 3, lr: float = 0.1, batch: int
 
 def gradient_values(model, x, y) -> dict:
     """The gradients of one batch, as fp32 vectors: of the ``weights`` (what the optimiser
-    receives) and of the ``activations`` (what flows backwards through every layer)."""
+    receives; a frozen parameter has none) and of the ``activations`` (what flows backwards
+    through each ReLU's output; empty where the model has no ReLU)."""
     activations = []
 
     def keep_gradient(module, inputs, output):  # a forward hook must return None
@@ -90,8 +97,9 @@ def gradient_values(model, x, y) -> dict:
     finally:
         for hook in hooks:
             hook.remove()
-    return dict(weights=torch.cat([p.grad.flatten() for p in model.parameters()]),
-                activations=torch.cat([a.flatten() for a in activations]))
+    return dict(weights=torch.cat([p.grad.flatten() for p in model.parameters()
+                                   if p.grad is not None]),
+                activations=torch.cat([a.flatten() for a in activations] or [torch.zeros(0)]))
 
 
 def training_step(precision: str, *, device: str = "cpu", width: int = 1024, depth: int = 4,

@@ -42,13 +42,14 @@ from course_lib.runtime.torchrun import run_command, run_main
 
 
 def split_into_stages(model: torch.nn.Sequential, p: int) -> list[torch.nn.Sequential]:
-    """Cut a sequential model into p consecutive pieces of near-equal length;
-    ``torch.nn.Sequential(*pieces)`` is the whole model again."""
+    """Cut a sequential model into p consecutive pieces whose lengths differ by at most one (the
+    first ones longer); ``torch.nn.Sequential(*pieces)`` is the whole model again."""
     layers = list(model)
-    if not 1 <= p <= len(layers):
-        raise ValueError(f"cannot cut {len(layers)} layers into {p} stages")
-    per_stage = -(-len(layers) // p)
-    return [torch.nn.Sequential(*layers[s * per_stage:(s + 1) * per_stage]) for s in range(p)]
+    if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= len(layers):
+        raise ValueError(f"cannot cut {len(layers)} layers into {p!r} stages: p must be a whole "
+                         f"number from 1 to {len(layers)}")
+    ends = [s * (len(layers) // p) + min(s, len(layers) % p) for s in range(p + 1)]
+    return [torch.nn.Sequential(*layers[a:b]) for a, b in zip(ends[:-1], ends[1:], strict=True)]
 
 
 def reference_gradients(pieces, x, y):

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from course_lib.runtime.devices import device
 from course_lib.tensor_parallel import ParallelBlock, causal_attention
+from course_lib.training import check_whole
 
 
 def run_torch_pipeline(pieces, x, y, micro_batches: int, schedule: str = "1F1B",
@@ -23,7 +24,7 @@ def run_torch_pipeline(pieces, x, y, micro_batches: int, schedule: str = "1F1B",
     this stage's gradients, to compare with :func:`run_pipeline`."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    if len(x) % micro_batches:
+    if len(x) % check_whole("micro_batches", micro_batches):
         raise ValueError(f"torch.distributed.pipelining cuts the batch into micro-batches and "
                          f"averages their losses with equal weights: a batch of {len(x)} does "
                          f"not divide into {micro_batches} equal parts; choose a divisor of "
@@ -58,6 +59,9 @@ class StageModule(torch.nn.Module):
                  compute_dtype=None):
         super().__init__()
         self.compute_dtype = compute_dtype
+        if not 1 <= pp <= len(gpt.blocks) or len(gpt.blocks) % pp:
+            raise ValueError(f"pp = {pp} stages cannot share {len(gpt.blocks)} blocks equally: "
+                             f"choose a pp that divides {len(gpt.blocks)}")
         per = len(gpt.blocks) // pp
         self.first, self.last, self.recompute = stage == 0, stage == pp - 1, recompute
         self.positions = positions

@@ -106,8 +106,10 @@ def compressed_all_reduce(x: torch.Tensor, method: str, seed: int = 0, group=Non
 
 def to_fp8(x: torch.Tensor, dtype, scaled: bool = True) -> tuple[torch.Tensor, float]:
     """Cast to an fp8 format; with ``scaled``, first multiply by max(format) / max |x| so the
-    tensor's largest entry lands on the format's largest value. Returns (codes, scale)."""
-    scale = torch.finfo(dtype).max / x.abs().max().item() if scaled else 1.0
+    tensor's largest entry lands on the format's largest value (an all-zero tensor keeps scale 1:
+    its codes are zeros). Returns (codes, scale)."""
+    largest = x.abs().max().item() if x.numel() else 0.0
+    scale = torch.finfo(dtype).max / largest if scaled and largest > 0 else 1.0
     return (x * scale).to(dtype), scale
 
 

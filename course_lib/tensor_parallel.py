@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from course_lib.models import feed_forward
 from course_lib.runtime.devices import device
 from course_lib.runtime.torchrun import run_command, run_main
+from course_lib.training import check_split
 
 
 class _F(torch.autograd.Function):
@@ -218,6 +219,7 @@ def run_hybrid_data_tensor(model, x, target, mesh=None) -> dict:
     if mesh is None:
         mesh = init_device_mesh(dev.type, (2, 2), mesh_dim_names=("data", "tensor"))
     data, tensor = mesh["data"].size(), mesh["tensor"].size()
+    check_split(len(x), data)  # equal shares: the replicas' mean losses then weigh rows alike
     dp_group, tp_group = mesh.get_group("data"), mesh.get_group("tensor")
     dp_rank, tp_rank = mesh.get_local_rank("data"), mesh.get_local_rank("tensor")
     shard = shard_mlp(model.to(dev), tp_rank, tensor)

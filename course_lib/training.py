@@ -8,6 +8,7 @@ that trains on the whole global batch.
 * :func:`loss_fn` and :func:`global_batches`: the loss, and the rows of each step's global batch
   (the same on every rank and in one process);
 * :func:`check_split`: a global batch must split evenly over the ranks (said once, here);
+  :func:`check_whole` and :func:`check_steps`: counts are whole, and an epoch makes a step;
 * :func:`gradient_counts`, :func:`used_by_some_ranks_only`, :func:`parameters_to_average`:
   which gradients the ranks average -- frozen parameters never, a parameter no rank used keeps
   ``.grad = None`` (as on one process), one some ranks used and others not is refused by name
@@ -53,6 +54,28 @@ def check_split(global_batch: int, world_size: int) -> None:
     if global_batch % world_size:
         raise ValueError(f"global_batch {global_batch} does not split evenly over {world_size} "
                          f"ranks; choose a multiple of {world_size}")
+
+
+def check_whole(name: str, value, least: int = 1) -> int:
+    """``value`` if it is a whole number of at least ``least``; otherwise a clear error naming
+    it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be a whole number of at least {least}, got {value!r}")
+    return value
+
+
+def check_steps(rows: int, world_size: int, local_batch: int, accumulate: int = 1) -> int:
+    """The optimizer steps one epoch of ``rows`` gives ``world_size`` ranks of ``local_batch``
+    rows, ``accumulate`` local batches a step (as ``DistributedSampler(drop_last=True)`` and a
+    DataLoader deal them); refused, naming the sizes, where that is not one step."""
+    for name, value in (("world_size", world_size), ("local_batch", local_batch),
+                        ("accumulate", accumulate)):
+        check_whole(name, value)
+    if not (steps := rows // world_size // local_batch // accumulate):
+        raise ValueError(f"{rows} rows over {world_size} ranks give each {rows // world_size}: "
+                         f"not one step of {accumulate} x local_batch {local_batch}; choose a "
+                         f"smaller local_batch or accumulate")
+    return steps
 
 
 def rank_and_size(group=None) -> tuple[int, int]:

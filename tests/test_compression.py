@@ -84,6 +84,13 @@ def test_bad_compressors_are_refused(name):
         cp.compressor(name)
 
 
+def test_training_of_no_steps_is_refused_not_divided_by_zero():
+    split = load_digits(dtype=torch.float64)
+    with pytest.raises(ValueError, match="steps must be a whole number of at least 1, got 0"):
+        cp.train(digits_mlp, split.x_train, split.y_train, split.x_test, split.y_test, cp.Dense(),
+                 False, 16, 0, 0.1)
+
+
 def test_training_with_dense_compression_equals_one_process():
     split = load_digits(dtype=torch.float64)
     model_fn = functools.partial(digits_mlp, width=8, depth=1)

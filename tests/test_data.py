@@ -114,3 +114,9 @@ def test_batch_rows_are_reproducible_and_drawn_from_the_shard():
     assert torch.equal(b, data.batch_rows(shard, 8, seed=1, worker=1, step=5))
     assert not torch.equal(b, data.batch_rows(shard, 8, seed=1, worker=1, step=6))
     assert set(b.tolist()) <= set(shard.tolist()) and len(set(b.tolist())) == 8
+    assert sorted(data.batch_rows(shard, len(shard), 1, 1, 0).tolist()) == sorted(shard.tolist())
+    for bad in (0, -1, 2.0):  # -1 would take all rows but one, 0 would give a NaN mean
+        with pytest.raises(ValueError, match="batch must be a whole number of at least 1"):
+            data.batch_rows(shard, bad, seed=1, worker=1, step=0)
+    with pytest.raises(ValueError, match="batch 35 is larger than this worker's shard of 34 rows"):
+        data.batch_rows(shard, 35, seed=1, worker=1, step=0)

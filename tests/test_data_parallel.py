@@ -103,3 +103,72 @@ def test_average_gradients_runs_only_under_a_process_group():
         model = model_fn()
         model(torch.zeros(1, 1, 8, 8, dtype=torch.float64)).sum().backward()
         dp.average_gradients(model)
+
+
+class WithAnUnusedLayer(torch.nn.Module):
+    """Lesson 4's CNN and a layer the loss never uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.cnn, self.unused = model_fn(), torch.nn.Linear(3, 3, dtype=torch.float64)
+
+    def forward(self, x):
+        return self.cnn(x)
+
+
+def both_ways_with_an_unused_layer(x, y, group=None):
+    return [train(WithAnUnusedLayer, x, y, LOCAL_BATCH, LR, find_unused=True,
+                  group=group)["params"] for train in (dp.train_from_scratch, dp.train_ddp)]
+
+
+def test_an_unused_layer_trains_as_one_process_with_find_unused(digits):
+    x, y = digits
+    results = launch(both_ways_with_an_unused_layer, 2, args=(x, y))
+    model = WithAnUnusedLayer()
+    dp.train_one_process(model, x, y, dp.sampler_global_batches(len(y), 2, LOCAL_BATCH), LR)
+    for by_hand, ddp in results:  # the unused layer keeps its weights, as on one process
+        torch.testing.assert_close(by_hand, dp.parameters_vector(model), atol=1e-6, rtol=0)
+        torch.testing.assert_close(ddp, dp.parameters_vector(model), atol=1e-6, rtol=0)
+
+
+def test_an_epoch_that_makes_no_step_is_refused_naming_the_sizes():
+    with pytest.raises(ValueError, match="world_size must be a whole number of at least 1"):
+        dp.sampler_global_batches(10, 0, 2)
+    with pytest.raises(ValueError, match="local_batch must be a whole number of at least 1"):
+        dp.sampler_global_batches(10, 2, 0)
+    with pytest.raises(ValueError, match="10 rows over 2 ranks give each 5: not one step"):
+        dp.sampler_global_batches(10, 2, 6)
+    assert len(dp.sampler_global_batches(10, 2, 5)) == 1
+    with pytest.raises(ValueError, match="base_batch must be a whole number"):
+        dp.linear_scaling_lr(0.1, 0, 64)
+    with pytest.raises(ValueError, match="warmup_steps must be a whole number of at least 0"):
+        dp.warmup_lr(0, 0.8, -1, 0.1)
+    assert dp.warmup_lr(3, 0.8, 0, 0.1) == 0.8  # no warm-up: the target at once
+
+
+def refusals(x, y, group=None):
+    said = []
+    for kwargs in (dict(accumulate=0), dict(accumulate=-1), dict(accumulate=10),
+                   dict(local_batch=100), dict(local_batch=0)):
+        settings = dict(local_batch=LOCAL_BATCH) | kwargs
+        for train in (dp.train_ddp, dp.train_from_scratch):
+            if train is dp.train_from_scratch and "accumulate" in kwargs:
+                continue
+            try:
+                train(model_fn, x, y, lr=LR, group=group, **settings)
+                said.append(None)
+            except ValueError as e:
+                said.append(str(e))
+    return said
+
+
+def test_training_that_would_take_no_step_is_refused_on_every_rank(digits):
+    x, y = digits[0][:64], digits[1][:64]  # 32 rows a rank: two local batches of 16
+    for said in launch(refusals, 2, args=(x, y)):
+        assert None not in said, said
+        assert "accumulate must be a whole number of at least 1, got 0" in said[0]
+        assert "got -1" in said[1]
+        assert "64 rows over 2 ranks give each 32: not one step of 10 x local_batch 16" in said[2]
+        assert all("not one step of 1 x local_batch 100" in s for s in said[3:5])
+        assert all("local_batch must be a whole number of at least 1, got 0" in s
+                   for s in said[5:])

@@ -70,8 +70,10 @@ def test_coordinate_median_and_trimmed_mean_ignore_outliers():
     torch.testing.assert_close(sec.coordinate_median(odd), torch.tensor([1.0, 2.0]))
     torch.testing.assert_close(sec.trimmed_mean(updates, trim=0.25), torch.tensor([1.1, 1.9]))
     torch.testing.assert_close(sec.mean(updates), updates.mean(dim=0))
-    with pytest.raises(ValueError, match="leaves none"):
-        sec.trimmed_mean(updates, trim=0.5)
+    for trim in (0.5, -0.2, 1.0):  # -0.2 would average only the largest values
+        with pytest.raises(ValueError, match="trim is the share cut from each end: from 0 to"):
+            sec.trimmed_mean(updates, trim=trim)
+    torch.testing.assert_close(sec.trimmed_mean(updates, trim=0.49), torch.tensor([1.1, 1.9]))
 
 
 def test_krum_picks_an_honest_update_and_norm_check_drops_the_boosted_one():
@@ -81,6 +83,12 @@ def test_krum_picks_an_honest_update_and_norm_check_drops_the_boosted_one():
     chosen = sec.krum(updates, byzantine=1)
     assert any(torch.allclose(chosen, h, rtol=0, atol=1e-12) for h in honest)
     torch.testing.assert_close(sec.norm_check(updates), honest.mean(dim=0))
+    torch.testing.assert_close(sec.norm_check(updates, factor=1.0),  # the median's half
+                               updates[updates.norm(dim=1) <= updates.norm(dim=1).median()]
+                               .mean(dim=0))
+    for factor in (0.5, -1.0, float("nan")):  # 0.5 could keep no update: a NaN model
+        with pytest.raises(ValueError, match="factor must be 1 or more"):
+            sec.norm_check(updates, factor=factor)
     with pytest.raises(ValueError, match="n - f - 2"):
         sec.krum(updates[:3], byzantine=1)
 
@@ -138,6 +146,11 @@ def test_dp_mean_clips_every_update_then_adds_the_stated_noise():
     b = [aggregate(updates, None, run_b) for _ in range(2)]  # the same aggregator, another run
     torch.testing.assert_close(a, b)  # the noise lives in each run's state: reuse is safe
     assert not torch.allclose(a[0], a[1])  # and every round draws fresh noise
+    for clip, noise in ((-1.0, 0.0), (0.0, 1.0), (float("inf"), 0.0), (1.0, -0.5)):
+        with pytest.raises(ValueError, match="clip must be positive and finite and noise zero"):
+            sec.dp_mean(clip, noise)  # a negative clip would flip every update
+        with pytest.raises(ValueError, match="clip must be positive and finite"):
+            sec.clip_and_noise(updates[0], clip, noise)
 
 
 def test_validation_check_drops_the_update_that_ruins_the_validation_accuracy(digits):
@@ -150,6 +163,8 @@ def test_validation_check_drops_the_update_that_ruins_the_validation_accuracy(di
     validation = (digits.x_test[:200], digits.y_test[:200])
     torch.testing.assert_close(sec.validation_check(updates, w, validation=validation),
                                torch.stack(honest).mean(dim=0))
+    with pytest.raises(ValueError, match="margin must be 0 or more"):
+        sec.validation_check(updates, w, validation=validation, margin=-0.1)
 
 
 @pytest.mark.parametrize("server", [None, fl.fedavgm_server(lr=0.5, momentum=0.9)],

@@ -54,6 +54,21 @@ def test_gradient_values_are_the_weight_and_activation_gradients(digits):
     torch.nn.functional.cross_entropy(model(x), y).backward()
     torch.testing.assert_close(values["weights"][:16 * 64], model[0].weight.grad.flatten())
     assert len(model[1]._forward_hooks) == 0  # the hooks are removed
+    model[0].weight.requires_grad_(False)  # frozen: no gradient, as the optimiser sees it
+    frozen = mp.gradient_values(model, x, y)
+    assert frozen["weights"].numel() == sum(p.numel() for p in model.parameters()) - 16 * 64
+    tanh = torch.nn.Sequential(torch.nn.Linear(64, 10), torch.nn.Tanh())
+    assert mp.gradient_values(tanh, x, y)["activations"].numel() == 0  # no ReLU to watch
+
+
+def test_training_that_would_take_no_step_or_divide_by_zero_is_refused(digits):
+    with pytest.raises(ValueError, match=r"batch 100000 is larger than the \d+ training rows"):
+        mp.train(digits, "fp32", epochs=1, batch=100_000)
+    with pytest.raises(ValueError, match="batch must be a whole number of at least 1, got 0"):
+        mp.train(digits, "fp32", epochs=1, batch=0)
+    for factor in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="loss_factor must be positive and finite"):
+            mp.train(digits, "fp32", epochs=1, loss_factor=factor)
 
 
 def test_time_training_steps_measures_every_precision():

@@ -62,6 +62,19 @@ def test_stages_compose_to_the_whole_model():
     assert out.shape == (2, 10)
 
 
+@pytest.mark.parametrize("layers, p, lengths", [(5, 4, [2, 1, 1, 1]), (10, 4, [3, 3, 2, 2]),
+                                                (9, 6, [2, 2, 2, 1, 1, 1]), (7, 2, [4, 3]),
+                                                (4, 4, [1, 1, 1, 1]), (3, 1, [3])])
+def test_stages_differ_by_at_most_one_layer_and_none_is_empty(layers, p, lengths):
+    model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(layers)])
+    pieces = pp.split_into_stages(model, p)
+    assert [len(piece) for piece in pieces] == lengths
+    assert [m for piece in pieces for m in piece] == list(model)  # in order, each once
+    for bad in (0, layers + 1, 2.0):
+        with pytest.raises(ValueError, match=f"cannot cut {layers} layers into .* stages: p must"):
+            pp.split_into_stages(model, bad)
+
+
 @pytest.mark.parametrize("schedule, m", [("GPipe", 1), ("GPipe", 4), ("1F1B", 4), ("1F1B", 8)])
 def test_pipeline_on_two_ranks_gives_the_single_process_loss_and_gradients(batch, schedule, m):
     x, y = batch
@@ -155,3 +168,5 @@ def test_micro_batch_counts_that_cannot_work_are_refused_clearly(batch):
         launch(pp.run_pipeline, 2, args=(mlp_stages(2), x, y, 0))
     with pytest.raises(WorkerError, match="does not divide into 3 equal parts"):
         launch(pp.run_torch_pipeline, 2, args=(mlp_stages(2), x, y, 3))
+    with pytest.raises(WorkerError, match="micro_batches must be a whole number of at least 1"):
+        launch(pp.run_torch_pipeline, 2, args=(mlp_stages(2), x, y, 0))

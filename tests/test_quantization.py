@@ -103,3 +103,12 @@ def test_scaled_fp8_keeps_small_matrices_that_unscaled_fp8_flushes():
     e5m2 = qz.relative_error(qz.fp8_matmul(a, b, torch.float8_e5m2), exact)
     assert e4m3 < e5m2  # one more mantissa bit
     assert math.isinf(qz.relative_error(torch.tensor([float("inf")]), torch.tensor([1.0])))
+
+
+def test_an_all_zero_matrix_goes_through_fp8_as_zeros():
+    a, b = torch.zeros(3, 4), torch.randn(4, 2, generator=torch.Generator().manual_seed(0))
+    codes, scale = qz.to_fp8(a, torch.float8_e4m3fn)
+    assert scale == 1.0 and codes.float().abs().max() == 0  # no division by a zero maximum
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        assert torch.equal(qz.fp8_matmul(a, b, dtype), torch.zeros(3, 2))
+    assert qz.to_fp8(torch.zeros(0), torch.float8_e5m2)[1] == 1.0

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from course_lib import launch
+from course_lib import WorkerError, launch
 from course_lib import tensor_parallel as tp
 from course_lib.models import feed_forward
 
@@ -74,6 +74,22 @@ def test_hybrid_two_by_two_mesh_equals_the_unsplit_mlp_on_the_global_batch(probl
         torch.testing.assert_close(r["grads"]["w2"], full.fc2.weight.grad[:, rows], atol=1e-6,
                                    rtol=0)
     assert {(r["dp_rank"], r["tp_rank"]) for r in results} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+
+
+def hybrid_on_a_two_by_one_mesh(model, x, target, group=None):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("data", "tensor"))
+    return tp.run_hybrid_data_tensor(model, x, target, mesh)
+
+
+def test_a_batch_the_replicas_cannot_share_evenly_is_refused(problem):
+    model, x, target = problem  # 6 rows: 3 a replica; 5 rows would weigh some rows more
+    results = launch(hybrid_on_a_two_by_one_mesh, 2, args=(model, x, target), backend="gloo")
+    out, _, full = reference(model, x, target)
+    torch.testing.assert_close(results[1]["grads"]["w1"], full.fc1.weight.grad, atol=1e-6, rtol=0)
+    with pytest.raises(WorkerError, match="global_batch 5 does not split evenly over 2 ranks"):
+        launch(hybrid_on_a_two_by_one_mesh, 2, args=(model, x[:5], target[:5]), backend="gloo")
 
 
 def split_linear_layers(linear, x):

@@ -317,6 +317,17 @@ def test_train_gpt_is_assembled_from_the_lessons_own_parts():
     assert T.SavedBytes is memory.SavedBytes  # lesson 11's counter of saved activations
 
 
+def test_a_stage_module_refuses_blocks_its_stages_cannot_share_equally():
+    from course_lib.models import tiny_gpt
+    from course_lib.pipelining import StageModule
+
+    gpt = tiny_gpt(d_model=8, layers=3, heads=2, context=4)
+    assert [len(StageModule(gpt, s, 3, 0, 1).blocks) for s in range(3)] == [1, 1, 1]
+    for pp in (2, 4, 0):  # 2 would drop a block, 4 and 0 would leave stages without one
+        with pytest.raises(ValueError, match=f"pp = {pp} stages cannot share 3 blocks equally"):
+            StageModule(gpt, 0, pp, 0, 1)
+
+
 def _off_and_on(plan):
     from course_lib.runtime.emulation import EmulatedDevice
 

@@ -171,3 +171,21 @@ def test_step_loop_reports_each_step_and_computes_the_mean_cross_entropy():
     targets = torch.randint(0, 7, (3, 5))
     expected = torch.nn.functional.cross_entropy(logits.reshape(15, 7), targets.reshape(15))
     torch.testing.assert_close(T.loss_fn(lambda _: logits, None, targets), expected)
+
+
+def test_counts_are_whole_and_an_epoch_makes_at_least_one_step():
+    assert T.check_whole("repeats", 3) == 3 and T.check_whole("warm-up", 0, least=0) == 0
+    for bad in (0, -2, 2.5, True, "3", None):
+        with pytest.raises(ValueError, match=r"repeats must be a whole number of at least 1, got"):
+            T.check_whole("repeats", bad)
+    assert T.check_steps(100, 2, 10) == 5 and T.check_steps(100, 2, 10, accumulate=2) == 2
+    assert T.check_steps(20, 2, 10) == 1  # exactly one step
+    with pytest.raises(ValueError, match="19 rows over 2 ranks give each 9: not one step of 1 x "
+                                         "local_batch 10; choose a smaller local_batch"):
+        T.check_steps(19, 2, 10)
+    with pytest.raises(ValueError, match="not one step of 3 x local_batch 10"):
+        T.check_steps(50, 2, 10, accumulate=3)
+    for kwargs, name in ((dict(world_size=0), "world_size"), (dict(local_batch=-1), "local_batch"),
+                         (dict(accumulate=0), "accumulate")):
+        with pytest.raises(ValueError, match=f"{name} must be a whole number"):
+            T.check_steps(**(dict(rows=100, world_size=2, local_batch=10) | kwargs))

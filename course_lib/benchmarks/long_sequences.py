@@ -33,13 +33,7 @@ from course_lib.experts import ExpertParallel, MixtureOfExperts, capacity
 from course_lib.runtime.devices import device
 from course_lib.runtime.emulation import EmulatedDevice, check_cpu_rank, flops_of, paced_step
 from course_lib.runtime.launching import launch
-
-
-def check_whole(name: str, value, least: int = 1) -> int:
-    """``value`` if it is a whole number of at least ``least``; a clear error otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{name} must be a whole number of at least {least}, got {value!r}")
-    return value
+from course_lib.training import check_whole
 
 
 def slowest(seconds: list, group=None) -> list:
