@@ -104,6 +104,10 @@ def stdlib_text(max_chars: int = 400_000) -> torch.Tensor:
 def text_batch(tokens: torch.Tensor, batch: int, context: int, generator=None):
     """``batch`` random windows of ``context`` tokens and, for each, the tokens one step ahead
     (what a language model learns to predict)."""
+    check_whole("batch", batch), check_whole("context", context)
+    if len(tokens) < context + 2:
+        raise ValueError(f"{len(tokens)} tokens hold no window of context {context} and its next "
+                         f"token to draw from; choose a context under {len(tokens) - 1}")
     starts = torch.randint(0, len(tokens) - context - 1, (batch,), generator=generator)
     windows = torch.stack([tokens[s:s + context + 1] for s in starts.tolist()])
     return windows[:, :-1], windows[:, 1:]

@@ -163,6 +163,11 @@ def federated(split, parts, local: LocalTraining, federation: Federation, *,
     clients = Clients.of(split, parts)
     x_test, y_test = split.x_test.to(dev), split.y_test.to(dev)
     w, server, server_state = model.init(f.seed).to(dev), f.server or fedavg_server(), {}
+    if not len(parts):
+        raise ValueError("parts is empty: a federation needs at least one client")
+    if f.scaffold and not local.lr > 0:
+        raise ValueError("SCAFFOLD's control variates divide by the local steps x lr: lr must be "
+                         "positive")
     control = ControlVariates(len(w), len(parts), dev) if f.scaffold else None
     log = dict(accuracy=[model.accuracy(w, x_test, y_test)], bytes_per_round=[], seconds=[])
     for r in range(f.rounds):
@@ -213,6 +218,11 @@ def hierarchical(split, parts, edges, local: LocalTraining, *, cloud_rounds: int
     round); the cloud then averages the edge models, weighted by their data. Returns the test
     ``accuracy`` after every cloud round and the bytes that crossed the ``edge_to_cloud`` and
     the ``client_to_edge`` links in all."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction C must be in (0, 1], got {fraction}")
+    if not edges or any(not m or not all(0 <= k < len(parts) for k in m) for m in edges):
+        raise ValueError(f"every edge lists one or more of the clients 0 to {len(parts) - 1}, "
+                         f"got edges={edges!r}")
     clients, w, d = Clients.of(split, parts), model.init(seed), model.num_parameters
     log = dict(accuracy=[model.accuracy(w, split.x_test, split.y_test)], edge_to_cloud=0,
                client_to_edge=0)

@@ -47,6 +47,9 @@ class LocalTraining:
             raise ValueError(f"epochs E must be a whole number >= 1, got {self.epochs!r}")
         if self.batch is not None and not _at_least_one(self.batch):
             raise ValueError(f"batch B must be a whole number >= 1 or None, got {self.batch!r}")
+        if not (0 <= self.lr < float("inf") and 0 <= self.mu < float("inf")):
+            raise ValueError(f"lr and mu must be zero or more and finite (as torch's SGD asks of "
+                             f"lr), got lr={self.lr!r}, mu={self.mu!r}")
 
     def steps(self, n: int) -> int:
         """SGD steps E epochs take on n rows (one per epoch when B = None)."""

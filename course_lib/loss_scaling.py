@@ -41,8 +41,12 @@ class LossScaler:
     def __init__(self, init_scale: float = 2.0 ** 16, *, dynamic: bool = True,
                  growth_factor: float = 2.0, backoff_factor: float = 0.5,
                  growth_interval: int = 2000):
-        if init_scale <= 0:
-            raise ValueError(f"init_scale must be positive, got {init_scale}")
+        if not 0 < init_scale < float("inf"):
+            raise ValueError(f"init_scale must be positive and finite, got {init_scale}")
+        if not (growth_factor > 1 and 0 < backoff_factor < 1 and growth_interval >= 1):
+            raise ValueError(f"as torch.amp.GradScaler asks: growth_factor > 1, 0 < "
+                             f"backoff_factor < 1 and growth_interval >= 1; got {growth_factor}, "
+                             f"{backoff_factor} and {growth_interval}")
         self.scale_value, self.dynamic = float(init_scale), dynamic
         self.rule = dict(growth_factor=growth_factor, backoff_factor=backoff_factor,
                          growth_interval=growth_interval)

@@ -53,8 +53,13 @@ def measure_step(model, x, y, lr: float = 1e-3, precision: str = "fp32") -> dict
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     params = list(model.parameters())
+    if frozen := [name for name, p in model.named_parameters() if not p.requires_grad]:
+        raise ValueError(f"torch's MemTracker hooks every parameter's gradient, so it cannot "
+                         f"track frozen ones: {frozen}; measure with them trainable, or use "
+                         f"peak_bytes")
     if precision == "mixed":
         model.to(torch.bfloat16)
+        x = x.to(torch.bfloat16) if x.is_floating_point() else x  # inputs as the weights
         masters = [p.detach().float().clone().requires_grad_(True) for p in params]
         # one Adam per tensor, stepped in turn: a float32 copy of one gradient at a time
         opts = [torch.optim.Adam([m], lr=lr, foreach=False) for m in masters]

@@ -21,6 +21,9 @@ def gpipe_schedule(stage: int, stages: int, micro_batches: int) -> list[tuple[st
 def one_f_one_b_schedule(stage: int, stages: int, micro_batches: int) -> list[tuple[str, int]]:
     """1F1B: a few forwards to fill the pipe, then alternate one forward and one backward, then
     drain. Stage s starts p - s - 1 forwards ahead, so the last stage alternates at once."""
+    if not (0 <= stage < stages and micro_batches >= 1):
+        raise ValueError(f"stage {stage} of {stages} stages with {micro_batches} micro-batches: "
+                         f"a stage is 0 to stages - 1 and micro-batches are at least 1")
     warmup = min(stages - stage - 1, micro_batches)
     actions = [("forward", i) for i in range(warmup)]  # warm-up forward passes
     forward, backward = warmup, 0

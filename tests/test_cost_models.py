@@ -15,6 +15,13 @@ def test_amdahl_and_gustafson():
     assert M.amdahl_speedup(2, 0.5) == pytest.approx(1 / (0.5 + 0.25))
     assert M.gustafson_speedup(4, 0.5) == pytest.approx(0.5 + 2.0)
     assert M.gustafson_speedup(1, 0.3) == pytest.approx(1.0)
+    for law in (M.amdahl_speedup, M.gustafson_speedup):  # 1.5 would give a negative speedup
+        for f in (1.5, -0.1, float("nan"), [0.5, 1.2]):
+            with pytest.raises(ValueError, match=r"f \(the parallel share\) is a share: from 0"):
+                law(4, f)
+    with pytest.raises(ValueError, match=r"q \(a probability\) is a share"):
+        M.probability_any_fails(3, -0.5)
+    assert float(M.probability_any_fails(3, 0.5)) == pytest.approx(1 - 0.5 ** 3)
 
 
 def test_fit_amdahl_recovers_f_and_refuses_nonsense():

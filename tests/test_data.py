@@ -120,3 +120,14 @@ def test_batch_rows_are_reproducible_and_drawn_from_the_shard():
             data.batch_rows(shard, bad, seed=1, worker=1, step=0)
     with pytest.raises(ValueError, match="batch 35 is larger than this worker's shard of 34 rows"):
         data.batch_rows(shard, 35, seed=1, worker=1, step=0)
+
+
+def test_text_batches_are_next_token_windows_and_impossible_ones_are_refused():
+    tokens = torch.arange(10)
+    x, y = data.text_batch(tokens, 3, 8, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (3, 8) and torch.equal(y, x + 1)  # each target one step ahead
+    with pytest.raises(ValueError, match="10 tokens hold no window of context 9"):
+        data.text_batch(tokens, 3, 9)
+    for batch, context in ((0, 4), (2, 0), (-1, 4)):
+        with pytest.raises(ValueError, match="must be a whole number of at least 1"):
+            data.text_batch(tokens, batch, context)

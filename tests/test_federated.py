@@ -140,7 +140,8 @@ def test_bad_federations_are_refused_naming_the_setting(settings, problem):
 
 @pytest.mark.parametrize("settings, problem", [
     (dict(epochs=0), "epochs"), (dict(epochs=1.5), "epochs"), (dict(batch=0), "batch"),
-    (dict(batch=-3), "batch")])
+    (dict(batch=-3), "batch"), (dict(lr=-1.0), "lr and mu"), (dict(lr=float("nan")), "lr and mu"),
+    (dict(mu=-1.0), "lr and mu")])
 def test_bad_local_training_is_refused_naming_the_setting(settings, problem):
     with pytest.raises(ValueError, match=problem):
         fl.LocalTraining(**settings)
@@ -151,6 +152,22 @@ def test_a_client_without_rows_is_refused_by_both_engines(digits):
     for batched in (True, False):
         with pytest.raises(ValueError, match="holds no rows"):
             fl.federated(digits, parts, FEDSGD, fl.Federation(1, 1.0), batched=batched)
+
+
+def test_a_federation_that_cannot_train_is_refused_naming_why(digits, shards):
+    with pytest.raises(ValueError, match="SCAFFOLD's control variates divide by the local steps x "
+                                         "lr: lr must be positive"):  # 0 / 0 otherwise: NaNs
+        fl.federated(digits, shards, fl.LocalTraining(lr=0.0), fl.Federation(1, 0.5, scaffold=True))
+    with pytest.raises(ValueError, match="parts is empty"):
+        fl.federated(digits, [], FEDSGD, fl.Federation(1, 1.0))
+    local = fl.LocalTraining(epochs=1, batch=10, lr=0.1)
+    for edges, fraction, problem in (([[0, 1], [2, 99]], 0.5, "every edge lists one or more"),
+                                     ([[0, 1], []], 0.5, "every edge lists"),
+                                     ([], 0.5, "every edge lists"),
+                                     ([[0, 1]], 5.0, r"fraction C must be in \(0, 1\]")):
+        with pytest.raises(ValueError, match=problem):
+            fl.hierarchical(digits, shards, edges, local, cloud_rounds=1, edge_rounds=1,
+                            fraction=fraction)
 
 
 def test_clients_hand_out_each_clients_rows(digits, shards):

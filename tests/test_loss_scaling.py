@@ -74,3 +74,9 @@ def test_unscale_divides_the_gradients_by_the_scale():
         torch.testing.assert_close(p.grad, g)
     with pytest.raises(ValueError, match="positive"):
         LossScaler(0.0)
+    with pytest.raises(ValueError, match="positive and finite"):
+        LossScaler(float("inf"))  # every step would overflow and be skipped, forever
+    for rule in (dict(growth_factor=0.5), dict(growth_factor=1.0), dict(backoff_factor=0.0),
+                 dict(backoff_factor=1.5), dict(growth_interval=0)):
+        with pytest.raises(ValueError, match="as torch.amp.GradScaler asks: growth_factor > 1"):
+            LossScaler(2.0 ** 12, **rule)

@@ -51,6 +51,20 @@ def test_a_measured_mixed_precision_step_halves_weights_and_gradients():
         M.measure_step(model, x, y, precision="fp8")
 
 
+def test_a_mixed_step_takes_float_inputs_and_a_frozen_parameter_is_refused_by_name():
+    from course_lib.models import digits_mlp
+
+    x, y = torch.randn(8, 64), torch.randint(0, 10, (8,))  # float inputs, cast with the model
+    mlp = digits_mlp(width=16, depth=1)
+    counted, measured = M.state_bytes(mlp, "mixed"), M.measure_step(mlp, x, y, precision="mixed")
+    assert measured["params"] == counted["params"] and measured["grads"] == counted["grads"]
+    frozen = tiny_gpt(d_model=32, layers=2, heads=4, context=16)
+    frozen.position.weight.requires_grad_(False)
+    tokens, targets = text_batch(stdlib_text(20_000), 3, 16, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"cannot track frozen ones: \['position.weight'\]"):
+        M.measure_step(frozen, tokens, targets)
+
+
 def test_peak_bytes_is_the_most_held_at_once_not_the_sum():
     def one_after_another():
         for _ in range(3):

@@ -30,17 +30,26 @@ def check_sizes(name: str, value):
     return value
 
 
+def check_share(name: str, value):
+    """``value`` itself, if it is (or every entry of it is) a share: from 0 to 1."""
+    if isinstance(value, bool | str | bytes) or not np.size(value) or not (
+            (values := np.asarray(value, dtype=float)) >= 0).all() or not (values <= 1).all():
+        raise ValueError(f"{name} is a share: from 0 to 1, got {value!r}")
+    return value
+
+
 # -- speedup -------------------------------------------------------------------------------------
 
 
 def amdahl_speedup(p, f: float):
     """Strong scaling (fixed total work): S(p) = 1 / ((1 - f) + f / p)."""
-    p = np.asarray(check_processes(p), dtype=float)
+    p, f = np.asarray(check_processes(p), dtype=float), check_share("f (the parallel share)", f)
     return 1.0 / ((1.0 - f) + f / p)
 
 
 def gustafson_speedup(p, f: float):
     """Weak scaling (work grows with p): S(p) = (1 - f) + f p."""
+    f = check_share("f (the parallel share)", f)
     return (1.0 - f) + f * np.asarray(check_processes(p), dtype=float)
 
 
@@ -73,6 +82,7 @@ def fit_gustafson(p, speedups) -> float:
 def probability_any_fails(p, q: float):
     """P(at least one of p independent workers fails), each with probability q: 1 - (1 - q)^p
     (lecture note, section 2.4: the straggler effect)."""
+    q = check_share("q (a probability)", q)
     return 1.0 - (1.0 - q) ** torch.as_tensor(check_processes(p), dtype=torch.float64)
 
 
