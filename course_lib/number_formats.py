@@ -65,7 +65,8 @@ def fraction_flushed(values: torch.Tensor, dtype, scale: float = 1.0) -> dict:
 
 
 def update_is_lost(w: float, dw: float, dtype) -> bool:
-    """Does w + dw round back to w in ``dtype``? (Micikevicius et al.: in fp16 whenever
-    |w| / |dw| >= 2048, because fp16 keeps 11 significant bits.)"""
+    """Does w + dw round back to w in ``dtype``? In fp16, which keeps 11 significant bits, once
+    |w| / |dw| reaches 2048 to 4096, by where w lies between two powers of two and the update's
+    direction (Micikevicius et al. quote 2048: at a power of two, moving up)."""
     w_t = torch.tensor(w, dtype=dtype)
     return bool((w_t + torch.tensor(dw, dtype=dtype)) == w_t)

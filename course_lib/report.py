@@ -70,10 +70,13 @@ def percent_off(measured: float, expected: float, *, close: float = 0.05,
 def times_as(measured: float, reference: float, *, more: str = "faster",
              less: str = "slower") -> str:
     """A ratio in words: "1.7x faster than" when measured / reference = 1.7, "2.0x slower than"
-    when it is 0.5 (``more``/``less`` name the directions)."""
+    when it is 0.5 (``more``/``less`` name the directions); "within 5% of" where the ratio would
+    print as 1.0x either way (no direction claimed on a difference that small)."""
     if measured <= 0 or reference <= 0:
         raise ValueError(f"need positive values, got {measured} and {reference}")
     ratio = measured / reference
+    if 1 / 1.05 < ratio < 1.05:
+        return "within 5% of"
     return f"{ratio:.1f}x {more} than" if ratio >= 1 else f"{1 / ratio:.1f}x {less} than"
 
 

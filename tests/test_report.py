@@ -45,6 +45,8 @@ def test_times_as_names_the_direction():
     assert report.times_as(1.7, 1.0) == "1.7x faster than"
     assert report.times_as(0.5, 1.0) == "2.0x slower than"
     assert report.times_as(2.0, 1.0, more="more", less="less") == "2.0x more than"
+    assert report.times_as(0.96, 1.0) == report.times_as(1.04, 1.0) == "within 5% of"
+    assert report.times_as(1.06, 1.0) == "1.1x faster than"
     with pytest.raises(ValueError):
         report.times_as(0.0, 1.0)
 

@@ -33,7 +33,8 @@ class WorkerError(RuntimeError):
 
 
 class LaunchTimeout(TimeoutError):
-    """The workers did not all finish within ``timeout`` seconds; ``ranks`` were still running."""
+    """The workers did not all finish within ``timeout`` seconds; ``ranks``: those whose processes
+    were still running (in fn, or done with it and waiting for the others)."""
 
     def __init__(self, message, *, ranks, timeout, stacks=None):
         super().__init__(message)
