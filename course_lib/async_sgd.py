@@ -72,6 +72,11 @@ def simulate_parameter_server(problem: ERMProblem, workers: int, optimizer, *,
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    pads = list(pad.values()) if isinstance(pad, dict) else [pad]
+    if not (all(t >= 0 for t in pads) and 0 <= jitter <= 1 and latency >= 0):
+        raise ValueError(f"compute times and latency are zero or more and jitter is in [0, 1] (a "
+                         f"time never goes negative), got pad={pad}, jitter={jitter}, "
+                         f"latency={latency}")
     if isinstance(pad, dict) and set(pad) != set(range(1, workers + 1)):
         raise ValueError(f"pad as a dict needs a time for every worker 1..{workers}, got keys "
                          f"{sorted(pad)}")
@@ -119,10 +124,16 @@ def convergence(problem: ERMProblem, log, best: float = 0.0) -> dict:
 
 
 def staleness_counts(log, largest: int | None = None) -> torch.Tensor:
-    """How many applied gradients had staleness 0, 1, 2, ... (up to ``largest``)."""
+    """How many applied gradients had staleness 0, 1, 2, ... (up to ``largest``; none applied:
+    an empty count)."""
     tau = torch.tensor(log["staleness"], dtype=torch.long)
-    size = (int(tau.max()) if largest is None else largest) + 1
-    return torch.bincount(tau.clamp(max=size - 1), minlength=size)
+    if largest is not None and largest < 0:
+        raise ValueError(f"largest is a staleness, 0 or more, got {largest}")
+    if largest is None:
+        if not len(tau):
+            return torch.zeros(0, dtype=torch.long)
+        largest = int(tau.max())
+    return torch.bincount(tau.clamp(max=largest), minlength=largest + 1)
 
 
 # -- lesson 6's experiment, as a command -----------------------------------------------------------

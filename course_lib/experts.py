@@ -54,6 +54,9 @@ def capacity(tokens: int, experts: int, k: int, factor: float) -> int:
     """Tokens one expert takes from a batch of ``tokens``: ceil(factor x tokens x k / E)."""
     if not factor > 0:
         raise ValueError(f"the capacity factor must be positive, got {factor}")
+    if not (experts >= 1 and k >= 1 and tokens >= 0):
+        raise ValueError(f"need experts >= 1, k >= 1 and tokens >= 0, got {experts}, {k}, "
+                         f"{tokens}")
     return max(1, math.ceil(factor * tokens * k / experts))
 
 

@@ -57,10 +57,16 @@ def infer_label(gradients) -> int:
 def deep_leakage(model, gradients, *, steps: int = 50, seed: int = 0) -> torch.Tensor:
     """Reconstruct the input from its shared gradient (Zhu et al. 2019): start from noise and
     move a dummy input until its gradient matches, by L-BFGS on ||grad(dummy) - grad||^2.
-    The label comes from :func:`infer_label`."""
+    The label comes from :func:`infer_label`; the input's width and dtype from the model's first
+    linear layer."""
+    first = next((m for m in model.modules() if isinstance(m, torch.nn.Linear)), None)
+    if first is None:
+        raise ValueError("deep_leakage reads the input's width off the model's first "
+                         "torch.nn.Linear, and this model has none")
     label = torch.tensor([infer_label(gradients)])
     g = torch.Generator().manual_seed(seed)
-    dummy = torch.randn(1, 64, generator=g).requires_grad_(True)
+    dummy = torch.randn(1, first.in_features, generator=g, dtype=first.weight.dtype)
+    dummy.requires_grad_(True)
     opt = torch.optim.LBFGS([dummy], lr=1.0, max_iter=steps, history_size=50,
                             line_search_fn="strong_wolfe")
     params = list(model.parameters())
@@ -272,5 +278,7 @@ def reconstruction_error(x_hat: torch.Tensor, x: torch.Tensor) -> float:
 
 def fraction_attackers(parts, share: float, seed: int = 0) -> list[int]:
     """A random ``share`` of the clients, as the attackers."""
+    if not 0 <= share <= 1:
+        raise ValueError(f"share is a fraction of the clients, from 0 to 1, got {share}")
     return sorted(np.random.default_rng(seed).choice(len(parts), round(share * len(parts)),
                                                      replace=False).tolist())

@@ -20,10 +20,11 @@ from course_lib.runtime.devices import device
 from course_lib.training import check_split, step_loop
 
 
-def fsdp_parameter_bytes(model_fn, group=None) -> dict:
+def fsdp_parameter_bytes(model_fn, group=None, example=None) -> dict:
     """On every rank of ``group``: wrap a fresh model with ``fully_shard`` (on a mesh of the
     group's ranks, on the rank's device) and count the parameter bytes this rank holds, against
-    the whole model's bytes. Also runs one forward and backward, to show the sharded model still
+    the whole model's bytes. Also runs one forward and backward on ``example`` (default: 4 random
+    rows, where the model's first layer is a ``Linear``), to show the sharded model still
     trains."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
@@ -32,13 +33,17 @@ def fsdp_parameter_bytes(model_fn, group=None) -> dict:
     mesh = DeviceMesh.from_group(group or dist.group.WORLD, dev.type)
     model = model_fn().to(dev)
     total = sum(p.numel() * p.element_size() for p in model.parameters())
-    for layer in model:  # shard layer by layer (each unsharded only while it computes), then all
+    if example is None:
+        if not isinstance(first := next(model.children(), None), torch.nn.Linear):
+            raise ValueError("give example=, an input batch for the model: its first layer is "
+                             "not a Linear to read the input's width from")
+        example = torch.randn(4, first.in_features)
+    for layer in model.children():  # shard layer by layer (unsharded only while it computes)
         if any(True for _ in layer.parameters()):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     local = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
-    x = torch.randn(4, model[0].in_features, device=dev)
-    model(x).sum().backward()
+    model(example.to(dev)).sum().backward()
     n = dist.get_world_size(group)
     # each gradient is sharded like its parameter: at most ceil(numel / N) entries here
     grads_sharded = all(p.grad.to_local().numel() <= -(-p.numel() // n)

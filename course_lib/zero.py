@@ -38,6 +38,9 @@ def shard_bounds(numel: int, world_size: int, rank: int) -> tuple[int, int, int]
     """(start, end, shard size) of ``rank``'s shard of a flat vector of ``numel`` entries cut
     into ``world_size`` equal shards (the last padded: all shards have one size, which
     all-gather and reduce-scatter need)."""
+    if not (world_size >= 1 and 0 <= rank < world_size and numel >= 0):
+        raise ValueError(f"rank {rank} of {world_size} ranks, {numel} entries: need "
+                         f"world_size >= 1, 0 <= rank < world_size and numel >= 0")
     size = -(-numel // world_size)
     start = min(rank * size, numel)
     return start, min(start + size, numel), size
@@ -105,10 +108,11 @@ class ShardedAdam:
             mine = torch.empty(self.size, dtype=grads.dtype, device=grads.device)
             dist.reduce_scatter_single(mine, grads, group=self.group)
         for i, at, leaf in self.pieces:
-            leaf.grad = mine[at:at + leaf.numel()].clone() if got[i] > 0 else None
+            leaf.grad = mine[at:at + leaf.numel()].to(leaf.dtype, copy=True) if got[i] else None
         if self.adam is not None:
             self.adam.step()
-        shard = torch.zeros(self.size, dtype=self.params[0].dtype, device=grads.device)
+        # in the gradients' dtype: with parameters of several dtypes, the widest (torch.cat's)
+        shard = torch.zeros(self.size, dtype=grads.dtype, device=grads.device)
         for _, at, leaf in self.pieces:
             shard[at:at + leaf.numel()] = leaf
         full = torch.empty(self.world_size * self.size, dtype=shard.dtype, device=shard.device)

@@ -104,6 +104,16 @@ def test_staleness_counts_histogram():
     counts = a.staleness_counts({"staleness": [0, 1, 1, 3, 9]}, largest=4)
     assert counts.tolist() == [1, 2, 0, 1, 1]
     assert a.staleness_counts({"staleness": [2, 2]}).tolist() == [0, 0, 2]
+    assert a.staleness_counts({"staleness": []}).tolist() == []  # no gradient applied
+    assert a.staleness_counts({"staleness": []}, largest=1).tolist() == [0, 0]
+    with pytest.raises(ValueError, match="largest is a staleness, 0 or more"):
+        a.staleness_counts({"staleness": [1]}, largest=-1)
+
+
+def test_the_simulator_refuses_times_that_go_negative(problem):
+    for kwargs in (dict(pad=-1.0), dict(jitter=2.0), dict(latency=-0.1), dict(pad={1: -0.1})):
+        with pytest.raises(ValueError, match="compute times and latency are zero or more"):
+            a.simulate_parameter_server(problem, 1, sgd(0.1), gradients=3, **kwargs)
 
 
 def test_convergence_and_cut_spans_read_a_run(problem):

@@ -102,6 +102,8 @@ def test_parameter_server_epoch_seconds_sync_waits_async_adds_rates():
     rate = 3 / (0.01 + r) + 1 / (0.08 + r)
     assert M.parameter_server_epoch_seconds(640, 16, c, r, "async") == pytest.approx(40 / rate)
     assert M.async_staleness(5) == 4 and M.async_staleness(5, slowdown=8) == 32
+    with pytest.raises(ValueError, match="need a batch of 1 row or more"):
+        M.parameter_server_epoch_seconds(640, 0, c, r, "sync")
 
 
 def test_bulk_synchronous_timeline_waits_for_the_slowest():
@@ -118,6 +120,9 @@ def test_pipeline_bubble_plain_and_interleaved():
     assert M.bubble_fraction(4, 8, chunks=3) == pytest.approx(1 / (8 + 1))
     with pytest.raises(ValueError):
         M.bubble_fraction(0, 4)
+    for args in ((2.5, 4), (float("nan"), 4), (4, 4, 0)):
+        with pytest.raises(ValueError, match="whole numbers >= 1"):
+            M.bubble_fraction(*args)
 
 
 def test_zero_bytes_per_rank_follow_the_paper():
@@ -175,6 +180,9 @@ def test_at_the_crossover_ring_and_ulysses_take_equal_time(p):
     assert M.ring_attention_time(n / 2, p, alpha, beta) < M.ulysses_time(n / 2, p, alpha, beta)
     assert M.ring_attention_time(2 * n, p, alpha, beta) > M.ulysses_time(2 * n, p, alpha, beta)
     assert M.ring_ulysses_crossover(2, alpha, beta) == float("inf")
+    assert M.ring_ulysses_crossover(p, alpha, 0.0) == float("inf")  # bytes free: the ring wins
+    with pytest.raises(ValueError, match="alpha must be zero or more"):
+        M.ring_ulysses_crossover(p, -alpha, beta)
 
 
 @pytest.mark.parametrize("call, message", [

@@ -40,6 +40,9 @@ def test_capacity_is_the_factor_times_an_even_share():
     for factor in (0, -1.0):
         with pytest.raises(ValueError, match="capacity factor must be positive"):
             ex.capacity(10, 4, 2, factor)
+    for args in ((10, 0, 1), (10, 4, 0), (-1, 4, 1)):  # 0 experts divided by zero
+        with pytest.raises(ValueError, match="need experts >= 1, k >= 1 and tokens >= 0"):
+            ex.capacity(*args, 1.0)
 
 
 def test_first_choices_are_served_before_second_choices_in_token_order():

@@ -41,6 +41,15 @@ def test_deep_leakage_reconstructs_a_digit_from_its_gradient(digits):
         sec.reconstruction_error(x_hat, x)
 
 
+def test_deep_leakage_takes_the_inputs_width_from_the_model():
+    model = mlp((10, 8, 3), activation=torch.nn.Sigmoid, dtype=torch.float64)  # not 64 wide
+    x = torch.linspace(-1, 1, 10, dtype=torch.float64)
+    x_hat = sec.deep_leakage(model, sec.shared_gradient(model, x, torch.tensor(2)), steps=50)
+    assert x_hat.shape == (10,) and x_hat.dtype == torch.float64
+    with pytest.raises(ValueError, match="first torch.nn.Linear, and this model has none"):
+        sec.deep_leakage(torch.nn.Sequential(torch.nn.Tanh()), [torch.zeros(3)])
+
+
 def test_clip_and_noise_bounds_the_norm_and_adds_the_stated_noise():
     update = torch.full((10_000,), 1.0, dtype=torch.float64)
     clipped = sec.clip_and_noise(update, clip=2.0, noise=0.0)
@@ -98,6 +107,11 @@ def test_attacks_scale_or_flip_the_update():
     torch.testing.assert_close(sec.boost(u, 5.0), 5 * u)
     torch.testing.assert_close(sec.sign_flip(u, 5.0), -5 * u)
     assert sec.flip_labels(torch.tensor([0, 3, 9])).tolist() == [9, 6, 0]
+    parts = [[0], [1], [2], [3]]
+    assert len(sec.fraction_attackers(parts, 0.5)) == 2 and sec.fraction_attackers(parts, 0) == []
+    for share in (1.5, -0.1):
+        with pytest.raises(ValueError, match="share is a fraction of the clients, from 0 to 1"):
+            sec.fraction_attackers(parts, share)
 
 
 def test_median_resists_sign_flipping_attackers_that_break_the_mean(digits):

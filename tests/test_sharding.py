@@ -22,6 +22,19 @@ def test_fully_shard_keeps_about_one_nth_of_the_parameters_per_rank():
         assert r["grads_sharded"]
 
 
+def test_a_model_that_does_not_start_with_a_linear_takes_an_example_batch():
+    from course_lib import WorkerError
+    from course_lib.models import digits_cnn
+
+    cnn = functools.partial(digits_cnn, seed=0, width=4)
+    images = torch.randn(4, 1, 8, 8)
+    results = launch(sharding.fsdp_parameter_bytes, 2, args=(cnn,), kwargs=dict(example=images))
+    assert sum(r["local_bytes"] for r in results) == results[0]["total_bytes"]
+    assert all(r["grads_sharded"] for r in results)
+    with pytest.raises(WorkerError, match="give example=, an input batch for the model"):
+        launch(sharding.fsdp_parameter_bytes, 2, args=(cnn,))
+
+
 def test_local_bytes_counts_what_this_rank_holds():
     from course_lib.sharding import local_bytes
 

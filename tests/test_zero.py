@@ -66,6 +66,12 @@ def test_shards_cover_the_vector_once_and_have_one_size(numel, p):
     assert covered == list(range(numel))
 
 
+def test_shards_of_no_ranks_or_of_a_rank_outside_them_are_refused():
+    for args in ((10, 0, 0), (10, 2, 2), (10, 2, -1), (-1, 2, 0)):
+        with pytest.raises(ValueError, match="need world_size >= 1, 0 <= rank < world_size"):
+            Z.shard_bounds(*args)
+
+
 def test_a_stage_that_is_not_1_or_2_is_refused():
     with pytest.raises(WorkerError, match="ValueError: stage must be 1 or 2 .*stage 3"):
         launch(lambda: Z.ShardedAdam(model_fn().parameters(), stage=3), 1)
@@ -75,3 +81,43 @@ def test_an_uneven_global_batch_is_refused(digits):
     x, y = digits
     with pytest.raises(WorkerError, match="does not split evenly"):
         launch(Z.train, 2, args=(_double, x, y, 15, 1))
+
+
+class MixedDtypes(torch.nn.Module):
+    """A float32 layer and a float64 bias of its own: Adam steps each in its dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(64, 10)
+        self.extra = torch.nn.Parameter(torch.zeros(10, dtype=torch.float64))
+
+    def forward(self, x):
+        return self.layer(x).double() + self.extra
+
+
+def _mixed(x, y, stage, group=None):
+    torch.manual_seed(0)
+    model = MixedDtypes()
+    opt = Z.ShardedAdam(model.parameters(), stage=stage, lr=1e-2, group=group)
+    rank, size = torch.distributed.get_rank(group), torch.distributed.get_world_size(group)
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[rank::size]), y[rank::size]).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_parameters_of_two_dtypes_step_as_torch_adam_does_each_in_its_own(digits):
+    x, y = digits[0][:16].float(), digits[1][:16]
+    torch.manual_seed(0)
+    model = MixedDtypes()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=False)
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    for stage in (1, 2):
+        for got in launch(_mixed, 2, args=(x, y, stage)):
+            assert [p.dtype for p in got] == [p.dtype for p in model.parameters()]
+            for mine, want in zip(got, model.parameters(), strict=True):
+                torch.testing.assert_close(mine, want.detach(), atol=1e-5, rtol=0)

@@ -28,6 +28,8 @@ def parameter_server_epoch_seconds(n: int, batch: int, compute_seconds, round_tr
     the workers' rates add up, (n / b) / sum_k 1 / (c_k + r)."""
     c = np.asarray(compute_seconds, dtype=float)
     check_processes(len(c), "the workers, len(compute_seconds),")
+    if not (batch >= 1 and n >= 0):
+        raise ValueError(f"need a batch of 1 row or more and n >= 0 rows, got batch={batch}, n={n}")
     if mode == "sync":
         return n / (len(c) * batch) * (c.max() + round_trip)
     if mode == "async":

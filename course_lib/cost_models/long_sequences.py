@@ -47,8 +47,8 @@ def ring_ulysses_crossover(p: int, alpha: float, beta: float) -> float:
     """The share n (bytes) above which Ulysses' messages take less time than the ring's: the ring
     sends p - 1 messages of 2 n, Ulysses 4 (p - 1) of n / p, equal at n = 3 alpha / (beta
     (2 - 4 / p)). On two ranks the ring is never slower: infinity."""
-    p = check_processes(p)
-    return math.inf if p <= 2 else 3 * alpha / (beta * (2 - 4 / p))
+    p, alpha, beta = check_processes(p), check_sizes("alpha", alpha), check_sizes("beta", beta)
+    return math.inf if p <= 2 or beta == 0 else 3 * alpha / (beta * (2 - 4 / p))
 
 
 def expert_parallel_time(n_bytes, p: int, alpha: float, beta: float):

@@ -10,8 +10,9 @@ def bubble_fraction(p: int, micro_batches: int, chunks: int = 1) -> float:
     """Idle fraction of a pipeline flush with p stages (GPipe, 1F1B): (p - 1) / (m + p - 1).
     Interleaved 1F1B with ``chunks`` v model chunks per stage cuts the bubble time v-fold:
     ((p - 1) / v) / (m + (p - 1) / v)."""
-    if p < 1 or micro_batches < 1 or chunks < 1:
-        raise ValueError(f"need p, micro_batches, chunks >= 1, got {p}, {micro_batches}, {chunks}")
+    if not all(n >= 1 and float(n).is_integer() for n in (p, micro_batches, chunks)):
+        raise ValueError(f"need p, micro_batches, chunks whole numbers >= 1, got {p}, "
+                         f"{micro_batches}, {chunks}")
     bubble = (p - 1) / chunks
     return bubble / (micro_batches + bubble)
 
