@@ -21,7 +21,8 @@ def linear_forward(X, W, b=None):
 
 
 def linear_backward(dZ, X, W):
-    """Given dQ/dZ: dQ/dW = (dQ/dZ)^T X, dQ/dX = (dQ/dZ) W, dQ/db = column sums of dQ/dZ."""
+    """Given dQ/dZ, returns (dQ/dX, dQ/dW, dQ/db): dQ/dX = (dQ/dZ) W, dQ/dW = (dQ/dZ)^T X,
+    dQ/db = column sums of dQ/dZ."""
     return dZ @ W, dZ.T @ X, dZ.sum(dim=0)
 
 

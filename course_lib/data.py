@@ -130,11 +130,9 @@ def shard_rows(n: int, p: int, seed: int | None = None) -> list[torch.Tensor]:
 def batch_rows(shard: torch.Tensor, batch: int, seed: int, worker: int, step: int):
     """The rows of worker ``worker``'s ``step``-th mini-batch: ``batch`` rows of its shard drawn
     without replacement. Seeded by (seed, worker, step), so a real run, a simulator and a
-    sequential reference all draw the same batches. A batch of 0 rows, or more than the shard
-    holds, is refused."""
-    if check_whole("batch", batch) > len(shard):
-        raise ValueError(f"batch {batch} is larger than this worker's shard of {len(shard)} "
-                         f"rows; choose a batch of at most {len(shard)}")
+    sequential reference all draw the same batches. A batch larger than the shard is the whole
+    shard (as a DataLoader's last batch is what is left); one of 0 rows or fewer is refused."""
+    check_whole("batch", batch)
     g = torch.Generator().manual_seed(seed * 1_000_003 + worker * 10_007 + step)
     return shard[torch.randperm(len(shard), generator=g)[:batch].to(shard.device)]
 

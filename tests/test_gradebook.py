@@ -4,6 +4,7 @@ the class, parallel and sharded runs giving the same gradebook, and regrading on
 """
 
 import csv
+import os
 import shutil
 import subprocess
 import sys
@@ -144,6 +145,10 @@ def test_the_layouts_a_class_comes_in(tmp_path):
         ("doejane_1234", "tiny.ipynb"), ("roedan_77", "tiny.ipynb"), ("roedan_77", "tiny2.ipynb")]
     assert found[0].path.read_text() == '{"late": 1}'  # the latest submission of the file
     assert all(tmp_path / "unpacked" in e.path.parents for e in found)
+    os.utime(found[0].path, ns=(10**9, 10**9))  # a second shard unpacking the same zip
+    assert roster.entries(archive, tmp_path / "unpacked") == found
+    assert found[0].path.stat().st_mtime_ns == 10**9  # found it unpacked: nothing rewritten
+    assert not list((tmp_path / "unpacked").rglob("*.part"))  # written whole, then renamed
     with pytest.raises(FileNotFoundError):
         roster.entries(tmp_path / "nobody", tmp_path / "u")
 

@@ -29,11 +29,13 @@ from course_lib.exercises.common import (
 
 
 def fewest_layers_to_recompute(model: P.Transformer, plan: P.Plan, budget: float) -> int | None:
-    """Reference: the fewest of the model's layers (a plan without pipelining) whose activations
-    must be recomputed -- each keeps only its input, as with full recomputation -- for a GPU to
-    fit in ``budget`` bytes (Megatron-LM's "block" recomputation); None if recomputing them all
-    does not fit either. Recomputing k >= 1 layers saves k (full - kept) bytes, but while
-    backward recomputes one of them its whole activations are back: k - 1 of them count."""
+    """Reference: the fewest of the model's last layers (nearest the head; a plan without
+    pipelining) whose activations must be recomputed -- each keeps only its input, as with full
+    recomputation -- for a GPU to fit in ``budget`` bytes; None if recomputing them all does not
+    fit either. Recomputing the last k >= 1 layers saves k (full - kept) bytes, but backward
+    recomputes the top one first, while every layer below still holds what it kept: k - 1 of
+    them count. (Megatron-LM's "block" method recomputes the first k instead: lesson 12's
+    question 4.)"""
     ### BEGIN SOLUTION
     none = P.memory(model, replace(plan, recompute=False))["total"]
     if none <= budget:
