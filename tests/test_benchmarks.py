@@ -18,6 +18,12 @@ def test_every_launcher_runs_the_job_and_ratios_are_reported():
     assert table.splitlines()[3].rstrip().endswith("1.00")  # torchrun against itself
 
 
+def test_launchers_are_timed_round_by_round_each_once_a_round():
+    timings = bench.compare_launchers(repeats=2, warmup=0, ways=("launch, warm", "launch, cold"))
+    assert {name: len(t.times) for name, t in timings.items()} == {"launch, warm": 2,
+                                                                   "launch, cold": 2}
+
+
 def test_format_comparison_ratios():
     table = bench.format_comparison({"launch, warm": Timing([1.0]), "torchrun": Timing([4.0])})
     assert "0.25" in table.splitlines()[1]

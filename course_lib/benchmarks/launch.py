@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 from course_lib.report import progress
 from course_lib.runtime.devices import loopback_interface
 from course_lib.runtime.launching import LOOPBACK, launch
-from course_lib.runtime.timing import Timing, measure
+from course_lib.runtime.timing import Timing, measure_interleaved
 
 
 def one_all_reduce() -> float:
@@ -84,16 +84,19 @@ def run_with_launch(world_size: int = 2, warm: bool = True) -> None:
 def compare_launchers(world_size: int = 2, repeats: int = 5, warmup: int = 1,
                       ways=("launch, warm", "launch, cold", "torchrun", "mp.spawn")
                       ) -> dict[str, Timing]:
-    """Time each way of running the job; returns name -> Timing."""
+    """Time each way of running the job, the ways in turn in every round (a slow spell of the
+    machine falls on all of them alike); returns name -> Timing."""
     runners = {"launch, warm": run_with_launch,
                "launch, cold": lambda p: run_with_launch(p, warm=False),
                "torchrun": run_with_torchrun, "mp.spawn": run_with_spawn}
     unknown = set(ways) - set(runners)
     if unknown:
         raise ValueError(f"unknown launchers {sorted(unknown)}: choose from {sorted(runners)}")
+    fns = {name: lambda name=name: runners[name](world_size) for name in ways}
     # a bar in a notebook (nothing in a script): the cold launchers take seconds each
-    return {name: measure(lambda name=name: runners[name](world_size), repeats=repeats,
-                          warmup=warmup) for name in progress(ways, "launchers")}
+    rounds = [measure_interleaved(fns, repeats=1, warmup=warmup if i == 0 else 0)
+              for i in progress(range(repeats), "rounds of every launcher")]
+    return {name: Timing([t for r in rounds for t in r[name].times]) for name in ways}
 
 
 def format_comparison(timings: dict[str, Timing], reference: str = "torchrun") -> str:
