@@ -11,7 +11,7 @@ from course_lib.benchmarks.emulation import matrix_products
 from course_lib.data import load_digits
 from course_lib.models import mlp
 from course_lib.runtime import emulation
-from course_lib.runtime.emulation import EmulatedDevice, flops_of, rate_for
+from course_lib.runtime.emulation import EmulatedDevice, flops_of, rate_for, reachable_ratio
 
 DIGITS = load_digits()
 X, Y = DIGITS.x_train[:64], DIGITS.y_train[:64]
@@ -170,6 +170,17 @@ def test_rate_for_gives_the_ratio_and_refuses_what_this_cpu_cannot_stand_for():
         rate_for(2.0, communication=0.02, flops=4e8, compute_cpu=0.01)
     with pytest.raises(ValueError, match="ratio must be positive"):
         rate_for(0.0, 0.02, 4e8, 0.01)
+
+
+def test_a_ratio_this_cpu_cannot_stand_for_becomes_the_largest_rate_for_accepts():
+    assert reachable_ratio(0.5, communication=0.02, compute_cpu=0.01) == 0.5  # within reach
+    slow = reachable_ratio(2.0, communication=0.02, compute_cpu=0.01)
+    assert slow == pytest.approx(0.99)  # 1% inside the limit of 0.02 / (2 x 0.01)
+    rate_for(slow, communication=0.02, flops=4e8, compute_cpu=0.01)  # accepted, not refused
+    with pytest.raises(ValueError, match="ratio of 1.01"):
+        rate_for(1.01, communication=0.02, flops=4e8, compute_cpu=0.01)
+    with pytest.raises(ValueError, match="least must be positive"):
+        reachable_ratio(0.5, 0.02, 0.01, least=0)
 
 
 def test_bad_settings_are_refused_by_name(monkeypatch):

@@ -8,9 +8,10 @@ import torch
 
 from course_lib import cost_models
 from course_lib.benchmarks import overlap as bench
+from course_lib.benchmarks.systems import reference_system
 from course_lib.data import stdlib_text, text_batch
 from course_lib.models import tiny_gpt
-from course_lib.runtime import WorkerError, launch, profiling
+from course_lib.runtime import launch, profiling
 from course_lib.runtime.emulation import flops_of
 from course_lib.runtime.timing import Span
 
@@ -128,6 +129,25 @@ def test_the_benchmark_runs_on_an_emulated_device_chosen_by_the_ratio():
     # the rate makes the step's all-gradient all-reduce 1% of the device's compute
     assert e["flops"] / e["flops_per_second"] == pytest.approx(e["communication"] / 0.01)
     assert e["lag"] >= 0 and e["unmodelled"] > 0  # the SGD update has no FLOPs
-    with pytest.raises(WorkerError, match="too busy to stand for a device"):
-        launch(bench.run, 2, kwargs=dict(configs=(), steps=1, warmup=0, repeats=1,
-                                         model=SMALL_GPT, local_batch=1, context=8, ratio=100.0))
+    # a ratio this CPU cannot stand for: the run takes the largest it can and says so
+    slow = bench.summarise(launch(bench.run, 2, kwargs=dict(
+        configs=(), steps=1, warmup=1, repeats=1, model=SMALL_GPT, local_batch=1, context=8,
+        ratio=100.0, profiled=False)))["emulated"]
+    assert slow["asked"] == 100.0 and 0 < slow["ratio"] < 100.0
+    assert slow["flops"] / slow["flops_per_second"] == pytest.approx(
+        slow["communication"] / slow["ratio"])
+    assert slow["flops"] / slow["flops_per_second"] > 2 * slow["compute_cpu"]
+
+
+def test_the_command_prints_the_ratio_it_ran_beside_the_one_its_system_asks_for(monkeypatch,
+                                                                                 capsys):
+    monkeypatch.setattr(bench, "EMULATED", dict(  # a small run: two configs, one repeat
+        model=SMALL_GPT, local_batch=1, context=8, repeats=1, message_repeats=1, profiled=False,
+        configs=(("after backward", None), ("buckets", 1.0))))
+    s = bench.main(["--steps", "2", "--emulated"])
+    out = capsys.readouterr().out
+    e = s["emulated"]
+    assert e["asked"] == reference_system()["ratio"] and 0 < e["ratio"] <= e["asked"]
+    assert (f"communication / compute = {e['ratio']:.3f} ({reference_system()['name']}: "
+            f"{e['asked']:.3f})") in out
+    assert "buckets 1 MB" in out and "best overlapped step / (a)" in out

@@ -35,6 +35,7 @@ from course_lib.runtime.emulation import (
     flops_of,
     paced_step,
     rate_for,
+    reachable_ratio,
 )
 from course_lib.runtime.timing import synchronize
 from course_lib.runtime.torchrun import experiment_parser, run_experiment
@@ -43,9 +44,8 @@ MAIN = (("after backward", None), ("per parameter", None), ("buckets", 1.0), ("D
 SWEEP_MB = (0.05, 0.15, 0.5, 1.0, 2.0, 4.0)  # 4 MB: one bucket for the 3.3 MB model
 MESSAGE_BYTES = (2**10, 2**14, 2**17, 2**19, 2**21, 2**22)
 model_fn = functools.partial(tiny_gpt, vocab=96, d_model=128, layers=4, heads=4, context=64)
-# on the emulated device: a wider, deeper GPT, 8 characters per rank -- more gradient bytes per
-# FLOP, so a system's ratio of communication to compute is reachable with the cores mostly idle,
-# and more tensors, so one message each pays alpha as often as a real model's many tensors do
+# emulated: a wider, deeper GPT, 8 characters per rank: more gradient bytes per FLOP (a system's
+# ratio reachable with idle cores) and more tensors (alpha paid as often as in a real model)
 EMULATED = dict(model=functools.partial(tiny_gpt, vocab=96, d_model=192, layers=6, heads=4,
                                         context=8), local_batch=1, context=8)
 
@@ -153,18 +153,18 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
         local_batch: int = 2, steps: int = 15, warmup: int = 3, repeats: int = 7,
         seed: int = 0, group=None, model=None, context: int = 64, ratio: float | None = None,
         stands_for: str = "", profiled=True, message_repeats: int | None = None) -> dict:
-    """On every rank: per-step seconds of each synchronisation in ``configs`` and of a step
-    without communication ("none"), alternating step by step; then one profiled step of each;
-    gradient ready times and sizes; all-reduce times of several sizes (for alpha and beta).
-    ``model``: the model's constructor (default lesson 10's GPT), trained on ``local_batch``
-    windows of ``context`` characters per rank. ``ratio``: run on an emulated device whose
-    compute makes the whole gradient's all-reduce take ``ratio`` x a step's compute
-    (``stands_for``: the system that ratio stands for); None: this CPU as it is. ``profiled``:
-    True profiles one step of every config, False none (``spans`` is then empty), a collection of
-    labels those configs. ``message_repeats``: how many streams of messages to time for alpha and
-    beta (default ``repeats``): each gradient alone, ``MESSAGE_BYTES`` and all gradients as one
-    message (the largest a bucket sends). ``copy_per_byte``: the host's seconds per byte to pack
-    and unpack a bucket (:func:`bucket_copy_seconds`, the median of the timed steps)."""
+    """On every rank: per-step seconds of each synchronisation in ``configs`` and of a step without
+    communication ("none"), alternating step by step; then one profiled step of each; gradient ready
+    times and sizes; all-reduce times of several sizes (for alpha and beta). ``model``: the model's
+    constructor (lesson 10's GPT), trained on ``local_batch`` windows of ``context`` characters per
+    rank. ``ratio``: run on an emulated device whose compute makes the whole gradient's all-reduce
+    take ``ratio`` x a step's compute (``stands_for``: the system it stands for; a slower CPU runs a
+    smaller one, ``reachable_ratio``, and returns both); None: this CPU as it is. ``profiled``: True
+    profiles one step of every config, False none (``spans`` is then empty), a collection of labels
+    those configs. ``message_repeats``: how many streams of messages to time for alpha and beta
+    (default ``repeats``): each gradient alone, ``MESSAGE_BYTES`` and all gradients as one message
+    (the largest a bucket sends). ``copy_per_byte``: the host's seconds per byte to pack and unpack
+    a bucket (median)."""
     rank, dev = dist.get_rank(group), device(group)
     model = model or model_fn
     tokens = stdlib_text()
@@ -178,11 +178,12 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
     models = {config: ov.synchronizer(copy.deepcopy(first), config[0], config[1] or 25.0, group)
               for config in configs}
     plain = models[("none", None)][0]
-    emulated, similarity = None, {}
+    emulated, similarity, used = None, {}, None
     if ratio is not None:
         check_cpu_rank(dev)
         similarity = calibrate(plain, *batch(), group, dev)
-        emulated = EmulatedDevice(rate_for(ratio, **similarity), stands_for)
+        used = reachable_ratio(ratio, similarity["communication"], similarity["compute_cpu"])
+        emulated = EmulatedDevice(rate_for(used, **similarity), stands_for)
         for inner, _ in models.values():
             emulated.pace_gradients(inner)
     times = {label(c): [] for c in configs}
@@ -216,7 +217,7 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
                              lambda: one_step(plain, lambda: None, *batch(), dev=dev,
                                               emulated=emulated))
     return dict(times=times, spans=profiles, ready=ready, backward=backward, sizes=sizes,
-                messages=messages, ratio=ratio,
+                messages=messages, ratio=used, asked=ratio,
                 copy_per_byte=statistics.median(copies) / sum(sizes),
                 flops_per_second=emulated and emulated.flops_per_second, **similarity, **kept)
 
@@ -251,8 +252,8 @@ def summarise(runs) -> dict:
     spans = {k: [s for r in runs for s in r["spans"][k]] for k in runs[0]["spans"]}
     emulated = None
     if runs[0]["ratio"] is not None:  # as shares of the device's time, the worst rank's
-        emulated = {k: runs[0][k] for k in ("ratio", "flops_per_second", "flops", "compute_cpu",
-                                            "communication")}
+        emulated = {k: runs[0][k] for k in ("ratio", "asked", "flops_per_second", "flops",
+                                            "compute_cpu", "communication")}
         emulated["lag"] = max(r["lag"] / r["device_seconds"] for r in runs)
         emulated["unmodelled"] = max(r["unmodelled"] / r["device_seconds"] for r in runs)
     return dict(times=times, medians={k: statistics.median(v) for k, v in times.items()},
@@ -280,8 +281,8 @@ def main(argv=None):
     med = s["medians"]
     if s["emulated"]:
         print(f"emulated device (not a GPU measurement): communication / compute = "
-              f"{s['emulated']['ratio']:.3f}, as {reference_system()['name']}; late by "
-              f"{s['emulated']['lag']:.1%} of its time")
+              f"{s['emulated']['ratio']:.3f} ({system['name']}: {s['emulated']['asked']:.3f}); "
+              f"late by {s['emulated']['lag']:.1%} of its time")
     print(f"alpha {s['alpha'] * 1e6:.0f} us, beta {1 / s['beta'] / 1e9:.2f} GB/s (fitted); "
           f"gradients {sum(s['gradient_bytes']) / 1e6:.2f} MB")
     for name, t in med.items():

@@ -268,6 +268,16 @@ def rate_for(ratio: float, communication: float, flops: float, compute_cpu: floa
     return flops / device
 
 
+def reachable_ratio(ratio: float, communication: float, compute_cpu: float,
+                    least: float = 2.0) -> float:
+    """``ratio``, or on a CPU too slow to stand for it the largest ratio :func:`rate_for`
+    accepts (1% inside its limit): the same system with a network ``ratio / returned`` x
+    faster. Say so wherever a run uses less than it asked for."""
+    if not least > 0:
+        raise ValueError(f"least must be positive, got {least!r}")
+    return min(ratio, 0.99 * communication / (least * compute_cpu))
+
+
 def flops_of(fn, *args, **kwargs) -> tuple[int, object]:
     """The floating-point operations of ``fn(*args, **kwargs)`` as torch's FlopCounterMode
     counts them (matrix products, convolutions, attention: the FLOPs of MFU), and its result."""
