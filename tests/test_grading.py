@@ -268,8 +268,8 @@ def lesson(tmp_path):
 
 @functools.cache
 def short_limit() -> int:
-    """A time limit that honest work passes on this machine: at least 6 s, and 3 x the seconds
-    the tiny lesson takes graded whole (kernel start, torch and course_lib imported), measured
+    """A time limit that honest work passes on this machine: at least 6 s, and 3 x the seconds the
+    tiny lesson takes to grade (kernel start, torch and course_lib imported, every cell), measured
     once per test process. A fixed limit failed where one core ran three times slower than usual.
     Tests give it to the cells that never return, so they cost what this machine needs."""
     with tempfile.TemporaryDirectory() as folder:

@@ -268,7 +268,7 @@ def main(argv=None):
     parser = experiment_parser(__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--emulated", action="store_true",
-                        help="on an emulated device with the ratio of reference_system()")
+                        help="on an emulated device, reference_system()'s ratio or less")
     args = parser.parse_args(argv)
     kwargs = dict(steps=args.steps)
     if args.emulated:

@@ -21,7 +21,8 @@ FLOPs (an optimizer's update, copies) is not modelled: :attr:`EmulatedDevice.unm
 Choosing the rate by similarity. What decides whether communication can hide is the *ratio* of
 communication to compute time. :func:`rate_for` picks the rate that gives this machine's step
 the ratio of the system it stands for (the planner's ``step_time`` says a system's ratio), and
-refuses one that would leave this CPU too busy to stand for a device.
+refuses one that would leave this CPU too busy to stand for a device; :func:`reachable_ratio`
+gives the largest it accepts, for a run that should go on at that ratio and say so.
 
 Any code, without pacing points. :meth:`EmulatedDevice.queued` runs a block as a GPU's stream
 runs it: each operation computes at once on the CPU and is queued on the device, which takes its
