@@ -156,15 +156,14 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
     """On every rank: per-step seconds of each synchronisation in ``configs`` and of a step without
     communication ("none"), alternating step by step; then one profiled step of each; gradient ready
     times and sizes; all-reduce times of several sizes (for alpha and beta). ``model``: the model's
-    constructor (lesson 10's GPT), trained on ``local_batch`` windows of ``context`` characters per
-    rank. ``ratio``: run on an emulated device whose compute makes the whole gradient's all-reduce
-    take ``ratio`` x a step's compute (``stands_for``: the system it stands for; a slower CPU runs a
-    smaller one, ``reachable_ratio``, and returns both); None: this CPU as it is. ``profiled``: True
-    profiles one step of every config, False none (``spans`` is then empty), a collection of labels
-    those configs. ``message_repeats``: how many streams of messages to time for alpha and beta
-    (default ``repeats``): each gradient alone, ``MESSAGE_BYTES`` and all gradients as one message
-    (the largest a bucket sends). ``copy_per_byte``: the host's seconds per byte to pack and unpack
-    a bucket (median)."""
+    constructor, trained on ``local_batch`` windows of ``context`` characters per rank. ``ratio``:
+    run on an emulated device whose compute makes the whole gradient's all-reduce take ``ratio`` x a
+    step's compute (``stands_for``: the system it stands for; a slower CPU runs a smaller one,
+    ``achieved``); None: this CPU as it is. ``profiled``: True profiles one step of every config,
+    False none (``spans`` is then empty), a collection of labels those configs. ``message_repeats``:
+    how many streams of messages to time for alpha and beta (default ``repeats``): each gradient
+    alone, ``MESSAGE_BYTES`` and all gradients as one message (the largest a bucket sends).
+    ``copy_per_byte``: the host's seconds per byte to pack and unpack a bucket (median)."""
     rank, dev = dist.get_rank(group), device(group)
     model = model or model_fn
     tokens = stdlib_text()
@@ -217,7 +216,7 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
                              lambda: one_step(plain, lambda: None, *batch(), dev=dev,
                                               emulated=emulated))
     return dict(times=times, spans=profiles, ready=ready, backward=backward, sizes=sizes,
-                messages=messages, ratio=used, asked=ratio,
+                messages=messages, ratio=ratio, achieved=used,
                 copy_per_byte=statistics.median(copies) / sum(sizes),
                 flops_per_second=emulated and emulated.flops_per_second, **similarity, **kept)
 
@@ -252,7 +251,7 @@ def summarise(runs) -> dict:
     spans = {k: [s for r in runs for s in r["spans"][k]] for k in runs[0]["spans"]}
     emulated = None
     if runs[0]["ratio"] is not None:  # as shares of the device's time, the worst rank's
-        emulated = {k: runs[0][k] for k in ("ratio", "asked", "flops_per_second", "flops",
+        emulated = {k: runs[0][k] for k in ("ratio", "achieved", "flops_per_second", "flops",
                                             "compute_cpu", "communication")}
         emulated["lag"] = max(r["lag"] / r["device_seconds"] for r in runs)
         emulated["unmodelled"] = max(r["unmodelled"] / r["device_seconds"] for r in runs)
@@ -274,14 +273,15 @@ def main(argv=None):
     if args.emulated:
         system = reference_system()
         kwargs |= EMULATED | dict(ratio=system["ratio"], stands_for=system["name"])
-    runs = run_experiment(run, world_size=2, kwargs=kwargs)
+    runs = run_experiment(run, world_size=2, kwargs=kwargs,  # emulated: CPU ranks
+                          backend="gloo" if args.emulated else "auto")
     if runs is None:  # torchrun: rank 0 prints
         return None
     s = summarise(runs)
     med = s["medians"]
     if s["emulated"]:
         print(f"emulated device (not a GPU measurement): communication / compute = "
-              f"{s['emulated']['ratio']:.3f} ({system['name']}: {s['emulated']['asked']:.3f}); "
+              f"{s['emulated']['achieved']:.3f} ({system['name']}: {s['emulated']['ratio']:.3f}); "
               f"late by {s['emulated']['lag']:.1%} of its time")
     print(f"alpha {s['alpha'] * 1e6:.0f} us, beta {1 / s['beta'] / 1e9:.2f} GB/s (fitted); "
           f"gradients {sum(s['gradient_bytes']) / 1e6:.2f} MB")
