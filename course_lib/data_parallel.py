@@ -35,12 +35,10 @@ from course_lib.training import check_steps, check_whole, loss_fn, parameters_to
 def sampler_global_batches(n: int, world_size: int, local_batch: int, seed: int = 0,
                            epoch: int = 0) -> list[torch.Tensor]:
     """The global batches that ``DistributedSampler(shuffle=True, drop_last=True)`` and a
-    DataLoader of ``local_batch`` on each of ``world_size`` ranks feed in one epoch.
-
-    The sampler permutes all indices with seed + epoch and gives rank r every world_size-th one
-    starting at r; so step t of all ranks together covers one contiguous block of the
-    permutation — exactly what one process would use with the global batch.
-    """
+    DataLoader of ``local_batch`` on each of ``world_size`` ranks feed in one epoch. The sampler
+    permutes all indices with seed + epoch and gives rank r every world_size-th one starting at
+    r; so step t of all ranks together covers one contiguous block of the permutation: exactly
+    what one process would use with the global batch."""
     steps = check_steps(n, world_size, local_batch)  # at least one, or a clear error
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
     return [perm[t * world_size * local_batch:(t + 1) * world_size * local_batch]
@@ -159,10 +157,13 @@ def time_ddp_steps(model_fn, x, y, local_batch: int, steps: int = 10, warmup: in
                    threads: int = 1, bucket_cap_mb: float | None = None, group=None,
                    emulated=None) -> dict:
     """Per-step wall times of DDP training on every rank, ``with_sync`` (forward, backward with
-    the all-reduce overlapped, optimizer) and ``no_sync`` (the same inside ``no_sync``: the
-    difference estimates what synchronising adds), alternating step by step so that a machine
-    getting slower shows up in neither. Each rank uses ``threads`` CPU threads. ``emulated``:
-    compute at an emulated device's pace (``runtime.emulation``; the first step counts FLOPs)."""
+    the all-reduce overlapped, optimizer) and ``no_sync`` (inside ``no_sync``: the difference is
+    what synchronising adds), alternating step by step so that a machine getting slower shows up
+    in neither; ``threads`` CPU threads a rank. ``emulated``: at an emulated device's pace."""
+    check_whole("steps", steps)
+    counts = emulated is not None and emulated.pieces is None  # its first step is not paced
+    check_whole("warmup" + " (an emulated device's first step counts FLOPs, unpaced)" * counts,
+                warmup, least=int(counts))
     torch.set_num_threads(threads)
     options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
     model = ddp_model(model_fn(), group, **options)
@@ -197,10 +198,9 @@ def time_ddp_steps(model_fn, x, y, local_batch: int, steps: int = 10, warmup: in
 
 def compression_hook(dtype, log: list | None = None):
     """A DDP communication hook that all-reduces each gradient bucket in ``dtype`` (e.g.
-    torch.float16; None: float32 as is) and records the bytes it sends; DDP passes it the
-    state it was registered with, the process group (None: all ranks), as torch's hooks expect.
-    What torch's ``fp16_compress_hook`` does, written out: cast the bucket down, divide by the
-    world size (so the sum cannot overflow as easily), all-reduce, cast back into the bucket."""
+    torch.float16; None: float32 as is) and records the bytes it sends; its state is the process
+    group (None: all ranks). What torch's ``fp16_compress_hook`` does, written out: cast the
+    bucket down, divide by the world size (the sum overflows less), all-reduce, cast back."""
 
     def hook(group, bucket):
         buffer = bucket.buffer()

@@ -90,6 +90,17 @@ def test_time_ddp_steps_times_both_modes(digits):
     assert all(len(t["with_sync"]) == 3 and len(t["no_sync"]) == 3 for t in times)
 
 
+def test_time_ddp_steps_refuses_steps_it_cannot_time(digits):
+    from course_lib.runtime.emulation import EmulatedDevice
+
+    x, y = digits
+    with pytest.raises(ValueError, match="steps must be a whole number of at least 1"):
+        dp.time_ddp_steps(model_fn, x, y, 8, steps=0)
+    # an emulated device's first step counts FLOPs and is not paced: it must not be timed
+    with pytest.raises(ValueError, match="first step counts FLOPs"):
+        dp.time_ddp_steps(model_fn, x, y, 8, warmup=0, emulated=EmulatedDevice(1e9))
+
+
 def test_linear_scaling_rule_and_warmup():
     assert dp.linear_scaling_lr(0.1, 32, 256) == pytest.approx(0.8)
     assert dp.warmup_lr(0, 0.8, 10, 0.1) == pytest.approx(0.1)

@@ -139,6 +139,16 @@ def test_the_benchmark_runs_on_an_emulated_device_chosen_by_the_ratio():
     assert slow["flops"] / slow["flops_per_second"] > 2 * slow["compute_cpu"]
 
 
+@pytest.mark.parametrize("kwargs, named", [
+    (dict(steps=0), "steps"), (dict(repeats=-1), "repeats"), (dict(local_batch=1.5), "local_batch"),
+    (dict(warmup=-1), "warmup"), (dict(warmup=0, ratio=0.5), "first step counts FLOPs")])
+def test_the_benchmark_refuses_sizes_it_cannot_time_naming_them(kwargs, named):
+    # refused before any rank is needed; an emulated run's first step only counts FLOPs, so a run
+    # without warm-up would time an unpaced step
+    with pytest.raises(ValueError, match=named):
+        bench.run(**kwargs)
+
+
 def test_the_command_prints_the_ratio_it_ran_beside_the_one_its_system_asks_for(monkeypatch,
                                                                                  capsys):
     monkeypatch.setattr(bench, "EMULATED", dict(  # a small run: two configs, one repeat

@@ -25,8 +25,9 @@ from course_lib.data import load_digits
 from course_lib.models import digits_cnn
 from course_lib.runtime import device, launch
 from course_lib.runtime.devices import usable_cores
-from course_lib.runtime.emulation import EmulatedDevice
+from course_lib.runtime.emulation import EmulatedDevice, rate_for, reachable_ratio
 from course_lib.runtime.timing import median_of_slowest
+from course_lib.training import check_whole
 
 MIB = 2**20
 
@@ -90,14 +91,17 @@ def emulated_strong_scaling(model_fn, x, y, workers=(1, 2, 3, 4), ratio: float |
     ratio = lesson_system()["ratio"] if ratio is None else ratio
     if isinstance(ratio, bool) or not ratio > 0:
         raise ValueError(f"ratio must be positive, got {ratio!r}")
+    check_whole("steps", steps)
+    check_whole("warmup (an emulated device's first step counts FLOPs, unpaced)", warmup)
     runs = launch(_similarity, 2, args=(model_fn, x, y), backend="gloo")
     similarity = runs[0]
     sent = [(n, max(ts)) for n in similarity["messages"]  # each message, the slower rank's time
             for ts in zip(*(r["messages"][n] for r in runs), strict=True)]
     alpha, beta = fit_alpha_beta(*zip(*sent, strict=True), relative=False)
     least = max(2.0, 4 * max(workers) / usable_cores())  # the busiest count: a quarter busy
-    seconds = max(similarity["communication"] / ratio, least * similarity["compute_cpu"])
-    rate = similarity["flops"] / seconds
+    comm, cpu = similarity["communication"], similarity["compute_cpu"]
+    achieved = reachable_ratio(ratio, comm, cpu, least)
+    rate = rate_for(achieved, comm, similarity["flops"], cpu, least)
     times = {}
     for m in workers:
         runs = launch(dp.time_ddp_steps, world_size=m, backend="gloo",
@@ -106,7 +110,7 @@ def emulated_strong_scaling(model_fn, x, y, workers=(1, 2, 3, 4), ratio: float |
         times[m] = {mode: [max(step) for step in zip(*(r[mode] for r in runs), strict=True)]
                     for mode in ("with_sync", "no_sync")}
     return dict(times=times, rate=rate, ratio=ratio, similarity=similarity,
-                achieved=similarity["communication"] / seconds, alpha=alpha, beta=beta)
+                achieved=achieved, alpha=alpha, beta=beta)
 
 
 def main(argv=None):

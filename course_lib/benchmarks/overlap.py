@@ -39,6 +39,7 @@ from course_lib.runtime.emulation import (
 )
 from course_lib.runtime.timing import synchronize
 from course_lib.runtime.torchrun import experiment_parser, run_experiment
+from course_lib.training import check_whole
 
 MAIN = (("after backward", None), ("per parameter", None), ("buckets", 1.0), ("DDP", 1.0))
 SWEEP_MB = (0.05, 0.15, 0.5, 1.0, 2.0, 4.0)  # 4 MB: one bucket for the 3.3 MB model
@@ -101,8 +102,7 @@ def _gradient_ready_times(model, x, y, emulated=None):
 
 def message_times(sizes, repeats, group, dev, before=None):
     """{bytes: seconds of each all-reduce that size}: messages of ``sizes`` bytes back to back,
-    after ``before()`` (a step's compute) and a barrier, timed as a step sends them (here one
-    can take twice as long so as alone after an idle spell)."""
+    after ``before()`` (a step's compute) and a barrier, timed as a step sends them."""
     bufs = {n: torch.zeros(n // 4, device=dev) for n in set(sizes)}
     out = {n: [] for n in bufs}
     for i in range(repeats + 1):  # the first is a warm-up
@@ -119,18 +119,16 @@ def message_times(sizes, repeats, group, dev, before=None):
 
 
 def bucket_copy_seconds(grads) -> float:
-    """Seconds for the host to pack ``grads`` into one bucket for two ranks
-    (``overlap.pack_bucket``) and to unpack it (``overlap.unpack_bucket``). Work without FLOPs:
-    an emulated device leaves it to the host, and a bucket's message waits for it."""
+    """Seconds for the host to pack ``grads`` into one bucket for two ranks and unpack it (work
+    without FLOPs: an emulated device leaves it to the host, and a bucket's message waits)."""
     start = time.perf_counter()
     ov.unpack_bucket(ov.pack_bucket(grads, 2), grads)
     return time.perf_counter() - start
 
 
 def calibrate(model, x, y, group, dev, repeats: int = 5) -> dict:
-    """This machine's side of the similarity: the FLOPs of a step, the CPU time of its forward
-    and backward (its thread's, median of ``repeats``: the work the device models) and an
-    all-reduce of all the gradients (median), the larger over the ranks."""
+    """This machine's side of the similarity: a step's FLOPs, its forward and backward's thread
+    CPU time (what the device models) and an all-reduce of all gradients, medians, worst rank."""
     flops, _ = flops_of(one_step, model, lambda: None, x, y, 1e-3)
     cpu, comm = [], []
     grads = torch.zeros(sum(p.numel() for p in model.parameters()), device=dev)
@@ -154,16 +152,18 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
         seed: int = 0, group=None, model=None, context: int = 64, ratio: float | None = None,
         stands_for: str = "", profiled=True, message_repeats: int | None = None) -> dict:
     """On every rank: per-step seconds of each synchronisation in ``configs`` and of a step without
-    communication ("none"), alternating step by step; then one profiled step of each; gradient ready
-    times and sizes; all-reduce times of several sizes (for alpha and beta). ``model``: the model's
-    constructor, trained on ``local_batch`` windows of ``context`` characters per rank. ``ratio``:
-    run on an emulated device whose compute makes the whole gradient's all-reduce take ``ratio`` x a
-    step's compute (``stands_for``: the system it stands for; a slower CPU runs a smaller one,
-    ``achieved``); None: this CPU as it is. ``profiled``: True profiles one step of every config,
-    False none (``spans`` is then empty), a collection of labels those configs. ``message_repeats``:
-    how many streams of messages to time for alpha and beta (default ``repeats``): each gradient
-    alone, ``MESSAGE_BYTES`` and all gradients as one message (the largest a bucket sends).
-    ``copy_per_byte``: the host's seconds per byte to pack and unpack a bucket (median)."""
+    communication ("none"), alternating step by step; one profiled step of each (``profiled``:
+    True all, False none, or a collection of labels); gradient ready times and sizes; all-reduce
+    times of each gradient, ``MESSAGE_BYTES`` and all gradients as one message, for alpha and
+    beta (``message_repeats`` streams, default ``repeats``). ``model``: its constructor, trained on
+    ``local_batch`` windows of ``context`` characters per rank. ``ratio``: on an emulated device
+    whose compute makes the whole gradient's all-reduce take ``ratio`` x a step's compute
+    (``stands_for``: the system; a CPU too slow runs the largest it can, ``achieved``); None: this
+    CPU as it is. ``copy_per_byte``: the host's seconds per byte to pack and unpack a bucket."""
+    for name, value in dict(steps=steps, repeats=repeats, local_batch=local_batch).items():
+        check_whole(name, value)
+    check_whole("warmup" + " (an emulated device's first step counts FLOPs, unpaced)"
+                * (ratio is not None), warmup, least=int(ratio is not None))
     rank, dev = dist.get_rank(group), device(group)
     model = model or model_fn
     tokens = stdlib_text()
