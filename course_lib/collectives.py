@@ -27,6 +27,7 @@ from course_lib.cost_models import all_reduce_bytes
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
 from course_lib.runtime.torchrun import run_command, run_main
+from course_lib.training import check_whole
 
 
 def _exchange(send_buf, dst, recv_buf, src, group):
@@ -45,8 +46,10 @@ def _bytes(t) -> int:
 
 
 def _start(tensor, group):
-    """This rank's place in the group and a copy of its vector on its device."""
-    return dist.get_rank(group), dist.get_world_size(group), tensor.to(device(group), copy=True)
+    """This rank's place in the group and a contiguous copy of its tensor on its device (messages
+    send contiguous memory; a transposed gradient is not)."""
+    copy = tensor.to(device(group), memory_format=torch.contiguous_format, copy=True)
+    return dist.get_rank(group), dist.get_world_size(group), copy
 
 
 def all_reduce_reduce_broadcast(tensor, group=None):
@@ -208,6 +211,10 @@ def time_all_reduce(all_reduce, numels, *, repeats: int = 5, warmup: int = 1,
     wait for a late peer; the device is synchronised before the clock stops. Returns
     {numel: [seconds, ...]} (this rank's view).
     """
+    check_whole("repeats", repeats)
+    check_whole("warmup", warmup, least=0)
+    for numel in numels:
+        check_whole("each length in numels", numel)
     dev, times = device(group), {}
     for numel in numels:
         tensor = torch.ones(numel, dtype=dtype, device=dev)

@@ -120,8 +120,9 @@ def shard_rows(n: int, p: int, seed: int | None = None) -> list[torch.Tensor]:
     ``seed=None`` keeps the rows in order (contiguous blocks); a seed shuffles them first, so
     every shard holds the same kind of data (IID) -- and the same seed gives the same shards.
     """
-    if not 1 <= p <= n:
-        raise ValueError(f"need 1 <= p <= n to give every worker rows, got p={p}, n={n}")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (n, p)) or not 1 <= p <= n:
+        raise ValueError(f"need whole numbers 1 <= p <= n to give every worker rows, got p={p!r}, "
+                         f"n={n!r}")
     order = (torch.arange(n) if seed is None
              else torch.randperm(n, generator=torch.Generator().manual_seed(seed)))
     return list(order.tensor_split(p))

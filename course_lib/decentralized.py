@@ -45,6 +45,10 @@ def check_graph(graph: dict) -> None:
     if nodes != list(range(len(nodes))):
         raise ValueError(f"nodes must be 0..{len(nodes) - 1}, got {nodes}")
     for i, neighbours in graph.items():
+        if len(set(neighbours)) < len(neighbours):
+            twice = sorted({j for j in neighbours if list(neighbours).count(j) > 1})
+            raise ValueError(f"node {i} lists neighbour(s) {twice} more than once: an edge is "
+                             f"listed once (a ring of 2 nodes is {{0: [1], 1: [0]}})")
         for j in neighbours:
             if j == i or j not in graph:
                 raise ValueError(f"node {i} lists neighbour {j}: not another node of the graph")

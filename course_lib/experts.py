@@ -40,7 +40,7 @@ from course_lib.runtime.timing import synchronize
 def route(logits, k: int):
     """(experts, gates, probabilities): each token's top ``k`` experts (tokens, k), their gates
     (renormalised to sum to 1 when k > 1) and every expert's probability (tokens, E)."""
-    if not 1 <= k <= logits.shape[-1]:
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= logits.shape[-1]:
         raise ValueError(f"k must be between 1 and the number of experts "
                          f"({logits.shape[-1]}), got {k}")
     probs = torch.softmax(logits, dim=-1)
@@ -52,8 +52,8 @@ def route(logits, k: int):
 
 def capacity(tokens: int, experts: int, k: int, factor: float) -> int:
     """Tokens one expert takes from a batch of ``tokens``: ceil(factor x tokens x k / E)."""
-    if not factor > 0:
-        raise ValueError(f"the capacity factor must be positive, got {factor}")
+    if not 0 < factor < math.inf:
+        raise ValueError(f"the capacity factor must be positive and finite, got {factor}")
     if not (experts >= 1 and k >= 1 and tokens >= 0):
         raise ValueError(f"need experts >= 1, k >= 1 and tokens >= 0, got {experts}, {k}, "
                          f"{tokens}")

@@ -4,10 +4,9 @@ Slides "Parallel computing for machine learning", part 4: direction 2, privacy (
 training data — for least squares the gradient is a multiple of x itself; defence by adding
 noise) and direction 3, robustness (Byzantine generals; data and model poisoning; defences: the
 server checks validation accuracy, checks update statistics, or aggregates in a
-Byzantine-tolerant way). Methods from the reference numbers: Deep Leakage from Gradients (Zhu et
-al. 2019), DP-FedAvg (McMahan et al. 2018), coordinate-wise median and trimmed mean (Yin et al.
-2018), Krum (Blanchard et al. 2017); secure aggregation with pairwise masks (Bonawitz et al.
-2017, without its dropout handling).
+Byzantine-tolerant way). Methods: Deep Leakage from Gradients (Zhu et al. 2019), DP-FedAvg
+(McMahan et al. 2018), coordinate-wise median and trimmed mean (Yin et al. 2018), Krum (Blanchard
+et al. 2017); secure aggregation with pairwise masks (Bonawitz et al. 2017, without dropouts).
 
 An aggregator (an aggregation rule) is a function ``aggregate(updates, w, state) -> update``
 of the chosen clients' updates (rows w_k - w), the current model and a dict the federation loop
@@ -38,14 +37,21 @@ def least_squares_leak(x: torch.Tensor, y: float, w: torch.Tensor, b: float = 0.
     r the residual: dividing one by the other gives x back exactly. Returns (gradient of w,
     gradient of b, the reconstruction)."""
     r = w @ x + b - y
+    if r == 0:
+        raise ValueError("the residual w.x + b - y is 0: the gradient is zero and leaks nothing")
     grad_w, grad_b = r * x, r
     return grad_w, grad_b, grad_w / grad_b
 
 
 def shared_gradient(model, x, y) -> list[torch.Tensor]:
-    """What a FedSGD client sends for one example: the gradient of every parameter."""
+    """What a FedSGD client sends for one example: the gradient of every trainable parameter."""
     loss = torch.nn.functional.cross_entropy(model(x.reshape(1, -1)), y.reshape(1))
-    return [g.detach() for g in torch.autograd.grad(loss, list(model.parameters()))]
+    return [g.detach() for g in torch.autograd.grad(loss, trainable(model))]
+
+
+def trainable(model) -> list[torch.Tensor]:
+    """The parameters a client trains and shares (a frozen one has no gradient to send)."""
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def infer_label(gradients) -> int:
@@ -69,7 +75,7 @@ def deep_leakage(model, gradients, *, steps: int = 50, seed: int = 0) -> torch.T
     dummy.requires_grad_(True)
     opt = torch.optim.LBFGS([dummy], lr=1.0, max_iter=steps, history_size=50,
                             line_search_fn="strong_wolfe")
-    params = list(model.parameters())
+    params = trainable(model)
 
     def closure():
         opt.zero_grad()
@@ -127,13 +133,21 @@ def pairwise_masks(clients: int, d: int, seed: int = 0, scale: float = 1e3) -> t
 # -- robustness: attacks and aggregation rules ----------------------------------------------------
 
 
+def check_updates(updates) -> torch.Tensor:
+    """``updates``, if it is a (clients x parameters) tensor with a row: a clear error if not."""
+    if not (isinstance(updates, torch.Tensor) and updates.dim() == 2 and len(updates)):
+        raise ValueError(f"updates must be one row per client, at least one, got {updates!r:.80}")
+    return updates
+
+
 def mean(updates: torch.Tensor, w=None, state=None) -> torch.Tensor:
     """No defence: the plain average of the updates."""
-    return updates.mean(dim=0)
+    return check_updates(updates).mean(dim=0)
 
 
 def coordinate_median(updates: torch.Tensor, w=None, state=None) -> torch.Tensor:
     """Coordinate-wise median of the rows (Yin et al. 2018)."""
+    updates = check_updates(updates)
     return updates.median(dim=0).values if len(updates) % 2 else updates.quantile(0.5, dim=0)
 
 
@@ -142,7 +156,7 @@ def trimmed_mean(updates: torch.Tensor, w=None, state=None, trim: float = 0.2) -
     the rest (Yin et al. 2018)."""
     if not 0 <= trim < 0.5:
         raise ValueError(f"trim is the share cut from each end: from 0 to under 0.5, got {trim!r}")
-    k = int(trim * len(updates))  # under half of them from each end: some are left
+    k = int(trim * len(check_updates(updates)))  # under half of them from each end: some are left
     ordered = updates.sort(dim=0).values
     return ordered[k:len(updates) - k].mean(dim=0)
 
@@ -150,7 +164,9 @@ def trimmed_mean(updates: torch.Tensor, w=None, state=None, trim: float = 0.2) -
 def krum(updates: torch.Tensor, w=None, state=None, byzantine: int = 1) -> torch.Tensor:
     """Krum (Blanchard et al. 2017): the update whose n - f - 2 nearest neighbours are closest
     (sum of squared distances), for at most f = ``byzantine`` Byzantine updates."""
-    n = len(updates)
+    n = len(check_updates(updates))
+    if isinstance(byzantine, bool) or not isinstance(byzantine, int) or byzantine < 0:
+        raise ValueError(f"byzantine (f) must be a whole number of 0 or more, got {byzantine!r}")
     closest = n - byzantine - 2
     if closest < 1:
         raise ValueError(f"Krum needs n - f - 2 >= 1, got n = {n}, f = {byzantine}")
@@ -165,7 +181,7 @@ def norm_check(updates: torch.Tensor, w=None, state=None, factor: float = 2.0) -
     if not factor >= 1:
         raise ValueError(f"factor must be 1 or more (under 1 it can keep no update), got "
                          f"{factor!r}")
-    norms = updates.norm(dim=1)
+    norms = check_updates(updates).norm(dim=1)
     return updates[norms <= factor * norms.median()].mean(dim=0)
 
 
@@ -177,7 +193,7 @@ def validation_check(updates: torch.Tensor, w, state=None, *, validation, margin
     if not margin >= 0:
         raise ValueError(f"margin must be 0 or more (below 0 it can keep no update), got "
                          f"{margin!r}")
-    scores = torch.tensor([model.accuracy(w + u, *validation) for u in updates])
+    scores = torch.tensor([model.accuracy(w + u, *validation) for u in check_updates(updates)])
     return updates[scores >= scores.median() - margin].mean(dim=0)
 
 
@@ -192,7 +208,7 @@ def dp_mean(clip: float, noise: float, seed: int = 0):
     def aggregate(updates, w=None, state=None):
         state = {} if state is None else state
         generator = state.setdefault("noise", torch.Generator().manual_seed(seed))
-        m = len(updates)
+        m = len(check_updates(updates))
         clipped = torch.stack([clip_and_noise(u, clip, 0.0) for u in updates])
         return clipped.mean(dim=0) + noise * clip / m * torch.randn(
             updates.shape[1], generator=generator, dtype=updates.dtype)

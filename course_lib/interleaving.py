@@ -23,6 +23,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from course_lib.cost_models.laws import check_count, check_sizes
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
 
@@ -196,6 +197,10 @@ def interleaved_order(rank: int, p: int, v: int, m: int) -> list[tuple[str, int,
     it): ("forward" or "backward", local chunk, micro-batch). Micro-batches go in groups of p;
     within a group every chunk in turn; backward visits the chunks in reverse. A warm-up of
     2 (p - rank - 1) + (v - 1) p forwards, then one forward and one backward in turn."""
+    for name, value in (("p", p), ("v", v), ("m", m)):
+        check_count(name, value)
+    if not (isinstance(rank, int) and 0 <= rank < p):
+        raise ValueError(f"rank must be one of 0 to p - 1 = {p - 1}, got {rank!r}")
     if m % p:
         raise ValueError(f"interleaved 1F1B needs micro-batches in groups of p: m = {m} is not "
                          f"a multiple of p = {p}")
@@ -222,6 +227,9 @@ def simulate_interleaved(p: int, v: int, m: int, forward: float = 1.0, backward:
     previous piece; backward of the next, or the last piece's own forward). Returns the
     ``spans`` (rank, start, duration, kind) and the idle fraction ``bubble``."""
     orders = [interleaved_order(r, p, v, m) for r in range(p)]
+    check_sizes("forward, backward and overhead", [forward, backward, overhead])
+    if not forward + backward + overhead > 0:
+        raise ValueError("every action takes no time: there is no step to divide the idle by")
     done, free, position, spans = {}, [0.0] * p, [0] * p, []
     last = p * v - 1
     while any(position[r] < len(orders[r]) for r in range(p)):

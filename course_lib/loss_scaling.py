@@ -20,11 +20,26 @@ def update_scale(scale: float, growth_tracker: int, found_inf: bool, *,
 
     An inf/NaN: back off (scale x backoff_factor) and start counting again. A clean step: count
     it; after ``growth_interval`` clean steps in a row, grow (scale x growth_factor)."""
+    check_rule(growth_factor, backoff_factor, growth_interval, growth_tracker)
     if found_inf:
         return scale * backoff_factor, 0
     if growth_tracker + 1 == growth_interval:
         return scale * growth_factor, 0
     return scale, growth_tracker + 1
+
+
+def check_rule(growth_factor: float, backoff_factor: float, growth_interval: int,
+               growth_tracker: int = 0) -> None:
+    """Refuse a rule that torch.amp.GradScaler refuses, naming the settings, and a count of
+    clean steps that is not 0 to ``growth_interval`` - 1."""
+    if not (growth_factor > 1 and 0 < backoff_factor < 1 and isinstance(growth_interval, int)
+            and growth_interval >= 1):
+        raise ValueError(f"as torch.amp.GradScaler asks: growth_factor > 1, 0 < "
+                         f"backoff_factor < 1 and growth_interval a whole number >= 1; got "
+                         f"{growth_factor}, {backoff_factor} and {growth_interval!r}")
+    if not (isinstance(growth_tracker, int) and 0 <= growth_tracker < growth_interval):
+        raise ValueError(f"growth_tracker counts clean steps since the last change: 0 to "
+                         f"growth_interval - 1 = {growth_interval - 1}, got {growth_tracker!r}")
 
 
 class LossScaler:
@@ -43,10 +58,7 @@ class LossScaler:
                  growth_interval: int = 2000):
         if not 0 < init_scale < float("inf"):
             raise ValueError(f"init_scale must be positive and finite, got {init_scale}")
-        if not (growth_factor > 1 and 0 < backoff_factor < 1 and growth_interval >= 1):
-            raise ValueError(f"as torch.amp.GradScaler asks: growth_factor > 1, 0 < "
-                             f"backoff_factor < 1 and growth_interval >= 1; got {growth_factor}, "
-                             f"{backoff_factor} and {growth_interval}")
+        check_rule(growth_factor, backoff_factor, growth_interval)
         self.scale_value, self.dynamic = float(init_scale), dynamic
         self.rule = dict(growth_factor=growth_factor, backoff_factor=backoff_factor,
                          growth_interval=growth_interval)

@@ -276,4 +276,7 @@ class Int4Compressor:
 def qsgd_variance_bound(d: int, s: int) -> float:
     """QSGD's bound on E||Q(g) - g||^2 / ||g||^2 for d numbers (a bucket's) and s levels
     (Alistarh et al. 2017, Lemma 3.1): min(d / s^2, sqrt(d) / s)."""
+    for name, value in (("d", d), ("s", s)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
     return min(d / s**2, math.sqrt(d) / s)

@@ -38,7 +38,8 @@ def _check_alpha(alpha):
 
 def _check(labels, clients):
     labels = np.asarray(labels)
-    if not isinstance(clients, int) or not 1 <= clients <= len(labels):
+    if isinstance(clients, bool) or not isinstance(clients, int) or \
+            not 1 <= clients <= len(labels):
         raise PartitionError(f"clients must be an int between 1 and {len(labels)} (the number "
                              f"of rows), got {clients!r}")
     return labels
@@ -186,10 +187,18 @@ def quantity_skew(labels, clients: int, alpha: float = 1.0, min_size: int = 1,
 
 
 def label_counts(labels, parts, num_classes: int | None = None) -> np.ndarray:
-    """clients x classes matrix of how many rows of each label each client holds."""
+    """clients x classes matrix of how many rows of each label each client holds (``parts``:
+    each client's row indices; ``num_classes``: default the largest label + 1)."""
     labels = np.asarray(labels)
-    num_classes = num_classes or int(labels.max()) + 1
-    return np.stack([np.bincount(labels[p.numpy()], minlength=num_classes) for p in parts])
+    if num_classes is None:
+        num_classes = int(labels.max()) + 1 if labels.size else 0
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1 \
+            or (labels.size and not 0 <= labels.min() <= labels.max() < num_classes):
+        raise PartitionError(f"labels must be classes 0 to num_classes - 1, at least one: got "
+                             f"num_classes={num_classes!r}, labels from {labels.min(initial=0)} "
+                             f"to {labels.max(initial=0)}")
+    return np.stack([np.bincount(labels[np.asarray(p, dtype=int)], minlength=num_classes)
+                     for p in parts])
 
 
 def earth_movers_distance(counts: np.ndarray) -> np.ndarray:

@@ -58,12 +58,15 @@ def reference_gradients(pieces, x, y):
     model.zero_grad()
     loss = torch.nn.functional.cross_entropy(model(x), y)
     loss.backward()
-    return loss.item(), [p.grad.clone() for p in model.parameters()]
+    return loss.item(), [None if p.grad is None else p.grad.clone()  # None: frozen, as in torch
+                         for p in model.parameters()]
 
 
-def _output_width(piece) -> int:
-    """Width of the activation a piece sends on: its last linear layer's outputs."""
-    return [m for m in piece if isinstance(m, torch.nn.Linear)][-1].out_features
+def _output_width(pieces, x) -> int:
+    """Width of the activation ``pieces`` send on: their last linear layer's outputs (the layers
+    between keep the width), or the input's when none has one."""
+    linear = [m for piece in pieces for m in piece if isinstance(m, torch.nn.Linear)]
+    return linear[-1].out_features if linear else x.shape[-1]
 
 
 # -- one stage on its rank -------------------------------------------------------------------------
@@ -99,7 +102,7 @@ class Stage:
         self.module = pieces[self.index].to(self.dev)
         self.module.zero_grad()
         self.first, self.last = self.index == 0, self.index == self.stages - 1
-        self.in_width = None if self.first else _output_width(pieces[self.index - 1])
+        self.in_width = None if self.first else _output_width(pieces[:self.index], x)
         self.xs = x.to(self.dev).tensor_split(micro_batches)
         self.ys = y.to(self.dev).tensor_split(micro_batches)
         self.batch, self.hold = len(x), (forward_seconds, backward_seconds)
@@ -137,7 +140,8 @@ class Stage:
         grad_out = None if self.last else self._receive(("gradient", i), torch.empty_like(out),
                                                         self.index + 1)
         start = time.time()
-        out.backward(grad_out)
+        if out.requires_grad or self.last:  # a first stage that is all frozen has nothing to do
+            out.backward(grad_out)
         self._done("backward", start)
         if not self.first:
             k = following[1] if following and following[0] == "forward" else None
@@ -182,7 +186,8 @@ class Stage:
         """Wait for the last sends; this stage's gradients, loss, action order and timeline."""
         for request in self.pending:
             request.wait()
-        return dict(stage=self.index, grads=[p.grad.clone() for p in self.module.parameters()],
+        grads = [None if p.grad is None else p.grad.clone() for p in self.module.parameters()]
+        return dict(stage=self.index, grads=grads,
                     loss=self.loss if self.last else None, micro_losses=self.micro_losses,
                     order=self.order, timeline=self.timeline, peak_activations=self.peak)
 

@@ -24,6 +24,9 @@ def run_torch_pipeline(pieces, x, y, micro_batches: int, schedule: str = "1F1B",
     this stage's gradients, to compare with :func:`run_pipeline`."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+    kinds = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
+    if schedule not in kinds:
+        raise ValueError(f"unknown schedule {schedule!r}: use one of {sorted(kinds)}")
     if len(x) % check_whole("micro_batches", micro_batches):
         raise ValueError(f"torch.distributed.pipelining cuts the batch into micro-batches and "
                          f"averages their losses with equal weights: a batch of {len(x)} does "
@@ -33,8 +36,7 @@ def run_torch_pipeline(pieces, x, y, micro_batches: int, schedule: str = "1F1B",
     module = pieces[stage].to(dev)
     module.zero_grad()
     pipe_stage = PipelineStage(module, stage, stages, dev, group=group)
-    kind = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}[schedule]
-    runner = kind(pipe_stage, micro_batches, loss_fn=torch.nn.functional.cross_entropy)
+    runner = kinds[schedule](pipe_stage, micro_batches, loss_fn=torch.nn.functional.cross_entropy)
     losses = []
     if stage == 0:
         runner.step(x.to(dev))
@@ -43,7 +45,8 @@ def run_torch_pipeline(pieces, x, y, micro_batches: int, schedule: str = "1F1B",
     else:
         runner.step()
     return dict(stage=stage, micro_losses=[loss.item() for loss in losses],
-                grads=[p.grad.detach().clone() for p in module.parameters()])
+                grads=[None if p.grad is None else p.grad.detach().clone()  # None: frozen
+                       for p in module.parameters()])
 
 
 class StageModule(torch.nn.Module):

@@ -18,6 +18,8 @@ each of ``METHODS``, with the bytes each rank sends and the largest error::
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -41,6 +43,10 @@ def stochastic_round(x: torch.Tensor, generator: torch.Generator | None = None) 
 def quantize(x: torch.Tensor, scale: float, *, stochastic: bool = True,
              generator: torch.Generator | None = None) -> torch.Tensor:
     """int8 codes q with q * scale ~ x (|x| <= 127 scale for every entry)."""
+    if not torch.isfinite(x).all():
+        raise ValueError("x has inf or NaN entries: int8 codes and their scale need finite ones")
+    if not (isinstance(scale, float | int) and 0 < scale < math.inf):
+        raise ValueError(f"scale must be a positive, finite number, got {scale!r}")
     levels = x / scale
     rounded = stochastic_round(levels, generator) if stochastic else torch.round(levels)
     return rounded.clamp(-INT8_LEVELS, INT8_LEVELS).to(torch.int8)
@@ -78,7 +84,12 @@ def quantized_all_reduce(x: torch.Tensor, *, stochastic: bool = True, seed: int 
 
 def simulate_quantized_sum(tensors, *, stochastic: bool = True, seed: int = 0) -> torch.Tensor:
     """What :func:`quantized_all_reduce` computes, on one process from every rank's tensor."""
-    scale = max(t.abs().max().item() for t in tensors) / INT8_LEVELS
+    if not tensors or len({t.shape for t in tensors}) > 1:
+        raise ValueError(f"give one tensor per rank, all of one shape, got "
+                         f"{[tuple(t.shape) for t in tensors]}")
+    scale = max(t.abs().max().item() if t.numel() else 0.0 for t in tensors) / INT8_LEVELS
+    if scale == 0.0:  # every rank holds zeros, as in quantized_all_reduce
+        return torch.zeros_like(tensors[0])
     codes = [quantize(t.double(), scale, stochastic=stochastic,
                       generator=torch.Generator().manual_seed(seed * 1009 + rank))
              for rank, t in enumerate(tensors)]
@@ -109,6 +120,8 @@ def to_fp8(x: torch.Tensor, dtype, scaled: bool = True) -> tuple[torch.Tensor, f
     tensor's largest entry lands on the format's largest value (an all-zero tensor keeps scale 1:
     its codes are zeros). Returns (codes, scale)."""
     largest = x.abs().max().item() if x.numel() else 0.0
+    if scaled and not math.isfinite(largest):
+        raise ValueError("x has inf or NaN entries: a per-tensor scale needs a finite max |x|")
     scale = torch.finfo(dtype).max / largest if scaled and largest > 0 else 1.0
     return (x * scale).to(dtype), scale
 
@@ -122,10 +135,15 @@ def fp8_matmul(a: torch.Tensor, b: torch.Tensor, dtype, scaled: bool = True) -> 
 
 
 def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> float:
-    """||approx - exact|| / ||exact|| (Frobenius); inf when approx has infs or NaNs."""
+    """||approx - exact|| / ||exact|| (Frobenius); inf when approx has infs or NaNs, or differs
+    from an all-zero ``exact``."""
+    if approx.shape != exact.shape:
+        raise ValueError(f"approx and exact differ in shape: {tuple(approx.shape)} and "
+                         f"{tuple(exact.shape)}")
     if not torch.isfinite(approx).all():
         return float("inf")
-    return ((approx.double() - exact.double()).norm() / exact.double().norm()).item()
+    error, size = (approx.double() - exact.double()).norm(), exact.double().norm()
+    return (error / size).item() if size > 0 else (0.0 if error == 0 else float("inf"))
 
 
 # -- lesson 7's sums, as a command -----------------------------------------------------------------

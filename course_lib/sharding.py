@@ -47,7 +47,7 @@ def fsdp_parameter_bytes(model_fn, group=None, example=None) -> dict:
     n = dist.get_world_size(group)
     # each gradient is sharded like its parameter: at most ceil(numel / N) entries here
     grads_sharded = all(p.grad.to_local().numel() <= -(-p.numel() // n)
-                        for p in model.parameters())
+                        for p in model.parameters() if p.grad is not None)  # None: frozen
     return dict(rank=dist.get_rank(group), local_bytes=local, total_bytes=total,
                 grads_sharded=grads_sharded)
 

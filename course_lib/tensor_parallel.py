@@ -98,6 +98,10 @@ def shard_mlp(model, rank: int, world_size: int) -> dict:
     """This rank's pieces of the unsplit MLP: a block of fc1's rows (columns of A) with its bias
     slice, the matching block of fc2's columns (rows of B), and fc2's bias (added once)."""
     hidden = model.fc1.out_features
+    if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int)
+            and 0 <= rank < world_size):
+        raise ValueError(f"need world_size >= 1 and rank in 0..world_size - 1, got rank {rank!r} "
+                         f"of {world_size!r}")
     if hidden % world_size:
         raise ValueError(f"{hidden} hidden units do not split evenly over {world_size} ranks")
     rows = slice(rank * hidden // world_size, (rank + 1) * hidden // world_size)

@@ -114,6 +114,11 @@ def test_the_simulator_refuses_times_that_go_negative(problem):
     for kwargs in (dict(pad=-1.0), dict(jitter=2.0), dict(latency=-0.1), dict(pad={1: -0.1})):
         with pytest.raises(ValueError, match="compute times and latency are zero or more"):
             a.simulate_parameter_server(problem, 1, sgd(0.1), gradients=3, **kwargs)
+    # a worker that takes no time never lets a seconds limit come: refused, not a hang
+    with pytest.raises(ValueError, match="a seconds limit needs time to pass"):
+        a.simulate_parameter_server(problem, 2, sgd(0.1), gradients=10**9, seconds=1.0, pad=0.0)
+    out = a.simulate_parameter_server(problem, 2, sgd(0.1), gradients=3, pad=0.0)  # no limit
+    assert out["iterate_gradients"][-1] == 3
 
 
 def test_convergence_and_cut_spans_read_a_run(problem):

@@ -34,6 +34,11 @@ def every_variant():
             x = rank_input(dist.get_rank(), numel, dtype)
             for name, fn in {**C.ALL_REDUCES, "torch": C.torch_all_reduce}.items():
                 out[name, dtype, numel] = fn(x)
+    # a transposed gradient, not contiguous: dist.all_reduce takes it, and so does each of ours
+    x = rank_input(dist.get_rank(), 12, torch.float64).reshape(3, 4).T
+    expected = x.clone()
+    dist.all_reduce(expected)
+    out["transposed"] = expected, {name: fn(x)[0] for name, fn in C.ALL_REDUCES.items()}
     return out
 
 
@@ -51,6 +56,10 @@ def test_every_all_reduce_equals_dist_all_reduce_for_any_length_and_dtype(world_
                     got = res[name, dtype, numel][0]
                     assert got.dtype == dtype and got.shape == (numel,)
                     torch.testing.assert_close(got, library, msg=f"{name}, rank {rank}, n={numel}")
+    for expected, got in (res["transposed"] for res in results):
+        for name, t in got.items():
+            assert t.shape == (4, 3), name
+            torch.testing.assert_close(t, expected, msg=name)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -98,6 +107,10 @@ def time_two_sizes():
 def test_time_all_reduce_returns_repeats_per_size():
     times = launch(time_two_sizes, 2)
     assert set(times[0]) == {4, 4096} and all(len(v) == 2 for v in times[0].values())
+    for kwargs, named in ((dict(repeats=0), "repeats"), (dict(warmup=-1), "warmup"),
+                          (dict(numels=[4.0]), "each length in numels")):
+        with pytest.raises(ValueError, match=named):  # refused before any message
+            C.time_all_reduce(C.ring_all_reduce, **{"numels": [4], **kwargs})
 
 
 def _all_to_all_and_back(x, group=None):

@@ -104,8 +104,9 @@ def test_shard_rows_cover_every_row_once_in_near_equal_shards():
     assert not torch.equal(torch.cat(shuffled), torch.arange(100))
     assert all(torch.equal(a, b) for a, b in zip(shuffled, data.shard_rows(100, 3, seed=1),
                                                  strict=True))
-    with pytest.raises(ValueError, match="1 <= p <= n"):
-        data.shard_rows(5, 6)
+    for n, p in ((5, 6), (10, 2.5), (10, True)):
+        with pytest.raises(ValueError, match="need whole numbers 1 <= p <= n"):
+            data.shard_rows(n, p)
 
 
 def test_batch_rows_are_reproducible_and_drawn_from_the_shard():

@@ -48,6 +48,10 @@ def test_graph_mistakes_are_named():
         dec.mixing_matrix({0: [0]})
     with pytest.raises(ValueError, match="nodes must be"):
         dec.mixing_matrix({1: [2], 2: [1]})
+    # a ring of two built as a ring of n, (i - 1) % n and (i + 1) % n: the same edge twice, which
+    # gossip would add twice (rows summing to 4/3, diverging) while the matrix counts degree 2
+    with pytest.raises(ValueError, match=r"node 0 lists neighbour\(s\) \[1\] more than once"):
+        dec.mixing_matrix({i: [(i - 1) % 2, (i + 1) % 2] for i in range(2)})
     with pytest.raises(ValueError, match="unknown rule"):
         dec.mixing_matrix(RING_4, "max")
 

@@ -29,7 +29,7 @@ def test_the_gates_are_the_top_k_probabilities_renormalised_when_k_is_two():
     experts, gates, _ = ex.route(logits, 2)
     assert experts.tolist() == [[1, 2], [0, 1]] or experts.tolist() == [[1, 2], [0, 2]]
     torch.testing.assert_close(gates.sum(dim=-1), torch.ones(2))
-    for k in (0, 4):
+    for k in (0, 4, 1.5, True):
         with pytest.raises(ValueError, match="k must be between 1 and the number of experts"):
             ex.route(logits, k)
 
@@ -37,7 +37,7 @@ def test_the_gates_are_the_top_k_probabilities_renormalised_when_k_is_two():
 def test_capacity_is_the_factor_times_an_even_share():
     assert ex.capacity(10, 4, 2, 1.0) == 5 and ex.capacity(10, 4, 2, 1.25) == 7
     assert ex.capacity(1, 8, 1, 1.0) == 1
-    for factor in (0, -1.0):
+    for factor in (0, -1.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="capacity factor must be positive"):
             ex.capacity(10, 4, 2, factor)
     for args in ((10, 0, 1), (10, 4, 0), (-1, 4, 1)):  # 0 experts divided by zero

@@ -26,6 +26,17 @@ def test_a_least_squares_gradient_gives_the_input_back_exactly():
     grad_w, grad_b, x_hat = sec.least_squares_leak(x, 3.0, w, b=0.5)
     torch.testing.assert_close(x_hat, x)
     assert torch.nn.functional.cosine_similarity(grad_w, x, dim=0).abs() == pytest.approx(1)
+    with pytest.raises(ValueError, match="residual .* is 0: the gradient is zero and leaks"):
+        sec.least_squares_leak(torch.tensor([1.0, 2.0]), 3.0, torch.tensor([1.0, 1.0]))
+
+
+def test_a_frozen_parameter_sends_no_gradient_and_the_attack_matches_the_rest():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+    model[0].bias.requires_grad_(False)  # frozen: the client has no gradient of it to send
+    grads = sec.shared_gradient(model, torch.randn(4), torch.tensor(1))
+    assert [g.shape for g in grads] == [(3, 4), (2, 3), (2,)]
+    assert sec.deep_leakage(model, grads, steps=2).shape == (4,)
 
 
 def test_deep_leakage_reconstructs_a_digit_from_its_gradient(digits):
@@ -83,6 +94,11 @@ def test_coordinate_median_and_trimmed_mean_ignore_outliers():
         with pytest.raises(ValueError, match="trim is the share cut from each end: from 0 to"):
             sec.trimmed_mean(updates, trim=trim)
     torch.testing.assert_close(sec.trimmed_mean(updates, trim=0.49), torch.tensor([1.1, 1.9]))
+    for rule in (sec.mean, sec.coordinate_median, sec.trimmed_mean, sec.krum, sec.norm_check,
+                 sec.dp_mean(1.0, 0.0)):  # no update, or not one row per client
+        for bad in (torch.empty(0, 2), torch.ones(3)):
+            with pytest.raises(ValueError, match="updates must be one row per client"):
+                rule(bad)
 
 
 def test_krum_picks_an_honest_update_and_norm_check_drops_the_boosted_one():
@@ -100,6 +116,9 @@ def test_krum_picks_an_honest_update_and_norm_check_drops_the_boosted_one():
             sec.norm_check(updates, factor=factor)
     with pytest.raises(ValueError, match="n - f - 2"):
         sec.krum(updates[:3], byzantine=1)
+    for f in (-5, 1.5, True):
+        with pytest.raises(ValueError, match="byzantine .f. must be a whole number of 0 or more"):
+            sec.krum(updates, byzantine=f)
 
 
 def test_attacks_scale_or_flip_the_update():

@@ -17,8 +17,8 @@ from test_grading import WRONG, _tiny_lesson, short_limit
 
 from course_lib.exercises import editions, gradebook, roster
 
-HEAD = ["student", "tiny:exercise-1", "tiny:exercise-2", "tiny2:exercise-1", "tiny2:exercise-2",
-        "tiny", "tiny2", "total", "points", "notes"]
+HEAD = ["student", "name", "tiny:exercise-1", "tiny:exercise-2", "tiny2:exercise-1",
+        "tiny2:exercise-2", "tiny", "tiny2", "total", "points", "notes"]
 
 
 def _class(tmp_path) -> tuple[Path, Path]:
@@ -57,10 +57,10 @@ def _scores(rows):
     return [[r[h] for h in HEAD[:-1]] for r in rows]
 
 
-EXPECTED = [["alice", "1", "1", "1", "1", "2", "2", "4", "4"],
-            ["bob", "0", "0", "0", "0", "0", "0", "0", "4"],
-            ["carol", "", "", "1", "1", "0", "2", "2", "4"],
-            ["dave", "", "", "1", "1", "0", "2", "2", "4"]]
+EXPECTED = [["alice", "alice", "1", "1", "1", "1", "2", "2", "4", "4"],
+            ["bob", "bob", "0", "0", "0", "0", "0", "0", "0", "4"],
+            ["carol", "carol", "", "", "1", "1", "0", "2", "2", "4"],
+            ["dave", "dave", "", "", "1", "1", "0", "2", "2", "4"]]
 
 
 def test_a_class_gives_its_gradebook_cell_by_cell_and_one_bad_submission_stops_nothing(
@@ -79,7 +79,7 @@ def test_a_class_gives_its_gradebook_cell_by_cell_and_one_bad_submission_stops_n
     assert "tiny: not graded: not a valid notebook" in notes["dave"]
     assert "notes.txt: not graded: not a notebook" in notes["dave"]
     moodle = list(csv.DictReader(open(out / "gradebook-moodle.csv", newline="")))
-    assert [list(r.values()) for r in moodle] == [[r[0], r[5], r[6], r[7]] for r in EXPECTED]
+    assert [list(r.values()) for r in moodle] == [[r[1], r[6], r[7], r[8]] for r in EXPECTED]
     per_exercise = {(r["lesson"], r["exercise"]): r for r in
                     csv.DictReader(open(out / "exercises.csv", newline=""))}
     assert per_exercise["tiny", "exercise-2"]["graded"] == "2"  # alice's and bob's
@@ -113,7 +113,39 @@ def test_two_jobs_and_two_shards_give_the_serial_gradebook(tmp_path):
         gradebook.grade_class(submissions, lessons, serial, shard=(2, 2))
 
 
-def test_the_layouts_a_class_comes_in(tmp_path):
+def test_names_that_look_alike_an_empty_folder_and_a_stray_notebook_each_get_their_row(
+        tmp_path):
+    lessons, submissions = tmp_path / "lessons", tmp_path / "class"
+    lessons.mkdir()
+    for name in ("tiny", "tiny2"):
+        _tiny_lesson(lessons / f"{name}.ipynb")
+    editions.release(lessons, tmp_path / "student")
+    for name in ("Anna Lee", "Anna_Lee", "李明"):
+        (submissions / name).mkdir(parents=True)
+    shutil.copy(lessons / "tiny.ipynb", submissions / "Anna Lee" / "tiny.ipynb")  # right
+    shutil.copy(tmp_path / "student" / "notebooks" / "tiny.ipynb",
+                submissions / "Anna_Lee" / "tiny.ipynb")  # untouched; 李明 submitted nothing
+    shutil.copy(lessons / "tiny.ipynb", submissions / "tiny.ipynb")  # uploaded to the wrong place
+    assert roster.layout(submissions) == "students"  # not one student: a class and a stray file
+    found = roster.entries(submissions, tmp_path / "u")
+    assert len({e.student for e in found}) == 4 and [e.name for e in found] == [
+        "Anna Lee", "Anna_Lee", "tiny", "李明"]
+    assert found[-1].path is None and found[1].student == "Anna_Lee" == found[1].name
+    out = tmp_path / "reports"
+    gradebook.grade_class(submissions, lessons, out, cell_timeout=60, sandboxed=False)
+    with open(out / "gradebook.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        rows = {r["name"]: r for r in reader}
+    assert "tiny2" not in reader.fieldnames  # nobody submitted it: not this homework
+    assert {n: (r["total"], r["points"]) for n, r in rows.items()} == {
+        "Anna Lee": ("2", "2"), "Anna_Lee": ("0", "2"), "tiny": ("0", "2"), "李明": ("0", "2")}
+    assert rows["李明"]["notes"] == "tiny: missing" and rows["李明"]["student"] == "李明"
+    assert rows["tiny"]["notes"].startswith("tiny: not graded: beside the student folders")
+    moodle = list(csv.DictReader(open(out / "gradebook-moodle.csv", newline="")))
+    assert sorted(r["username"] for r in moodle) == sorted(rows)  # the names, as given
+
+
+def test_the_layouts_a_class_comes_in(tmp_path, capsys):
     one = tmp_path / "alice"
     one.mkdir()
     (one / "tiny.ipynb").write_text("{}")
@@ -139,10 +171,14 @@ def test_the_layouts_a_class_comes_in(tmp_path):
         z.writestr("../../roedan_77_81_tiny2.ipynb", "{}")  # a path: only its base name counts
         z.writestr("roedan_77_82_../../evil.ipynb", "{}")  # no Canvas name once the path goes
         z.writestr("readme.txt", "not a submission")
+        z.writestr("garcíajosé_5_6_tiny.ipynb", "{}")  # a name with an accent: still hers
     assert roster.layout(archive) == "canvas zip"
     found = roster.entries(archive, tmp_path / "unpacked")
     assert [(e.student, e.path.name) for e in found] == [
-        ("doejane_1234", "tiny.ipynb"), ("roedan_77", "tiny.ipynb"), ("roedan_77", "tiny2.ipynb")]
+        ("doejane_1234", "tiny.ipynb"), ("garcíajosé_5", "tiny.ipynb"), ("roedan_77", "tiny.ipynb"),
+        ("roedan_77", "tiny2.ipynb")]
+    said = capsys.readouterr().err  # what was passed over is printed, not dropped in silence
+    assert "passed over 2 member(s)" in said and "readme.txt" in said and "evil" in said
     assert found[0].path.read_text() == '{"late": 1}'  # the latest submission of the file
     assert all(tmp_path / "unpacked" in e.path.parents for e in found)
     os.utime(found[0].path, ns=(10**9, 10**9))  # a second shard unpacking the same zip

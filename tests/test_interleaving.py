@@ -127,6 +127,14 @@ def test_each_rank_runs_every_chunk_and_micro_batch_once_each_way():
             assert order.index(("forward", c, i)) < order.index(("backward", c, i))
     with pytest.raises(ValueError, match="multiple of p"):
         il.interleaved_order(0, 2, 2, 3)
+    for args, named in (((0, 0, 1, 4), "p must be"), ((0, 2, 0, 4), "v must be"),
+                        ((0, 2, 1, 0), "m must be"), ((5, 2, 1, 2), "rank must be one of 0 to")):
+        with pytest.raises(ValueError, match=named):
+            il.interleaved_order(*args)
+    for args, named in (((2, 1, 0), "m must be"), ((2, 2, 2, 0.0, 0.0), "takes no time"),
+                        ((2, 2, 2, -1.0), "must be zero or more")):
+        with pytest.raises(ValueError, match=named):
+            il.simulate_interleaved(*args)
 
 
 def test_a_per_action_overhead_lengthens_the_step_but_not_the_formula():

@@ -135,6 +135,9 @@ def test_qsgd_decodes_the_same_mean_as_one_process_and_is_unbiased_within_its_bo
     variance = ((draws - g) ** 2).sum(dim=1).mean() / g.norm() ** 2
     assert variance <= L.qsgd_variance_bound(22, 3)
     assert L.qsgd_variance_bound(22, 3) == min(22 / 9, math.sqrt(22) / 3)
+    for d, s in ((22, 0), (-1, 3), (22, 1.5)):
+        with pytest.raises(ValueError, match="must be a whole number of at least 1"):
+            L.qsgd_variance_bound(d, s)
     # buckets of 4: a norm each, six of them sent; the bound is a bucket's, and far lower
     bucketed = L.QSGDCompressor(s=3, bucket=4)
     codes, norms = bucketed.encode(g, torch.Generator().manual_seed(0))

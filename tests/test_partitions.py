@@ -41,6 +41,19 @@ def test_iid_and_per_client_dirichlet_sizes_differ_by_at_most_one(labels):
         assert max(sizes) - min(sizes) <= 1
 
 
+def test_label_counts_count_each_clients_labels_and_name_labels_out_of_range():
+    labels = np.array([0, 1, 1, 2])
+    expected = np.array([[1, 1, 0, 0], [0, 1, 1, 0]])
+    for parts in ([torch.tensor([0, 1]), torch.tensor([2, 3])], [[0, 1], [2, 3]]):
+        assert (pt.label_counts(labels, parts, num_classes=4) == expected).all()
+    assert pt.label_counts(labels, [[0, 1], [2, 3]]).shape == (2, 3)
+    for num_classes in (2, 0, True, 2.5):  # a label 2 needs 3 classes or more
+        with pytest.raises(pt.PartitionError, match="labels must be classes 0 to num_classes"):
+            pt.label_counts(labels, [[0, 1]], num_classes=num_classes)
+    with pytest.raises(pt.PartitionError, match="clients must be"):
+        pt.iid(labels, True)
+
+
 def test_label_shards_give_each_client_at_most_two_labels(labels):
     parts = pt.label_shards(labels, 20, shards_per_client=2)
     counts = pt.label_counts(labels, parts)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from course_lib import launch
+from course_lib import WorkerError, launch
 from course_lib import pipeline as pp
 from course_lib.cost_models import bubble_fraction, idle_fraction, pipeline_timeline
 from course_lib.models import mlp
@@ -92,6 +92,32 @@ def test_pipeline_on_two_ranks_gives_the_single_process_loss_and_gradients(batch
     for r in results:
         assert r["order"] == pp.SCHEDULES[schedule](r["stage"], 2, m)
         assert r["peak_activations"] == pp.peak_live_activations(r["order"])
+
+
+def test_frozen_parameters_and_a_stage_without_weights_match_one_process(batch):
+    x, y = batch
+    frozen = mlp_stages(2, width=16)
+    for q in frozen[0].parameters():  # a frozen first stage, as when fine-tuning a backbone
+        q.requires_grad_(False)
+    next(frozen[1].parameters()).requires_grad_(False)
+    # a first piece without weights (and without a linear layer to give its width)
+    bare = [torch.nn.Sequential(torch.nn.Tanh()), *mlp_stages(1, width=16)]
+    for pieces in (frozen, bare):
+        loss, grads = pp.reference_gradients(pieces, x, y)
+        results = launch(pp.run_pipeline, 2, args=(pieces, x, y, 4, "1F1B"))
+        assert results[1]["loss"] == pytest.approx(loss, abs=1e-12)
+        got = results[0]["grads"] + results[1]["grads"]
+        assert [g is None for g in got] == [q.grad is None for q in
+                                            torch.nn.Sequential(*pieces).parameters()]
+        for g, want in zip(got, grads, strict=True):
+            torch.testing.assert_close(g, want, atol=1e-10, rtol=0)  # None where frozen
+        assert sum(g is None for g in got) == (5 if pieces is frozen else 0)  # 4 + 1 frozen
+    one = mlp_stages(2, width=16)
+    next(one[1].parameters()).requires_grad_(False)
+    theirs = launch(pp.run_torch_pipeline, 2, args=(one, x, y, 4))
+    assert theirs[1]["grads"][0] is None and theirs[1]["grads"][1] is not None
+    with pytest.raises(WorkerError, match="unknown schedule 'gpipe'"):
+        launch(pp.run_torch_pipeline, 2, args=(one, x, y, 4, "gpipe"))
 
 
 def test_measured_bubble_and_spans_from_a_timeline():

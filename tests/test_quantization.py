@@ -103,6 +103,25 @@ def test_scaled_fp8_keeps_small_matrices_that_unscaled_fp8_flushes():
     e5m2 = qz.relative_error(qz.fp8_matmul(a, b, torch.float8_e5m2), exact)
     assert e4m3 < e5m2  # one more mantissa bit
     assert math.isinf(qz.relative_error(torch.tensor([float("inf")]), torch.tensor([1.0])))
+    assert qz.relative_error(torch.zeros(2), torch.zeros(2)) == 0.0
+    assert math.isinf(qz.relative_error(torch.ones(2), torch.zeros(2)))
+    with pytest.raises(ValueError, match="differ in shape"):
+        qz.relative_error(torch.ones(3, 1), torch.ones(3))
+    with pytest.raises(ValueError, match="needs a finite max"):
+        qz.fp8_matmul(torch.tensor([[1.0, float("inf")], [1.0, 0.0]]), torch.eye(2),
+                      torch.float8_e4m3fn)
+
+
+def test_int8_codes_refuse_what_they_cannot_represent():
+    for scale in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="scale must be a positive, finite number"):
+            qz.quantize(torch.ones(2), scale)
+    with pytest.raises(ValueError, match="inf or NaN entries"):
+        qz.simulate_quantized_sum([torch.tensor([1.0, float("inf")]), torch.ones(2)])
+    for tensors in ([], [torch.ones(2), torch.ones(3)]):
+        with pytest.raises(ValueError, match="one tensor per rank, all of one shape"):
+            qz.simulate_quantized_sum(tensors)
+    torch.testing.assert_close(qz.simulate_quantized_sum([torch.zeros(3)] * 2), torch.zeros(3))
 
 
 def test_an_all_zero_matrix_goes_through_fp8_as_zeros():

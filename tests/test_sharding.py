@@ -22,6 +22,18 @@ def test_fully_shard_keeps_about_one_nth_of_the_parameters_per_rank():
         assert r["grads_sharded"]
 
 
+def frozen_model_fn():
+    model = model_fn()
+    model[2].bias.requires_grad_(False)  # frozen: no gradient, as in torch
+    return model
+
+
+def test_a_frozen_parameter_is_sharded_and_has_no_gradient():
+    results = launch(sharding.fsdp_parameter_bytes, 2, args=(frozen_model_fn,))
+    assert sum(r["local_bytes"] for r in results) == results[0]["total_bytes"]
+    assert all(r["grads_sharded"] for r in results)
+
+
 def test_a_model_that_does_not_start_with_a_linear_takes_an_example_batch():
     from course_lib import WorkerError
     from course_lib.models import digits_cnn

@@ -54,6 +54,9 @@ def test_dtensor_colwise_rowwise_equals_the_unsplit_mlp(problem):
 def test_shard_mlp_needs_an_even_split():
     with pytest.raises(ValueError, match="do not split evenly"):
         tp.shard_mlp(feed_forward(d_hidden=63), 0, 2)
+    for rank, world_size in ((3, 2), (-1, 2), (0, 0)):  # an empty shard, or a division by 0
+        with pytest.raises(ValueError, match="rank in 0..world_size - 1"):
+            tp.shard_mlp(feed_forward(d_hidden=64), rank, world_size)
 
 
 def test_counter_starts_at_zero():

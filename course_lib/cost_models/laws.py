@@ -17,6 +17,13 @@ def check_processes(p, name: str = "p"):
     return p
 
 
+def check_count(name: str, value) -> int:
+    """``value`` itself, if it is a whole number of at least 1 (stages, micro-batches, rounds)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+    return value
+
+
 def check_sizes(name: str, value):
     """``value`` itself, if it is (or every entry of it is) a size, a time or a rate: zero or
     more, not NaN (infinity allowed: a link that never delivers)."""
@@ -93,7 +100,7 @@ def bulk_synchronous_timeline(compute_seconds, communication: float, iterations:
     from course_lib.runtime.timing import Span
 
     check_processes(len(compute_seconds), "len(compute_seconds)")
-    check_processes(iterations, "iterations"), check_sizes("communication", communication)
+    check_count("iterations", iterations), check_sizes("communication", communication)
     check_sizes("compute_seconds", compute_seconds)
     spans, t, slowest = [], 0.0, max(compute_seconds)
     for _ in range(iterations):

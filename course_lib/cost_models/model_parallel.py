@@ -2,7 +2,7 @@
 ZeRO's bytes per rank (GPipe, Megatron-LM, ZeRO). Imported by ``course_lib.cost_models``, the one
 vocabulary of the course's predictions (``p``, ``n_bytes``, ``alpha``, ``beta``, ...)."""
 
-from course_lib.cost_models.laws import check_processes, check_sizes
+from course_lib.cost_models.laws import check_count, check_processes, check_sizes
 from course_lib.cost_models.messages import all_reduce_bytes
 
 
@@ -28,7 +28,7 @@ def pipeline_timeline(p: int, micro_batches: int, schedule: str = "1F1B",
     from course_lib.pipeline_schedules import SCHEDULES
     from course_lib.runtime.timing import Span
 
-    check_processes(p), check_processes(micro_batches, "micro_batches")
+    check_count("p", p), check_count("micro_batches", micro_batches)
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
 
@@ -37,6 +37,9 @@ def pipeline_timeline(p: int, micro_batches: int, schedule: str = "1F1B",
         times[kind] = list(value) if isinstance(value, (list, tuple)) else [value] * p
         if len(times[kind]) != p:
             raise ValueError(f"{kind} needs one time per stage: {p}, got {len(times[kind])}")
+        check_sizes(kind, times[kind])
+    if not any(f + b > 0 for f, b in zip(times["forward"], times["backward"], strict=True)):
+        raise ValueError("forward and backward take no time on any stage: nothing to schedule")
     orders = [SCHEDULES[schedule](s, p, micro_batches) for s in range(p)]
     done, free, position, spans = {}, [0.0] * p, [0] * p, []  # done: (kind, stage, i) -> end
     while any(position[s] < len(orders[s]) for s in range(p)):
@@ -66,8 +69,13 @@ def idle_fraction(spans, lanes: int) -> float:
     """Idle fraction of a timeline of busy spans: 1 - busy / (lanes x makespan)."""
     if not spans:
         raise ValueError("idle_fraction needs at least one busy span")
-    check_processes(lanes, "lanes")
+    check_count("lanes", lanes)
+    if len({lane for lane, *_ in spans}) > lanes:
+        raise ValueError(f"the spans use {len({lane for lane, *_ in spans})} lanes, more than "
+                         f"lanes = {lanes}")
     makespan = max(start + duration for _, start, duration, _ in spans)
+    if not makespan > 0:
+        raise ValueError("the spans take no time: an idle fraction needs a makespan above 0")
     return 1.0 - sum(duration for _, _, duration, _ in spans) / (lanes * makespan)
 
 

@@ -1,15 +1,16 @@
 """Homework for a whole class: grade a roster, in parallel or in shards, and write the gradebook.
 
 Lecture: none (the homework machinery; ``submissions.grade_one`` grades one file, ``roster``
-finds a class's files). Each student's reports go to ``out/<student>/``; ``out/gradebook.csv``
-has a row per student and a column per exercise and per lesson, with totals and what went
-wrong; ``out/gradebook-moodle.csv`` is the same totals in the shape Moodle's grade import takes
-(a ``username`` column to map to the user, a column per lesson); ``out/exercises.csv`` says,
-per exercise, how the class did and the most common reasons points were lost. A submission that
-tampers, crashes the grader or times out is recorded as such and grading goes on. A file whose
-bytes and lesson are unchanged since its report is not graded again; ``shard=(i, n)`` grades
-every n-th file from the i-th, so that a job system's array can split a class, and
-:func:`write_gradebook` merges whatever reports are in ``out``.
+finds a class's files). Each student's reports go to ``out/<student>/`` (``.student`` there
+holds their name as the submissions give it); ``out/gradebook.csv`` has a row per student (a
+student folder without a file too) and a column per exercise and per lesson submitted by
+anyone, with totals and what went wrong; ``out/gradebook-moodle.csv`` is the same totals in the
+shape Moodle's grade import takes (``username``: the name, a column per lesson);
+``out/exercises.csv`` says, per exercise, how the class did and the most common reasons points
+were lost. A submission that tampers, crashes the grader or times out is recorded as such and
+grading goes on. A file whose bytes and lesson are unchanged since its report is not graded
+again; ``shard=(i, n)`` grades every n-th file from the i-th, so that a job system's array can
+split a class, and :func:`write_gradebook` merges whatever reports are in ``out``.
 """
 
 from __future__ import annotations
@@ -28,11 +29,17 @@ import nbformat
 
 from course_lib.exercises import roster
 from course_lib.exercises.editions import exercises
-from course_lib.exercises.submissions import grade_one, sha256_of
+from course_lib.exercises.submissions import grade_one, not_graded, sha256_of
+
+NAME = ".student"  # in a student's reports folder: their name as the submissions give it
+STRAY = ("beside the student folders, not in one: move it into its student's folder and grade "
+         "again")
 
 
 def _unchanged(entry: roster.Entry, source: Path, out: Path) -> bool:
     """Whether ``entry`` has a report from a run with the same submission and lesson bytes."""
+    if entry.path is None:
+        return True  # nothing submitted: nothing to grade
     report = out / entry.student / f"{roster.safe_name(entry.path.stem)}.json"
     lesson = Path(source) / entry.path.name
     if not (report.is_file() and entry.path.is_file() and lesson.is_file()):
@@ -47,7 +54,8 @@ def _unchanged(entry: roster.Entry, source: Path, out: Path) -> bool:
 def _grade_student(entries: list, source: Path, out: Path, limits: dict) -> list[dict]:
     """One student's files, one after another: only this job writes into their folder (the
     tamper check watches it)."""
-    return [dict(grade_one(e.path, source, out / e.student, **limits), student=e.student)
+    return [dict(not_graded(e.path, out / e.student, STRAY) if e.stray else
+                 grade_one(e.path, source, out / e.student, **limits), student=e.student)
             for e in entries]
 
 
@@ -68,9 +76,12 @@ def grade_class(submissions: Path, source: Path, out: Path, *, jobs: int = 1,
     for entry in roster.entries(submissions, out / "unpacked"):
         by_student[entry.student].append(entry)
     mine = sorted(by_student)[index::count]
+    for student in mine:  # who each folder is, for the gradebook, with or without a file
+        (out / student).mkdir(parents=True, exist_ok=True)
+        (out / student / NAME).write_text(by_student[student][0].name or student)
     todo = {s: [e for e in by_student[s] if not _unchanged(e, source, out)] for s in mine}
     todo = {s: files for s, files in todo.items() if files}
-    files = sum(len(by_student[s]) for s in mine)
+    files = sum(e.path is not None for s in mine for e in by_student[s])
     print(f"{len(mine)} students, {files} files in this shard; "
           f"{files - sum(map(len, todo.values()))} unchanged since their reports; grading "
           f"{len(todo)} students, {jobs} at a time")
@@ -100,8 +111,11 @@ def columns(source: Path) -> dict[str, dict[str, float]]:
 
 
 def _reports(out: Path) -> dict[str, dict[str, dict]]:
-    """Every report under ``out``: student -> lesson -> report."""
+    """Every report under ``out``: student -> lesson -> report (a student folder with no
+    report: none)."""
     found: dict = collections.defaultdict(dict)
+    for path in Path(out).glob(f"*/{NAME}"):
+        found[path.parent.name]  # noqa: B018 - listed, with no report
     for path in sorted(Path(out).glob("*/*.json")):
         try:
             report = json.loads(path.read_text())
@@ -116,11 +130,15 @@ def write_gradebook(out: Path, source: Path) -> Path:
     """Write ``gradebook.csv``, ``gradebook-moodle.csv`` and ``exercises.csv`` into ``out``
     from every student's reports there. Returns the gradebook's path."""
     out, lessons, by_student = Path(out), columns(source), _reports(out)
-    head = ["student"] + [f"{lesson}:{gid}" for lesson, ids in lessons.items() for gid in ids] \
-        + [*lessons, "total", "points", "notes"]
+    submitted = {lesson for reports in by_student.values() for lesson in reports}
+    lessons = {k: v for k, v in lessons.items() if k in submitted} or lessons  # this homework's
+    head = ["student", "name"] + [f"{lesson}:{gid}" for lesson, ids in lessons.items()
+                                  for gid in ids] + [*lessons, "total", "points", "notes"]
     rows, moodle, lost = [], [], collections.defaultdict(list)
     for student in sorted(by_student):
-        row, notes, total = {"student": student}, [], 0.0
+        name = out / student / NAME
+        name = name.read_text() if name.is_file() else student
+        row, notes, total = {"student": student, "name": name}, [], 0.0
         points = sum(sum(ids.values()) for ids in lessons.values())  # what every student can get
         for lesson, ids in lessons.items():
             report = by_student[student].get(lesson)
@@ -143,7 +161,7 @@ def write_gradebook(out: Path, source: Path) -> Path:
                   for name, r in by_student[student].items() if name not in lessons]
         row.update(total=f"{total:g}", points=f"{points:g}", notes="; ".join(notes))
         rows.append(row)
-        moodle.append({"username": student, **{lesson: row.get(lesson, "") for lesson in lessons},
+        moodle.append({"username": name, **{lesson: row.get(lesson, "") for lesson in lessons},
                        "total": row["total"]})
     path = out / "gradebook.csv"
     _write(path, head, rows)

@@ -207,8 +207,8 @@ def _probe_cost(forward_macs, backward_macs, module, batch, image_shape) -> dict
 
 def count_macs(layers, batch, image) -> tuple[int, int]:
     """Multiply-adds of one forward and one backward pass (autograd's) of the network described
-    by ``layers``, counted by torch's flop counter (2 flops per multiply-add) on a rebuilt copy.
-    The student edition of the library leaves this out: it is the exercise's answer."""
+    by ``layers``. The student edition of the library leaves this out: it is the exercise's
+    answer."""
     ### BEGIN SOLUTION
     from torch.utils.flop_counter import FlopCounterMode
 

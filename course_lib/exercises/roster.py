@@ -8,36 +8,56 @@ Lecture: none (the homework machinery; ``gradebook`` grades what this finds). Fo
 * Canvas's "Download Submissions" zip: files named ``<name>[_LATE]_<user id>_<submission id>_
   <file name>``, a resubmission's file name ending ``-1``, ``-2`` ... (the student is
   ``<name>_<user id>``). Only regular ``.ipynb`` members are taken, by their base name, each
-  under a size limit: a zip can't write outside the folder it is unpacked into.
+  under a size limit: a zip can't write outside the folder it is unpacked into; the members
+  passed over are printed.
 
-Anything else in the folder (a notes file, a link, a notebook of no lesson) is still listed, so
-that the grader reports it instead of passing over it in silence.
+Anything else in the folder (a notes file, a link, a notebook of no lesson, a stray notebook
+beside the student folders) is still listed, so that the grader reports it instead of passing
+over it in silence; a student folder with nothing in it is listed with no file (``path`` None).
+Each student's reports go to a folder of their own (:func:`student_folder`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import stat
+import sys
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 MAX_MEMBER_BYTES = 50_000_000  # a notebook in a zip larger than this is not unpacked
-CANVAS = re.compile(r"^(?P<name>[a-z0-9]+)(?:_LATE)?_(?P<user>\d+)_(?P<sub>\d+)_(?P<file>.+)$")
+CANVAS = re.compile(r"^(?P<name>[^_/]+?)(?:_LATE)?_(?P<user>\d+)_(?P<sub>\d+)_(?P<file>.+)$")
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One file to grade: whose it is and where it lies (its name says which lesson)."""
+    """One file to grade: whose it is (``student``: their reports' folder; ``name``: as the
+    submissions name them) and where it lies (its name says which lesson; None: nothing)."""
 
     student: str
-    path: Path
+    path: Path | None
+    name: str = field(default="", compare=False)
+    stray: bool = field(default=False, compare=False)  # a file beside the student folders
 
 
 def safe_name(text: str) -> str:
-    """A student's or a file's name as a folder name: letters, digits, '-', '_' and '.' only."""
+    """A file's name as a file name: letters, digits, '-', '_' and '.' only."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", text).lstrip(".") or "unnamed"
+
+
+def student_folder(name: str) -> str:
+    """The folder of a student's reports: ``name`` where it is a plain folder name (letters of
+    any script, digits, '-', '_', '.'), else its plain form and a hash of ``name``, so that two
+    students ("Anna Lee", "Anna_Lee") never share one."""
+    plain = re.sub(r"[^\w.-]", "_", name).lstrip(".") or "unnamed"
+    return plain if plain == name else f"{plain}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def _entry(name: str, path: Path | None) -> Entry:
+    return Entry(student_folder(name), path, name)
 
 
 def layout(path: Path) -> str:
@@ -45,9 +65,10 @@ def layout(path: Path) -> str:
     path = Path(path)
     if path.is_file() and zipfile.is_zipfile(path):
         return "canvas zip"
-    if path.is_file() or any(p.suffix == ".ipynb" for p in path.iterdir()):
-        return "one student"
     folders = [p for p in path.iterdir() if p.is_dir() and not p.is_symlink()]
+    if path.is_file() or (any(p.suffix == ".ipynb" for p in path.iterdir()) and not any(
+            c.suffix == ".ipynb" for f in folders for c in f.iterdir())):
+        return "one student"  # notebooks, and no folder of them: not a class with a stray file
     if folders and all(not any(c.suffix == ".ipynb" for c in f.iterdir()) and
                        any(c.is_dir() for c in f.iterdir()) for f in folders):
         return "nbgrader"
@@ -67,17 +88,16 @@ def entries(path: Path, unpack_to: Path) -> list[Entry]:
         path, kind = unpack_canvas(path, unpack_to), "students"
     if kind == "one student":
         files = [path] if path.is_file() else sorted(path.iterdir())
-        return [Entry(safe_name(path.parent.name if path.is_file() else path.name), f)
-                for f in files]
+        return [_entry(path.parent.name if path.is_file() else path.name, f) for f in files]
     found = []
     for student in sorted(path.iterdir()):
         if not student.is_dir() or student.is_symlink():
-            found.append(Entry(safe_name(student.stem), student))  # reported as not a folder
+            found.append(Entry(student_folder(student.stem), student, student.stem, True))
             continue
         places = sorted(student.iterdir()) if kind == "students" else \
             [f for a in sorted(student.iterdir()) for f in
              (sorted(a.iterdir()) if a.is_dir() and not a.is_symlink() else [a])]
-        found += [Entry(safe_name(student.name), f) for f in places]
+        found += [_entry(student.name, f) for f in places] or [_entry(student.name, None)]
     return found
 
 
@@ -87,6 +107,7 @@ def unpack_canvas(archive: Path, folder: Path) -> Path:
     submission of a file wins (Canvas numbers resubmissions ``-1``, ``-2``). Returns ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     latest: dict[Path, tuple[int, zipfile.ZipInfo]] = {}
+    skipped = []
     with zipfile.ZipFile(archive) as z:
         for info in z.infolist():
             kind = (info.external_attr >> 16) & 0o170000
@@ -94,9 +115,10 @@ def unpack_canvas(archive: Path, folder: Path) -> Path:
             match = CANVAS.match(base)
             if info.is_dir() or (kind and not stat.S_ISREG(kind)) or not match \
                     or not base.endswith(".ipynb") or info.file_size > MAX_MEMBER_BYTES:
+                skipped += [] if info.is_dir() else [info.filename]
                 continue
             stem = re.sub(r"-\d+$", "", Path(match["file"]).stem)
-            target = folder / safe_name(f"{match['name']}_{match['user']}") / \
+            target = folder / student_folder(f"{match['name']}_{match['user']}") / \
                 safe_name(stem + ".ipynb")
             order = int(match["sub"])
             if target not in latest or latest[target][0] < order:
@@ -112,4 +134,8 @@ def unpack_canvas(archive: Path, folder: Path) -> Path:
             part = target.with_name(f".{target.name}.{os.getpid()}.part")
             part.write_bytes(data)
             os.replace(part, target)
+    if skipped:
+        print(f"{archive.name}: passed over {len(skipped)} member(s) that are no Canvas "
+              f"submission's notebook (name_userid_submissionid_file.ipynb, under "
+              f"{MAX_MEMBER_BYTES // 10**6} MB): {', '.join(skipped[:10])}", file=sys.stderr)
     return folder

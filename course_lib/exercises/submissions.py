@@ -108,12 +108,7 @@ def grade_one(path: Path, source: Path, out: Path, *, stop: bool = False, **limi
     out.mkdir(parents=True, exist_ok=True)
     why = _refusal(path, source) or _unreadable(path)
     if why is not None:
-        (out / f"{stem}.error.txt").write_text(f"{name}: {why}\n")
-        print(f"{name}: NOT GRADED: {why}")
-        report = dict(submission=str(path), status="not graded", error=why, exercises=[],
-                      score=0, points=0)
-        (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
-        return report
+        return not_graded(path, out, why)
     lesson = Path(source) / name
     hashes = {"submission": sha256_of(path), "lesson": sha256_of(lesson)}
     watched = (Path(source), Path(course_lib.__file__).parent, out)
@@ -147,6 +142,18 @@ def grade_one(path: Path, source: Path, out: Path, *, stop: bool = False, **limi
         f"{name}: {report['status'].upper()}: {report['error']}"
     (out / f"{stem}.txt").write_text(line + "\n")
     print(line)
+    return report
+
+
+def not_graded(path: Path, out: Path, why: str) -> dict:
+    """Report ``path`` as not graded, for the reason ``why``, in ``out``; return the report."""
+    path, out = Path(path), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{safe_name(path.stem)}.error.txt").write_text(f"{path.name}: {why}\n")
+    print(f"{path.name}: NOT GRADED: {why}")
+    report = dict(submission=str(path), status="not graded", error=why, exercises=[], score=0,
+                  points=0)
+    (out / f"{safe_name(path.stem)}.json").write_text(json.dumps(report, indent=2))
     return report
 
 
