@@ -768,6 +768,7 @@ def test_bad_files_are_reported_and_the_rest_of_the_folder_is_graded(tmp_path):
     shutil.copy(lessons / "tiny.ipynb", folder / "tiny.ipynb")  # the one good submission
     (folder / "other.ipynb").write_text("{ not json")
     (folder / "Tiny.ipynb").write_text("{}")                           # no such lesson
+    (folder / "tiny (1).ipynb").write_text("{}")                       # a second download
     (folder / "notes.txt").write_text("hello")
     (folder / "folder.ipynb").mkdir()
     (folder / "../secret.ipynb").write_text("{}")
@@ -779,7 +780,8 @@ def test_bad_files_are_reported_and_the_rest_of_the_folder_is_graded(tmp_path):
     assert reports["tiny.ipynb"]["score"] == 2
     errors = {name: r["error"] for name, r in reports.items() if "error" in r}
     assert set(errors) == {"other.ipynb", "Tiny.ipynb", "notes.txt", "folder.ipynb",
-                           "link.ipynb", "weird name; rm -rf.ipynb"}
+                           "link.ipynb", "weird name; rm -rf.ipynb", "tiny (1).ipynb"}
+    assert errors["tiny (1).ipynb"].endswith("rename it to tiny.ipynb and grade again")
     assert "not a valid notebook" in errors["other.ipynb"]
     assert "no lesson of that name" in errors["Tiny.ipynb"]
     assert "symbolic link" in errors["link.ipynb"] and "not a file" in errors["folder.ipynb"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -51,6 +52,9 @@ def _refusal(path: Path, source: Path) -> str | None:
     if path.suffix != ".ipynb":
         return "not a notebook (.ipynb)"
     if not (Path(source) / path.name).is_file():
+        copy = re.sub(r"\s*\(\d+\)$", "", path.stem) + path.suffix  # a browser's "name (1)"
+        if copy != path.name and (Path(source) / copy).is_file():
+            return f"named as a second download is: rename it to {copy} and grade again"
         lessons = ", ".join(sorted(p.name for p in Path(source).glob("*.ipynb")))
         return f"no lesson of that name to grade it against (lessons: {lessons})"
     return None
