@@ -77,13 +77,14 @@ def simulate_parameter_server(problem: ERMProblem, workers: int, optimizer, *,
         raise ValueError(f"compute times and latency are zero or more and jitter is in [0, 1] (a "
                          f"time never goes negative), got pad={pad}, jitter={jitter}, "
                          f"latency={latency}")
-    if seconds is not None and latency == 0 and min(pads) == 0:
-        raise ValueError("a seconds limit needs time to pass: a worker whose gradient takes no "
-                         "time (pad 0) with no latency pushes forever at the same instant; give "
-                         "pad or latency a value above zero, or limit gradients only")
     if isinstance(pad, dict) and set(pad) != set(range(1, workers + 1)):
         raise ValueError(f"pad as a dict needs a time for every worker 1..{workers}, got keys "
                          f"{sorted(pad)}")
+    stuck = max(pads) == 0 or (mode == "async" and min(pads) == 0)  # time never moves on
+    if seconds is not None and latency == 0 and stuck:
+        raise ValueError("a seconds limit needs time to pass: with no latency, a worker whose "
+                         "gradient takes no time (pad 0) pushes forever at the same instant; "
+                         "give pad or latency a value above zero, or limit gradients only")
     shards = shard_rows(problem.n, workers, seed)
     noise = torch.Generator().manual_seed(seed)
     state = ServerState(torch.zeros(problem.d, dtype=problem.X.dtype), range(1, workers + 1),

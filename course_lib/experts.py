@@ -41,7 +41,7 @@ def route(logits, k: int):
     """(experts, gates, probabilities): each token's top ``k`` experts (tokens, k), their gates
     (renormalised to sum to 1 when k > 1) and every expert's probability (tokens, E)."""
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= logits.shape[-1]:
-        raise ValueError(f"k must be between 1 and the number of experts "
+        raise ValueError(f"k must be a whole number between 1 and the number of experts "
                          f"({logits.shape[-1]}), got {k}")
     probs = torch.softmax(logits, dim=-1)
     gates, experts = probs.topk(k, dim=-1)

@@ -33,9 +33,8 @@ from course_lib.models import DIGITS_MLP
 
 
 def least_squares_leak(x: torch.Tensor, y: float, w: torch.Tensor, b: float = 0.0):
-    """The gradient of (1/2)(w.x + b - y)^2 for one example is r x (weights) and r (bias), with
-    r the residual: dividing one by the other gives x back exactly. Returns (gradient of w,
-    gradient of b, the reconstruction)."""
+    """The gradient of (1/2)(w.x + b - y)^2 for one example is r x (weights) and r (bias), r the
+    residual: one over the other gives x back exactly. Returns (grad of w, grad of b, x back)."""
     r = w @ x + b - y
     if r == 0:
         raise ValueError("the residual w.x + b - y is 0: the gradient is zero and leaks nothing")
@@ -57,6 +56,8 @@ def trainable(model) -> list[torch.Tensor]:
 def infer_label(gradients) -> int:
     """iDLG: with cross-entropy on one example, only the true class's last-layer bias gradient
     is negative (p_c - 1 < 0)."""
+    if gradients[-1].dim() != 1:  # not a bias's gradient
+        raise ValueError("infer_label reads the last layer's bias gradient: is that bias frozen?")
     return int(torch.argmin(gradients[-1]))
 
 
@@ -288,8 +289,7 @@ def simulate_federation(split, parts, local: fl.LocalTraining, federation: fl.Fe
 
 
 def reconstruction_error(x_hat: torch.Tensor, x: torch.Tensor) -> float:
-    """Mean squared error between a reconstruction and the true input."""
-    return ((x_hat - x) ** 2).mean().item()
+    return ((x_hat - x) ** 2).mean().item()  # mean squared error of a reconstruction
 
 
 def fraction_attackers(parts, share: float, seed: int = 0) -> list[int]:

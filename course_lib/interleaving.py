@@ -226,7 +226,7 @@ def simulate_interleaved(p: int, v: int, m: int, forward: float = 1.0, backward:
     the schedule's bookkeeping); an action waits for its rank and for its input (forward of the
     previous piece; backward of the next, or the last piece's own forward). Returns the
     ``spans`` (rank, start, duration, kind) and the idle fraction ``bubble``."""
-    orders = [interleaved_order(r, p, v, m) for r in range(p)]
+    orders = [interleaved_order(r, check_count("p", p), v, m) for r in range(p)]
     check_sizes("forward, backward and overhead", [forward, backward, overhead])
     if not forward + backward + overhead > 0:
         raise ValueError("every action takes no time: there is no step to divide the idle by")

@@ -191,12 +191,13 @@ def label_counts(labels, parts, num_classes: int | None = None) -> np.ndarray:
     each client's row indices; ``num_classes``: default the largest label + 1)."""
     labels = np.asarray(labels)
     if num_classes is None:
-        num_classes = int(labels.max()) + 1 if labels.size else 0
+        num_classes = 1 + int(labels.max()) if labels.size else 0
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1 \
             or (labels.size and not 0 <= labels.min() <= labels.max() < num_classes):
         raise PartitionError(f"labels must be classes 0 to num_classes - 1, at least one: got "
-                             f"num_classes={num_classes!r}, labels from {labels.min(initial=0)} "
-                             f"to {labels.max(initial=0)}")
+                             f"num_classes={num_classes!r}, labels from "
+                             f"{labels.min() if labels.size else None} to "
+                             f"{labels.max() if labels.size else None}")
     return np.stack([np.bincount(labels[np.asarray(p, dtype=int)], minlength=num_classes)
                      for p in parts])
 

@@ -53,9 +53,13 @@ def quantize(x: torch.Tensor, scale: float, *, stochastic: bool = True,
 
 
 def shared_scale(x: torch.Tensor, group=None) -> float:
-    """Run on every rank of ``group``: the scale all ranks use, max over ranks of max |x| / 127."""
-    amax = x.abs().max().reshape(1).double()
+    """Run on every rank of ``group``: the scale all ranks use, max over ranks of max |x| / 127.
+    Refused on every rank together where any rank's x has inf or NaN entries."""
+    finite = bool(torch.isfinite(x).all())
+    amax = (x.abs().max() if finite else torch.tensor(math.inf)).reshape(1).double()
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
+    if amax.item() == math.inf:
+        raise ValueError("a rank's x has inf or NaN entries: int8 codes need finite ones")
     return amax.item() / INT8_LEVELS
 
 

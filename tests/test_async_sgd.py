@@ -118,6 +118,9 @@ def test_the_simulator_refuses_times_that_go_negative(problem):
     with pytest.raises(ValueError, match="a seconds limit needs time to pass"):
         a.simulate_parameter_server(problem, 2, sgd(0.1), gradients=10**9, seconds=1.0, pad=0.0)
     out = a.simulate_parameter_server(problem, 2, sgd(0.1), gradients=3, pad=0.0)  # no limit
+    sync = a.simulate_parameter_server(problem, 2, sgd(0.1), mode="sync", gradients=10**9,
+                                       seconds=0.05, pad={1: 0.0, 2: 0.01})  # rounds take 0.01
+    assert sync["iterate_times"][-1] >= 0.04
     assert out["iterate_gradients"][-1] == 3
 
 

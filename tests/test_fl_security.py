@@ -30,13 +30,17 @@ def test_a_least_squares_gradient_gives_the_input_back_exactly():
         sec.least_squares_leak(torch.tensor([1.0, 2.0]), 3.0, torch.tensor([1.0, 1.0]))
 
 
-def test_a_frozen_parameter_sends_no_gradient_and_the_attack_matches_the_rest():
+def test_a_frozen_parameter_sends_no_gradient_and_the_attack_runs_on_the_rest():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
     model[0].bias.requires_grad_(False)  # frozen: the client has no gradient of it to send
     grads = sec.shared_gradient(model, torch.randn(4), torch.tensor(1))
     assert [g.shape for g in grads] == [(3, 4), (2, 3), (2,)]
     assert sec.deep_leakage(model, grads, steps=2).shape == (4,)
+    assert sec.infer_label(grads) == 1  # the true class: the last bias's negative entry
+    model[2].bias.requires_grad_(False)  # the last bias, which the label is read from, frozen
+    with pytest.raises(ValueError, match="last layer's bias gradient: is that bias frozen"):
+        sec.infer_label(sec.shared_gradient(model, torch.randn(4), torch.tensor(1)))
 
 
 def test_deep_leakage_reconstructs_a_digit_from_its_gradient(digits):

@@ -125,24 +125,60 @@ def test_names_that_look_alike_an_empty_folder_and_a_stray_notebook_each_get_the
     shutil.copy(lessons / "tiny.ipynb", submissions / "Anna Lee" / "tiny.ipynb")  # right
     shutil.copy(tmp_path / "student" / "notebooks" / "tiny.ipynb",
                 submissions / "Anna_Lee" / "tiny.ipynb")  # untouched; 李明 submitted nothing
-    shutil.copy(lessons / "tiny.ipynb", submissions / "tiny.ipynb")  # uploaded to the wrong place
+    shutil.copy(lessons / "tiny2.ipynb", submissions / "tiny2.ipynb")  # uploaded to the wrong place
+    (submissions / "Anna Lee" / ".ipynb_checkpoints").mkdir()  # what Jupyter leaves: not hers
+    shutil.copy(lessons / "tiny.ipynb", submissions / "Anna Lee" / ".ipynb_checkpoints" / "t.ipynb")
     assert roster.layout(submissions) == "students"  # not one student: a class and a stray file
     found = roster.entries(submissions, tmp_path / "u")
     assert len({e.student for e in found}) == 4 and [e.name for e in found] == [
-        "Anna Lee", "Anna_Lee", "tiny", "李明"]
+        "Anna Lee", "Anna_Lee", "tiny2 (stray)", "李明"]
     assert found[-1].path is None and found[1].student == "Anna_Lee" == found[1].name
     out = tmp_path / "reports"
     gradebook.grade_class(submissions, lessons, out, cell_timeout=60, sandboxed=False)
     with open(out / "gradebook.csv", newline="") as f:
         reader = csv.DictReader(f)
         rows = {r["name"]: r for r in reader}
-    assert "tiny2" not in reader.fieldnames  # nobody submitted it: not this homework
+    assert "tiny2" not in reader.fieldnames  # no one's graded lesson: not this homework
     assert {n: (r["total"], r["points"]) for n, r in rows.items()} == {
-        "Anna Lee": ("2", "2"), "Anna_Lee": ("0", "2"), "tiny": ("0", "2"), "李明": ("0", "2")}
+        "Anna Lee": ("2", "2"), "Anna_Lee": ("0", "2"), "tiny2 (stray)": ("0", "2"),
+        "李明": ("0", "2")}
     assert rows["李明"]["notes"] == "tiny: missing" and rows["李明"]["student"] == "李明"
-    assert rows["tiny"]["notes"].startswith("tiny: not graded: beside the student folders")
+    assert "tiny2.ipynb: not graded: beside the student folders" in rows["tiny2 (stray)"]["notes"]
     moodle = list(csv.DictReader(open(out / "gradebook-moodle.csv", newline="")))
     assert sorted(r["username"] for r in moodle) == sorted(rows)  # the names, as given
+    # a name file that does not give its folder (a submission wrote it) is not believed
+    (out / "Anna_Lee" / gradebook.NAME).write_text("Anna Lee")
+    gradebook.write_gradebook(out, lessons)
+    with open(out / "gradebook.csv", newline="") as f:
+        assert sorted(r["name"] for r in csv.DictReader(f)) == sorted(rows)
+
+
+def test_which_layout_a_folder_is_in_and_what_a_student_folder_is_called(tmp_path):
+    one = tmp_path / "alice"
+    (one / ".ipynb_checkpoints").mkdir(parents=True)  # Jupyter's, beside her own notebook
+    (one / ".ipynb_checkpoints" / "tiny-checkpoint.ipynb").write_text("{}")
+    (one / "tiny.ipynb").write_text("{}")
+    assert roster.layout(one) == "one student" == roster.layout(one / "tiny.ipynb")
+    assert roster.entries(one, tmp_path / "u") == [roster.Entry("alice", one / "tiny.ipynb")]
+    assert roster.entries(one / "tiny.ipynb", tmp_path / "u") == [
+        roster.Entry("alice", one / "tiny.ipynb")]  # one notebook, graded as alice's
+    tree = tmp_path / "submitted"  # nbgrader's, with a stray notebook and an empty folder
+    (tree / "bob" / "week1").mkdir(parents=True)
+    (tree / "bob" / "week1" / "tiny.ipynb").write_text("{}")
+    (tree / "carol").mkdir()
+    (tree / "tiny.ipynb").write_text("{}")
+    assert roster.layout(tree) == "nbgrader"
+    assert [(e.name, e.stray, e.path is None) for e in roster.entries(tree, tmp_path / "u")] == [
+        ("bob", False, False), ("carol", False, True), ("tiny (stray)", True, False)]
+    empty = tmp_path / "before anyone uploaded"  # empty student folders and one stray notebook
+    (empty / "dave").mkdir(parents=True)
+    (empty / "tiny.ipynb").write_text("{}")
+    assert roster.layout(empty) == "students"
+    names = ["..", ".x", "a b", "gradebook.csv", "unpacked", "x-0123abcd", "李明", "Anna_Lee"]
+    folders = [roster.student_folder(n) for n in names]
+    assert len(set(folders)) == len(names) and folders[-2:] == ["李明", "Anna_Lee"]
+    assert all("/" not in f and not f.startswith(".") and f not in roster.RESERVED
+               and f != "x-0123abcd" for f in folders)
 
 
 def test_the_layouts_a_class_comes_in(tmp_path, capsys):

@@ -124,6 +124,24 @@ def test_int8_codes_refuse_what_they_cannot_represent():
     torch.testing.assert_close(qz.simulate_quantized_sum([torch.zeros(3)] * 2), torch.zeros(3))
 
 
+def _nan_on_rank_1(group=None):
+    import torch.distributed as dist
+
+    x = torch.ones(4)
+    if dist.get_rank(group) == 1:
+        x[2] = float("nan")
+    return qz.quantized_all_reduce(x, group=group)
+
+
+def test_a_nan_on_one_rank_is_refused_on_every_rank_not_left_waiting():
+    from course_lib import WorkerError
+
+    # each rank must learn of it: a rank that raised alone would leave the other in all_gather
+    with pytest.raises(WorkerError, match="a rank's x has inf or NaN entries") as raised:
+        launch(_nan_on_rank_1, 2, timeout=120)
+    assert "rank 0" in str(raised.value) or "rank 1" in str(raised.value)
+
+
 def test_an_all_zero_matrix_goes_through_fp8_as_zeros():
     a, b = torch.zeros(3, 4), torch.randn(4, 2, generator=torch.Generator().manual_seed(0))
     codes, scale = qz.to_fp8(a, torch.float8_e4m3fn)

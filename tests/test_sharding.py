@@ -28,7 +28,7 @@ def frozen_model_fn():
     return model
 
 
-def test_a_frozen_parameter_is_sharded_and_has_no_gradient():
+def test_a_model_with_a_frozen_parameter_is_sharded_and_counted():
     results = launch(sharding.fsdp_parameter_bytes, 2, args=(frozen_model_fn,))
     assert sum(r["local_bytes"] for r in results) == results[0]["total_bytes"]
     assert all(r["grads_sharded"] for r in results)

@@ -130,14 +130,16 @@ def write_gradebook(out: Path, source: Path) -> Path:
     """Write ``gradebook.csv``, ``gradebook-moodle.csv`` and ``exercises.csv`` into ``out``
     from every student's reports there. Returns the gradebook's path."""
     out, lessons, by_student = Path(out), columns(source), _reports(out)
-    submitted = {lesson for reports in by_student.values() for lesson in reports}
+    submitted = {lesson for reports in by_student.values() for lesson, report in reports.items()
+                 if report.get("status") == "graded"}
     lessons = {k: v for k, v in lessons.items() if k in submitted} or lessons  # this homework's
     head = ["student", "name"] + [f"{lesson}:{gid}" for lesson, ids in lessons.items()
                                   for gid in ids] + [*lessons, "total", "points", "notes"]
     rows, moodle, lost = [], [], collections.defaultdict(list)
     for student in sorted(by_student):
-        name = out / student / NAME
+        name = out / student / NAME  # trusted only where it gives this folder
         name = name.read_text() if name.is_file() else student
+        name = name if roster.student_folder(name) == student else student
         row, notes, total = {"student": student, "name": name}, [], 0.0
         points = sum(sum(ids.values()) for ids in lessons.values())  # what every student can get
         for lesson, ids in lessons.items():

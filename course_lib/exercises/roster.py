@@ -48,12 +48,23 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", text).lstrip(".") or "unnamed"
 
 
+RESERVED = {"unpacked", "gradebook.csv", "gradebook-moodle.csv", "exercises.csv"}  # in --out
+
+
 def student_folder(name: str) -> str:
     """The folder of a student's reports: ``name`` where it is a plain folder name (letters of
-    any script, digits, '-', '_', '.'), else its plain form and a hash of ``name``, so that two
-    students ("Anna Lee", "Anna_Lee") never share one."""
+    any script, digits, '-', '_', '.'; not one of the reports folder's own files), else its plain
+    form and a hash of ``name``, so that two students ("Anna Lee", "Anna_Lee") never share one."""
     plain = re.sub(r"[^\w.-]", "_", name).lstrip(".") or "unnamed"
-    return plain if plain == name else f"{plain}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    if plain == name and name not in RESERVED and not re.search(r"-[0-9a-f]{8}$", name):
+        return name
+    return f"{plain}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def visible(folder: Path) -> list[Path]:
+    """What ``folder`` holds, sorted, without hidden names (Jupyter's ``.ipynb_checkpoints``,
+    ``.DS_Store``): tools leave them, students do not submit them."""
+    return sorted(p for p in Path(folder).iterdir() if not p.name.startswith("."))
 
 
 def _entry(name: str, path: Path | None) -> Entry:
@@ -63,14 +74,17 @@ def _entry(name: str, path: Path | None) -> Entry:
 def layout(path: Path) -> str:
     """Which layout ``path`` is in: "one student", "students", "nbgrader" or "canvas zip"."""
     path = Path(path)
-    if path.is_file() and zipfile.is_zipfile(path):
-        return "canvas zip"
-    folders = [p for p in path.iterdir() if p.is_dir() and not p.is_symlink()]
-    if path.is_file() or (any(p.suffix == ".ipynb" for p in path.iterdir()) and not any(
-            c.suffix == ".ipynb" for f in folders for c in f.iterdir())):
-        return "one student"  # notebooks, and no folder of them: not a class with a stray file
-    if folders and all(not any(c.suffix == ".ipynb" for c in f.iterdir()) and
-                       any(c.is_dir() for c in f.iterdir()) for f in folders):
+    if path.is_file():
+        return "canvas zip" if zipfile.is_zipfile(path) else "one student"
+    folders = [p for p in visible(path) if p.is_dir() and not p.is_symlink()]
+    # a student's folder holds notebooks or folders of them, or nothing (nothing submitted)
+    students = [f for f in folders if not visible(f) or any(
+        c.suffix == ".ipynb" or c.is_dir() for c in visible(f))]
+    if not folders or (not students and any(p.suffix == ".ipynb" for p in visible(path))):
+        return "one student"  # notebooks and no student folder: not a class with a stray file
+    held = [f for f in folders if visible(f)]  # nbgrader's: assignment folders, no notebooks
+    if held and all(not any(c.suffix == ".ipynb" for c in visible(f)) and
+                    any(c.is_dir() for c in visible(f)) for f in held):
         return "nbgrader"
     return "students"
 
@@ -81,22 +95,23 @@ def entries(path: Path, unpack_to: Path) -> list[Entry]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or folder of submissions")
-    if path.is_dir() and not any(path.iterdir()):
+    if path.is_dir() and not visible(path):
         raise ValueError(f"{path} is empty: nothing to grade")
     kind = layout(path)
     if kind == "canvas zip":
         path, kind = unpack_canvas(path, unpack_to), "students"
     if kind == "one student":
-        files = [path] if path.is_file() else sorted(path.iterdir())
+        files = [path] if path.is_file() else visible(path)
         return [_entry(path.parent.name if path.is_file() else path.name, f) for f in files]
     found = []
-    for student in sorted(path.iterdir()):
+    for student in visible(path):
         if not student.is_dir() or student.is_symlink():
-            found.append(Entry(student_folder(student.stem), student, student.stem, True))
+            stray = f"{student.stem} (stray)"  # a row of its own, never a student's
+            found.append(Entry(student_folder(stray), student, stray, True))
             continue
-        places = sorted(student.iterdir()) if kind == "students" else \
-            [f for a in sorted(student.iterdir()) for f in
-             (sorted(a.iterdir()) if a.is_dir() and not a.is_symlink() else [a])]
+        places = visible(student) if kind == "students" else \
+            [f for a in visible(student) for f in
+             (visible(a) if a.is_dir() and not a.is_symlink() else [a])]
         found += [_entry(student.name, f) for f in places] or [_entry(student.name, None)]
     return found
 

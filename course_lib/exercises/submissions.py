@@ -54,7 +54,7 @@ def _refusal(path: Path, source: Path) -> str | None:
     if not (Path(source) / path.name).is_file():
         copy = re.sub(r"\s*\(\d+\)$", "", path.stem) + path.suffix  # a browser's "name (1)"
         if copy != path.name and (Path(source) / copy).is_file():
-            return f"named as a second download is: rename it to {copy} and grade again"
+            return f"a second download's name: rename it to {copy} and grade again"
         lessons = ", ".join(sorted(p.name for p in Path(source).glob("*.ipynb")))
         return f"no lesson of that name to grade it against (lessons: {lessons})"
     return None
