@@ -28,6 +28,7 @@ import torch
 
 from course_lib import federated as fl
 from course_lib.models import DIGITS_MLP
+from course_lib.training import check_whole
 
 # -- privacy: what a gradient reveals --------------------------------------------------------------
 
@@ -166,8 +167,7 @@ def krum(updates: torch.Tensor, w=None, state=None, byzantine: int = 1) -> torch
     """Krum (Blanchard et al. 2017): the update whose n - f - 2 nearest neighbours are closest
     (sum of squared distances), for at most f = ``byzantine`` Byzantine updates."""
     n = len(check_updates(updates))
-    if isinstance(byzantine, bool) or not isinstance(byzantine, int) or byzantine < 0:
-        raise ValueError(f"byzantine (f) must be a whole number of 0 or more, got {byzantine!r}")
+    check_whole("byzantine (f)", byzantine, least=0)
     closest = n - byzantine - 2
     if closest < 1:
         raise ValueError(f"Krum needs n - f - 2 >= 1, got n = {n}, f = {byzantine}")

@@ -23,9 +23,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from course_lib.cost_models.laws import check_count, check_sizes
+from course_lib.cost_models.laws import check_sizes
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
+from course_lib.training import check_whole
 
 SCHEDULES = ("interleaved 1F1B", "interleaved zero bubble", "ZBV zero bubble")
 ONE_PIECE = ("GPipe", "1F1B")  # lesson 5's schedules, torch's: one piece (stage) per rank
@@ -198,7 +199,7 @@ def interleaved_order(rank: int, p: int, v: int, m: int) -> list[tuple[str, int,
     within a group every chunk in turn; backward visits the chunks in reverse. A warm-up of
     2 (p - rank - 1) + (v - 1) p forwards, then one forward and one backward in turn."""
     for name, value in (("p", p), ("v", v), ("m", m)):
-        check_count(name, value)
+        check_whole(name, value)
     if not (isinstance(rank, int) and 0 <= rank < p):
         raise ValueError(f"rank must be one of 0 to p - 1 = {p - 1}, got {rank!r}")
     if m % p:
@@ -226,7 +227,7 @@ def simulate_interleaved(p: int, v: int, m: int, forward: float = 1.0, backward:
     the schedule's bookkeeping); an action waits for its rank and for its input (forward of the
     previous piece; backward of the next, or the last piece's own forward). Returns the
     ``spans`` (rank, start, duration, kind) and the idle fraction ``bubble``."""
-    orders = [interleaved_order(r, check_count("p", p), v, m) for r in range(p)]
+    orders = [interleaved_order(r, check_whole("p", p), v, m) for r in range(p)]
     check_sizes("forward, backward and overhead", [forward, backward, overhead])
     if not forward + backward + overhead > 0:
         raise ValueError("every action takes no time: there is no step to divide the idle by")

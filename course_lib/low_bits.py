@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.compression import flatten, split_like
+from course_lib.training import check_whole
 
 
 def levels(bits: int) -> int:
@@ -276,7 +277,5 @@ class Int4Compressor:
 def qsgd_variance_bound(d: int, s: int) -> float:
     """QSGD's bound on E||Q(g) - g||^2 / ||g||^2 for d numbers (a bucket's) and s levels
     (Alistarh et al. 2017, Lemma 3.1): min(d / s^2, sqrt(d) / s)."""
-    for name, value in (("d", d), ("s", s)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+    check_whole("d", d), check_whole("s", s)
     return min(d / s**2, math.sqrt(d) / s)

@@ -121,7 +121,7 @@ def test_krum_picks_an_honest_update_and_norm_check_drops_the_boosted_one():
     with pytest.raises(ValueError, match="n - f - 2"):
         sec.krum(updates[:3], byzantine=1)
     for f in (-5, 1.5, True):
-        with pytest.raises(ValueError, match="byzantine .f. must be a whole number of 0 or more"):
+        with pytest.raises(ValueError, match=r"byzantine \(f\) must be a whole number of at"):
             sec.krum(updates, byzantine=f)
 
 
