@@ -77,8 +77,12 @@ class Federation:
     seed: int = 0
 
     def __post_init__(self):
-        if not (isinstance(self.rounds, int | np.integer) and self.rounds >= 0):
+        if isinstance(self.rounds, bool) or not (isinstance(self.rounds, int | np.integer)
+                                                 and self.rounds >= 0):
             raise ValueError(f"rounds must be a whole number >= 0, got {self.rounds!r}")
+        for name in ("fraction", "stragglers"):
+            if isinstance(getattr(self, name), bool | str):
+                raise ValueError(f"{name} must be a number, got {getattr(self, name)!r}")
         if not 0 < self.fraction <= 1:
             raise ValueError(f"fraction C must be in (0, 1], got {self.fraction}")
         if not 0 <= self.stragglers <= 1:

@@ -233,3 +233,17 @@ def with_plan(ranked: list[Ranked], **known) -> list[Ranked]:
 
 
 
+
+
+def fitting(ranked: list[Ranked]) -> list[Ranked]:
+    """The ranked plans that fit in memory, best first; where none does, an error naming the
+    smallest plan's memory against a GPU's (a larger cluster, recomputation or ZeRO may help)."""
+    if not ranked:
+        raise ValueError("no plans to choose from: rank them with rank_plans first")
+    fits = [r for r in ranked if r.fits]
+    if not fits:
+        least = min(ranked, key=lambda r: r.memory["total"])
+        raise ValueError(f"none of the {len(ranked)} plans fits: the smallest, {least.plan}, "
+                         f"needs {size(least.memory['total'])} on a GPU. Try more GPUs or GPUs "
+                         f"with more memory")
+    return fits

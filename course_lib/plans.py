@@ -52,9 +52,12 @@ class Cluster:
                 raise ValueError(f"Cluster.{name} must be positive and finite, got {value!r}")
         for name in ("intra_latency", "inter_latency"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not value >= 0:
-                raise ValueError(f"Cluster.{name} must be zero or positive, got {value!r}")
-        if isinstance(self.mfu, bool) or not 0 < self.mfu <= 1:
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
+                    not 0 <= value < float("inf"):
+                raise ValueError(f"Cluster.{name} must be zero or positive and finite, got "
+                                 f"{value!r}")
+        if isinstance(self.mfu, bool) or not isinstance(self.mfu, numbers.Real) or \
+                not 0 < self.mfu <= 1:
             raise ValueError(f"Cluster.mfu must be in (0, 1], got {self.mfu!r}")
 
     @property

@@ -215,6 +215,8 @@ def step_time(model: Transformer, cluster: Cluster, plan: Plan, overlap: bool = 
     """Predicted seconds of one step, term by term (:data:`TERMS`), and their ``total``.
     ``overlap``: the data-parallel collectives run beside the compute (DDP, FSDP, lesson 10);
     False for a step that all-reduces after backward (:mod:`course_lib.train_gpt`)."""
+    if not isinstance(overlap, bool):
+        raise ValueError(f"overlap must be True or False, got {overlap!r}")
     check_split(model, plan)
     if plan.gpus > cluster.gpus:
         raise ValueError(f"the plan needs dp x cp x tp x pp = {plan.gpus} GPUs, the cluster "

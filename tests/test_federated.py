@@ -132,7 +132,9 @@ def test_scaffold_control_variates_follow_option_two():
 @pytest.mark.parametrize("settings, problem", [
     (dict(rounds=1, fraction=0), "fraction"), (dict(rounds=1, fraction=1.5), "fraction"),
     (dict(rounds=-1), "rounds"), (dict(rounds=2.5), "rounds"),
-    (dict(rounds=1, stragglers=-0.1), "stragglers"), (dict(rounds=1, stragglers=2), "stragglers")])
+    (dict(rounds=1, stragglers=-0.1), "stragglers"), (dict(rounds=1, stragglers=2), "stragglers"),
+    (dict(rounds=True), "rounds"), (dict(rounds=1, fraction="0.5"), "fraction must be a number"),
+    (dict(rounds=1, stragglers=True), "stragglers must be a number")])
 def test_bad_federations_are_refused_naming_the_setting(settings, problem):
     with pytest.raises(ValueError, match=problem):
         fl.Federation(**settings)

@@ -359,6 +359,29 @@ def test_one_wrong_answer_loses_exactly_that_exercise_and_says_why(tmp_path, les
     assert "becomes inf" in report["exercises"][0]["feedback"]  # the judge's explanation
 
 
+def test_another_lessons_notebook_under_this_name_is_graded_with_a_warning(tmp_path, lesson):
+    other = _submission(lesson, tmp_path / "tiny.ipynb", c0="# Another lesson", c2="j = 7",
+                        c3="check_other(j)", c5="check_fp16(fp16_round)")
+    report = hw.grade(other, lesson, cell_timeout=60)
+    assert _scores(report) == [0, 1]  # its solutions ran in this lesson's cells
+    warning = report["warning"]
+    assert warning.endswith("another lesson's notebook under this name? Its title: "
+                            "'Another lesson'")
+    assert warning in report["exercises"][0]["feedback"]
+    assert warning not in report["exercises"][1]["feedback"]  # full marks need no warning
+    assert f"warning: {warning}" in hw.summary(report)
+    assert "warning" not in hw.grade(lesson, lesson, cell_timeout=60)
+
+
+def test_another_lesson_is_told_apart_from_the_lesson_and_its_student_edition():
+    lessons = [nbformat.read(p, as_version=4) for p in LESSONS]
+    for i, nb in enumerate(lessons):
+        assert hw.another_lesson(nb, nb) is None
+        assert hw.another_lesson(editions.student_version(nb), nb) is None
+        other = editions.student_version(lessons[(i + 1) % len(lessons)])
+        assert "another lesson's notebook" in hw.another_lesson(other, nb)
+
+
 def test_without_the_sandbox_untrusted_work_is_refused_unless_the_instructor_says_so(
         tmp_path, lesson, monkeypatch):
     monkeypatch.setattr(sandbox, "unavailable", lambda: "bubblewrap (bwrap) is not installed")

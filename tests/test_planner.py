@@ -583,6 +583,19 @@ def test_a_model_no_plan_can_run_on_the_cluster_is_refused_with_the_rules():
         P.rank_plans(one_sequence, NODE)
 
 
+def test_fitting_keeps_the_plans_that_fit_in_order_and_names_the_smallest_when_none_does():
+    ranked = P.rank_plans(GPT_7B, NODE)
+    assert P.fitting(ranked) == [r for r in ranked if r.fits] and P.fitting(ranked)[0] is ranked[0]
+    tiny_gpus = replace(NODE, memory=2**30)  # 1 GiB each: 7B fits in no plan
+    none_fit = P.rank_plans(GPT_7B, tiny_gpus)
+    smallest = min(none_fit, key=lambda r: r.memory["total"])
+    with pytest.raises(ValueError, match=f"none of the {len(none_fit)} plans fits: the smallest, "
+                                         f".*needs {P.size(smallest.memory['total'])}"):
+        P.fitting(none_fit)
+    with pytest.raises(ValueError, match="no plans to choose from"):
+        P.fitting([])
+
+
 def test_small_pieces_by_hand():
     from course_lib import plans, step_time
 
@@ -626,7 +639,13 @@ def test_with_plan_finds_the_published_fields_and_compare_says_when_it_cannot():
     (lambda: P.Cluster(8, 1, "80", 1e12, 1e9, 1e9), "memory must be positive and finite"),
     (lambda: P.Plan(1, 1, 1, stages=3), "stages is a tuple of each stage's layers"),
     (lambda: replace(GPT_7B, value_bytes=2.0), "value_bytes must be 2"),
-    (lambda: replace(GPT_7B, tied_head="yes"), "tied_head is True or False")])
+    (lambda: replace(GPT_7B, tied_head="yes"), "tied_head is True or False"),
+    (lambda: P.Cluster(8, 1, 8e10, 1e12, 1e9, 1e9, inter_latency="1"), "inter_latency must be"),
+    (lambda: P.Cluster(8, 1, 8e10, 1e12, 1e9, 1e9, intra_latency=float("inf")),
+     "intra_latency must be zero or positive and finite"),
+    (lambda: P.Cluster(8, 1, 8e10, 1e12, 1e9, 1e9, mfu="0.5"), "mfu must be in"),
+    (lambda: P.step_time(GPT_7B, NODE, P.Plan(8, 1, 1), overlap="no"), "overlap must be True"),
+    (lambda: M.zero_bytes_per_rank(1e6, 8, True), "ZeRO stage must be one of")])
 def test_descriptions_refuse_infinite_text_or_loose_values_by_name(make, match):
     with pytest.raises(ValueError, match=match):
         make()

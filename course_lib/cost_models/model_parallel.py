@@ -102,7 +102,7 @@ ZERO_STAGES = (0, 1, 2, 3)
 def zero_bytes_per_rank(psi: float, p: int, stage: int) -> float:
     """Mixed-precision Adam's bytes per rank (ZeRO): baseline 16 Psi; stage 1 shards the optimizer
     state (4 Psi + 12 Psi / p), 2 the gradients (2 Psi + 14 Psi / p), 3 all (16 Psi / p)."""
-    if stage not in ZERO_STAGES:
+    if isinstance(stage, bool) or stage not in ZERO_STAGES:
         raise ValueError(f"ZeRO stage must be one of {ZERO_STAGES}, got {stage!r}")
     check_sizes("psi", psi)
     return {0: 16 * psi, 1: 4 * psi + 12 * psi / check_processes(p), 2: 2 * psi + 14 * psi / p,

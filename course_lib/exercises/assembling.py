@@ -33,6 +33,31 @@ def _by_position(submitted, lesson) -> dict[str, str]:
     return found
 
 
+def _checks(nb) -> list[str]:
+    """The sources of ``nb``'s check cells (graded, not a solution) as the student edition has
+    them: hidden tests left out, stripped."""
+    return [HIDDEN.sub("", c["source"]).strip() for c in nb.cells
+            if isinstance(c.get("source"), str) and nbgrader_meta(c).get("grade")
+            and not nbgrader_meta(c).get("solution")]
+
+
+def another_lesson(submitted, lesson) -> str | None:
+    """Why the submission looks like another lesson's notebook under this lesson's name: it
+    holds check cells, none of them this lesson's, and no cell holds one of this lesson's check
+    cells (its title is named). None otherwise. Exercise ids repeat from lesson to lesson, so
+    such a notebook's solutions would run in this lesson's cells and fail there."""
+    ours, theirs = set(_checks(lesson)), _checks(submitted)
+    code = {HIDDEN.sub("", c["source"]).strip() for c in submitted.cells
+            if isinstance(c.get("source"), str)}
+    if not ours or not theirs or ours & code:
+        return None
+    title = next((line.lstrip("# ").strip() for c in submitted.cells
+                  if c.get("cell_type") == "markdown" and isinstance(c.get("source"), str)
+                  for line in c["source"].splitlines() if line.startswith("#")), "no title")
+    return (f"the submission holds none of this lesson's check cells, but {len(theirs)} other "
+            f"one(s): another lesson's notebook under this name? Its title: {title[:80]!r}")
+
+
 def assemble(submitted, lesson):
     """The notebook that is graded: the lesson's cells, outputs cleared, with the code of the
     submission's solution cells (the first code cell carrying each solution's grade_id, or

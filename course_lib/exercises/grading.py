@@ -36,7 +36,11 @@ import nbformat
 from jupyter_core.utils import run_sync
 
 from course_lib.exercises import common, judging, sandbox
-from course_lib.exercises.assembling import assemble, only_needed  # noqa: F401 - here too
+from course_lib.exercises.assembling import (  # noqa: F401 - here too
+    another_lesson,
+    assemble,
+    only_needed,
+)
 from course_lib.exercises.editions import (  # noqa: F401 - the authoring API, here too
     HIDDEN,
     STUB,
@@ -87,7 +91,9 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
     lesson = nbformat.read(source, as_version=4)
     graded = {e["index"]: e for e in exercises(lesson)}
     judges = {i: judging.judge_names(source, lesson, lesson.cells[i].source) for i in graded}
-    nb, missing = assemble(nbformat.read(submission, as_version=4), lesson)
+    submitted = nbformat.read(submission, as_version=4)
+    nb, missing = assemble(submitted, lesson)
+    wrong = another_lesson(submitted, lesson)
     cut, ran = ({}, "the whole lesson") if whole else only_needed(nb, graded)
     skip = {i for i, original in cut.items() if original is None}
     results = {e["grade_id"]: dict(grade_id=e["grade_id"], points=e["points"], score=0.0,
@@ -133,6 +139,9 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
         for gid in missing:
             results[gid.removesuffix("-solution")]["feedback"] += \
                 " (the submission has no solution cell for it: the lesson's stub ran)"
+        for result in results.values():
+            if wrong and result["score"] < result["points"]:
+                result["feedback"] += f" ({wrong})"
         seconds = round(time.monotonic() - start, 1)
         text = json.dumps([[r["feedback"] for r in results.values()],
                            [f["error"] for f in failed]])
@@ -151,7 +160,8 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
         nbformat.write(nb, keep)
     return dict(submission=str(submission), lesson=source.name, exercises=list(results.values()),
                 ungraded_errors=failed, score=sum(r["score"] for r in results.values()),
-                points=sum(r["points"] for r in results.values()), seconds=seconds, ran=ran)
+                points=sum(r["points"] for r in results.values()), seconds=seconds, ran=ran,
+                **({"warning": wrong} if wrong else {}))
 
 
 MAX_REPLAYS = 2  # restarts after which earlier cells are run again; later ones start bare
@@ -250,6 +260,8 @@ def summary(report: dict) -> str:
     """A report people read: one line per exercise."""
     lines = [f"{report['submission']}: {report['score']:g} / {report['points']:g} points "
              f"({report['seconds']} s)" + (f"; ran {report['ran']}" if "ran" in report else "")]
+    if report.get("warning"):
+        lines.append(f"  warning: {report['warning']}")
     for r in report["exercises"]:
         lines.append(f"  {r['grade_id']:12s} {r['score']:g}/{r['points']:g}  {r['feedback']}")
     for f in report.get("ungraded_errors", []):
