@@ -59,6 +59,9 @@ def load_digits(seed: int = 0, test_fraction: float = 0.25, images: bool = False
 
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction}")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating-point dtype (the features are standardised), "
+                         f"got {dtype}")
     bunch = sklearn_digits()
     x = bunch.data.astype(np.float64) / 16.0
     y = bunch.target.astype(np.int64)
@@ -82,6 +85,7 @@ def stdlib_text(max_chars: int = 400_000) -> torch.Tensor:
     """
     import sysconfig
 
+    check_whole("max_chars", max_chars)
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(root.glob("*.py"))
     if not files:

@@ -4,9 +4,8 @@ Slides "Parallel computing for machine learning", part 3: training a small CNN w
 (all-reduce) strategy, per-replica batch b, global batch b x m; and the DDP paper's mechanics
 (Li et al., VLDB 2020: gradient buckets, overlap, ``no_sync`` for accumulation).
 
-Every training function runs on every rank of ``group`` (default: all ranks), keeps its replica
-and its batches on the rank's device, and returns the final parameters, so tests and notebooks
-can compare them with one process on the global batch.
+Every training function runs on every rank of ``group`` (default: all ranks), keeps its replica and
+batches on the rank's device, and returns the final parameters to compare with one process.
 
 Lesson 4's check, the digits CNN trained by hand, with DDP and with DDP accumulating two local
 batches, each against one process on the global batch::
@@ -89,7 +88,7 @@ def train_from_scratch(model_fn, x, y, local_batch: int, lr: float, epochs: int 
         dist.broadcast(p.data, group=group, group_src=0)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
-    for epoch in range(epochs):
+    for epoch in range(check_whole("epochs", epochs, least=0)):
         for idx in sampler_global_batches(len(y), world_size, local_batch, seed, epoch):
             mine = idx[rank::world_size].to(dev)  # this rank's share, as DistributedSampler deals
             opt.zero_grad()
@@ -137,7 +136,7 @@ def train_ddp(model_fn, x, y, local_batch: int, lr: float, epochs: int = 1, seed
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     loader, sampler = ddp_loader(x, y, local_batch, seed, group)
     losses = []
-    for epoch in range(epochs):
+    for epoch in range(check_whole("epochs", epochs, least=0)):
         sampler.set_epoch(epoch)  # a new shuffle each epoch, the same on every rank
         batches = [(xb.to(dev), yb.to(dev)) for xb, yb in loader]
         for start in range(0, len(batches) - accumulate + 1, accumulate):
@@ -160,7 +159,7 @@ def time_ddp_steps(model_fn, x, y, local_batch: int, steps: int = 10, warmup: in
     the all-reduce overlapped, optimizer) and ``no_sync`` (inside ``no_sync``: the difference is
     what synchronising adds), alternating step by step so that a machine getting slower shows up
     in neither; ``threads`` CPU threads a rank. ``emulated``: at an emulated device's pace."""
-    check_whole("steps", steps)
+    check_whole("steps", steps), check_whole("local_batch", local_batch)
     counts = emulated is not None and emulated.pieces is None  # its first step is not paced
     check_whole("warmup" + " (an emulated device's first step counts FLOPs, unpaced)" * counts,
                 warmup, least=int(counts))
@@ -228,7 +227,7 @@ def linear_scaling_lr(base_lr: float, base_batch: int, batch: int) -> float:
 def warmup_lr(step: int, target_lr: float, warmup_steps: int, start_lr: float) -> float:
     """Gradual warm-up: rise linearly from ``start_lr`` to ``target_lr`` over ``warmup_steps``,
     then stay at ``target_lr``."""
-    done = step >= check_whole("warmup_steps", warmup_steps, least=0)
+    done = check_whole("step", step, least=0) >= check_whole("warmup_steps", warmup_steps, least=0)
     return target_lr if done else start_lr + (target_lr - start_lr) * step / warmup_steps
 
 
@@ -241,6 +240,7 @@ def lesson_setup(samples: int = 256, width: int = 4, seed: int = 3):
     from course_lib.data import load_digits
     from course_lib.models import digits_cnn
 
+    check_whole("samples", samples)
     digits = load_digits(images=True)
     return (lambda: digits_cnn(seed=seed, width=width, dtype=torch.float64),
             digits.x_train[:samples].double(), digits.y_train[:samples])
@@ -261,7 +261,7 @@ def three_ways(local_batch: int = 16, lr: float = 0.1, epochs: int = 2, samples:
 def one_process(model_fn, x, y, world_size: int, local_batch: int, lr: float, epochs: int):
     """The same steps on one process, global batch world_size x local_batch: the parameters."""
     model = model_fn()
-    for epoch in range(epochs):
+    for epoch in range(check_whole("epochs", epochs, least=0)):
         batches = sampler_global_batches(len(y), world_size, local_batch, epoch=epoch)
         train_one_process(model, x, y, batches, lr)
     return parameters_vector(model)

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from course_lib.training import check_whole
+
 
 def mlp(sizes, *, activation=torch.nn.ReLU, flatten: bool = False, seed: int = 0,
         dtype=torch.float32) -> torch.nn.Sequential:
@@ -43,12 +45,14 @@ def mlp(sizes, *, activation=torch.nn.ReLU, flatten: bool = False, seed: int = 0
 def digits_mlp(width: int = 128, depth: int = 2, seed: int = 0,
                inputs: int = 64) -> torch.nn.Sequential:
     """The digits MLP: ``depth`` hidden ReLU layers of ``width`` units, 10 classes."""
+    check_whole("width", width), check_whole("depth", depth, least=0)
     return mlp((inputs, *[width] * depth, 10), seed=seed)
 
 
 def deep_mlp(depth: int = 24, width: int = 128, seed: int = 0) -> torch.nn.Sequential:
     """``depth`` linear layers for (flattened) digits: many small weight tensors, which is what
     DDP's gradient buckets are for."""
+    check_whole("depth", depth), check_whole("width", width)
     return mlp((64, *[width] * (depth - 1), 10), flatten=True, seed=seed)
 
 
@@ -85,6 +89,12 @@ class FlatMLP:
 
     sizes: tuple = (64, 32, 10)
 
+    def __post_init__(self):
+        if len(self.sizes) < 2 or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
+                                      for n in self.sizes):
+            raise ValueError(f"FlatMLP's sizes are two or more layer widths, each a whole number "
+                             f"of at least 1; got {self.sizes!r}")
+
     @property
     def num_parameters(self) -> int:
         return sum((a + 1) * b for a, b in zip(self.sizes[:-1], self.sizes[1:], strict=True))
@@ -101,6 +111,9 @@ class FlatMLP:
 
     def layers(self, w):
         """(weight, bias) views of each layer inside the flat vector w."""
+        if w.dim() != 1 or w.numel() != self.num_parameters:
+            raise ValueError(f"w must be a flat vector of this MLP's {self.num_parameters} "
+                             f"parameters, got shape {tuple(w.shape)}")
         start, layers = 0, []
         for a, b in zip(self.sizes[:-1], self.sizes[1:], strict=True):
             layers.append((w[start:start + a * b].view(b, a), w[start + a * b:start + a * b + b]))
@@ -121,6 +134,12 @@ class FlatMLP:
 
     def loss_and_gradient(self, w, x, y):
         """Mean cross-entropy on (x, y) and its gradient with respect to w, by backpropagation."""
+        if x.dim() != 2 or y.dim() != 1 or len(x) != len(y) or len(y) == 0:
+            raise ValueError(f"x must be a batch of rows and y one label per row: got x of shape "
+                             f"{tuple(x.shape)} and y of shape {tuple(y.shape)}")
+        if y.min() < 0 or y.max() >= self.sizes[-1]:
+            raise ValueError(f"labels must lie in 0..{self.sizes[-1] - 1}, got "
+                             f"{y.min().item()}..{y.max().item()}")
         inputs = []
         log_p = torch.log_softmax(self.forward(w, x, inputs), dim=1)
         rows = torch.arange(len(y), device=w.device)
@@ -231,6 +250,9 @@ def tiny_gpt(vocab: int = 96, d_model: int = 128, layers: int = 4, heads: int = 
              context: int = 64, seed: int = 0, dtype=torch.float32) -> TinyGPT:
     """A small GPT-style language model (lesson 10): with the defaults about 0.8 M parameters,
     3.2 MB of float32 gradients in 4 blocks of 12 weight tensors each."""
+    for name, value in (("vocab", vocab), ("d_model", d_model), ("layers", layers),
+                        ("heads", heads), ("context", context)):
+        check_whole(name, value)
     if d_model % heads:
         raise ValueError(f"d_model ({d_model}) must be a multiple of heads ({heads})")
     torch.manual_seed(seed)

@@ -12,6 +12,7 @@ one line when done.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 import uuid
@@ -59,8 +60,12 @@ def percent_off(measured: float, expected: float, *, close: float = 0.05,
     """How ``measured`` stands against ``expected``, in words: "within 5% of", "41% above",
     "12% below" (``above``/``below`` can say "slower than"/"faster than"). Finish the sentence
     with what was expected: f"... {percent_off(t, model)} the model"."""
+    if not (math.isfinite(measured) and math.isfinite(expected)):
+        raise ValueError(f"need finite values, got {measured} and {expected}")
     if expected == 0:
         raise ValueError("expected is 0: a relative difference is undefined")
+    if not close >= 0:
+        raise ValueError(f"close is a share, zero or more; got {close}")
     off = (measured - expected) / abs(expected)
     if abs(off) <= close:
         return f"within {close:.0%} of"
@@ -72,8 +77,8 @@ def times_as(measured: float, reference: float, *, more: str = "faster",
     """A ratio in words: "1.7x faster than" when measured / reference = 1.7, "2.0x slower than"
     when it is 0.5 (``more``/``less`` name the directions); "within 5% of" where the ratio would
     print as 1.0x either way (no direction claimed on a difference that small)."""
-    if measured <= 0 or reference <= 0:
-        raise ValueError(f"need positive values, got {measured} and {reference}")
+    if not (0 < measured < math.inf and 0 < reference < math.inf):
+        raise ValueError(f"need positive finite values, got {measured} and {reference}")
     ratio = measured / reference
     if 1 / 1.05 < ratio < 1.05:
         return "within 5% of"
@@ -82,11 +87,15 @@ def times_as(measured: float, reference: float, *, more: str = "faster",
 
 def mean_spread(values, fmt: str = "{:.3g}", *, count: bool = True) -> str:
     """Mean ± sample standard deviation over runs (seeds): "0.935 ± 0.004 (3 seeds)"; without
-    the "(3 seeds)" when ``count`` is False (a table that says it once)."""
+    the "(3 seeds)" when ``count`` is False (a table that says it once). Where a value is NaN or
+    infinite (a run that diverged) it says so instead of printing "nan ± nan"."""
     values = [float(v) for v in values]
     if not values:
         raise ValueError("no values")
     seeds = f" ({len(values)} seed{'s' if len(values) > 1 else ''})" if count else ""
+    if not all(math.isfinite(v) for v in values):  # a run that diverged: no mean to give
+        bad = sum(not math.isfinite(v) for v in values)
+        return f"not finite (NaN or inf) in {bad} of {len(values)} {'seeds' if count else 'runs'}"
     if len(values) == 1:
         return f"{fmt.format(values[0])}{seeds}"
     return f"{fmt.format(statistics.mean(values))} ± {fmt.format(statistics.stdev(values))}{seeds}"
@@ -99,6 +108,8 @@ def rank_correlation(a, b) -> float:
     if len(a) != len(b) or len(a) < 2:
         raise ValueError(f"need two sequences of the same length >= 2, got {len(a)} and "
                          f"{len(b)}")
+    if any(math.isnan(v) for v in a + b):
+        raise ValueError("a NaN has no rank: need numbers")
 
     def ranks(values):
         order = sorted(range(len(values)), key=values.__getitem__)

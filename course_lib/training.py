@@ -39,9 +39,7 @@ def loss_fn(model, x, y):
 
 def global_batches(n: int, global_batch: int, steps: int, seed: int = 0) -> list[torch.Tensor]:
     """Row indices of each step's global batch: the same on every rank and in one process."""
-    if global_batch < 1 or steps < 0:
-        raise ValueError(f"a global batch holds at least one row and steps are not negative, "
-                         f"got global_batch={global_batch}, steps={steps}")
+    check_whole("global_batch", global_batch), check_whole("steps", steps, least=0)
     if global_batch > n:
         raise ValueError(f"global_batch {global_batch} is larger than the {n} rows of the data")
     g = torch.Generator().manual_seed(seed)
@@ -51,6 +49,8 @@ def global_batches(n: int, global_batch: int, steps: int, seed: int = 0) -> list
 def check_split(global_batch: int, world_size: int) -> None:
     """Refuse a global batch that does not split evenly over the ranks (an uneven split would
     weigh some rows more than others in the averaged gradient)."""
+    check_whole("global_batch", global_batch)
+    check_whole("world_size", world_size)
     if global_batch % world_size:
         raise ValueError(f"global_batch {global_batch} does not split evenly over {world_size} "
                          f"ranks; choose a multiple of {world_size}")
@@ -71,6 +71,7 @@ def check_steps(rows: int, world_size: int, local_batch: int, accumulate: int = 
     for name, value in (("world_size", world_size), ("local_batch", local_batch),
                         ("accumulate", accumulate)):
         check_whole(name, value)
+    check_whole("rows", rows, least=0)
     if not (steps := rows // world_size // local_batch // accumulate):
         raise ValueError(f"{rows} rows over {world_size} ranks give each {rows // world_size}: "
                          f"not one step of {accumulate} x local_batch {local_batch}; choose a "
@@ -90,6 +91,9 @@ def gradient_counts(params, group=None) -> torch.Tensor:
     """How many ranks hold a gradient for each parameter: one small all-reduce, what DDP's
     ``find_unused_parameters=True`` adds to every step (0: no rank used it; the world size:
     every rank did)."""
+    params = list(params)  # a model's parameters() is a generator
+    if not params:
+        return torch.zeros(0)
     got = torch.tensor([float(p.grad is not None) for p in params], device=params[0].device)
     dist.all_reduce(got, group=group)
     return got
@@ -112,11 +116,11 @@ def parameters_to_average(model, group=None, find_unused: bool = False) -> list:
     if find_unused:
         counts = gradient_counts(params, group)
         if bad := used_by_some_ranks_only(counts, dist.get_world_size(group)):
-            raise RuntimeError(f"rank {dist.get_rank(group)}: parameters {bad} got a gradient on "
-                               f"some ranks only; every rank must use the same parameters")
+            raise RuntimeError(f"rank {rank_and_size(group)[0]}: parameters {bad} got a gradient "
+                               f"on some ranks only; every rank must use the same parameters")
         return [p for p, n in zip(params, counts.tolist(), strict=True) if n > 0]
     if missing := [i for i, p in enumerate(params) if p.grad is None]:
-        raise RuntimeError(f"rank {dist.get_rank(group)}: parameters {missing} got no gradient "
+        raise RuntimeError(f"rank {rank_and_size(group)[0]}: parameters {missing} got no gradient "
                            f"in this backward pass; use every parameter in the loss, freeze it "
                            f"(requires_grad=False) or pass find_unused=True")
     return params

@@ -42,9 +42,15 @@ def test_digits_as_images():
     assert split.x_train.shape[1:] == (1, 8, 8)
 
 
-def test_bad_test_fraction():
+def test_bad_test_fraction_dtype_or_text_length():
     with pytest.raises(ValueError, match="test_fraction"):
         data.load_digits(test_fraction=1.5)
+    with pytest.raises(ValueError, match="dtype must be a floating-point dtype"):
+        data.load_digits(dtype=torch.int64)
+    assert data.load_digits(dtype=torch.float64).x_train.dtype == torch.float64
+    for bad in (-5, 0, True, 2.5):
+        with pytest.raises(ValueError, match="max_chars must be a whole number of at least 1"):
+            data.stdlib_text(bad)
 
 
 def test_mnist_without_torchvision_says_how_to_install(monkeypatch):

@@ -96,6 +96,8 @@ def test_time_ddp_steps_refuses_steps_it_cannot_time(digits):
     x, y = digits
     with pytest.raises(ValueError, match="steps must be a whole number of at least 1"):
         dp.time_ddp_steps(model_fn, x, y, 8, steps=0)
+    with pytest.raises(ValueError, match="local_batch must be a whole number of at least 1"):
+        dp.time_ddp_steps(model_fn, x, y, 0)
     # an emulated device's first step counts FLOPs and is not paced: it must not be timed
     with pytest.raises(ValueError, match="first step counts FLOPs"):
         dp.time_ddp_steps(model_fn, x, y, 8, warmup=0, emulated=EmulatedDevice(1e9))
@@ -155,6 +157,12 @@ def test_an_epoch_that_makes_no_step_is_refused_naming_the_sizes():
     with pytest.raises(ValueError, match="warmup_steps must be a whole number of at least 0"):
         dp.warmup_lr(0, 0.8, -1, 0.1)
     assert dp.warmup_lr(3, 0.8, 0, 0.1) == 0.8  # no warm-up: the target at once
+    with pytest.raises(ValueError, match="step must be a whole number of at least 0"):
+        dp.warmup_lr(-1, 0.8, 10, 0.1)
+    with pytest.raises(ValueError, match="samples must be a whole number of at least 1"):
+        dp.lesson_setup(samples=-5)
+    with pytest.raises(ValueError, match="epochs must be a whole number of at least 0"):
+        dp.one_process(*dp.lesson_setup(samples=32), 2, 8, 0.1, -1)
 
 
 def refusals(x, y, group=None):

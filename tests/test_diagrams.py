@@ -86,8 +86,9 @@ def test_the_rank_grid_places_each_rank_of_the_mesh():
     assert len(colours) == 1  # ranks 0-7: one node
     wide = diagrams.plot_rank_grid(torch.arange(64).view(8, 1, 8).tolist(), gpus_per_node=8)
     assert [ax.get_title() for ax in wide.axes][-1] == "replica 3 (of 8)"
-    with pytest.raises(ValueError, match="gpus_per_node"):
-        diagrams.plot_rank_grid(layout, gpus_per_node=0)
+    for bad in (0, 2.5, float("nan"), True):
+        with pytest.raises(ValueError, match="gpus_per_node must be a whole number"):
+            diagrams.plot_rank_grid(layout, gpus_per_node=bad)
     plt.close("all")
 
 
@@ -195,6 +196,11 @@ def test_the_causal_work_shares_are_each_ranks_unmasked_pairs():
     assert titles[0] == "contiguous\nrank shares: " + ", ".join(
         f"{w / sum(pairs):.0%}" for w in pairs)
     assert titles[1] == "zigzag\nrank shares: 25%, 25%, 25%, 25%"
+    with pytest.raises(ValueError, match="the same number of ranks"):
+        diagrams.plot_causal_work({"a": [[0, 1], [2, 3]], "b": [[0], [1], [2], [3]]}, 4)
+    for positions in ([[], []], [[0, 1], [2, 4]], [[-1], [2]]):
+        with pytest.raises(ValueError, match=r"positions must lie in 0..3"):
+            diagrams.plot_causal_work({"a": positions}, 4)
     plt.close("all")
 
 

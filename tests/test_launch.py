@@ -386,7 +386,8 @@ def test_argument_that_cannot_be_sent_is_named():
 
 
 @pytest.mark.parametrize("bad", [dict(args=5), dict(kwargs=[1]), dict(timeout=0),
-                                 dict(timeout=-3)])
+                                 dict(timeout=-3), dict(timeout=float("nan")),
+                                 dict(timeout=float("inf")), dict(timeout=True)])
 def test_malformed_args_kwargs_timeout_are_rejected(bad):
-    with pytest.raises((TypeError, ValueError)):
+    with pytest.raises((TypeError, ValueError), match="args|kwargs|timeout"):
         launch(workers.echo, 2, **bad)

@@ -77,3 +77,26 @@ def test_flat_mlp_accuracy_counts_correct_predictions():
     w = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64)  # identity, no bias
     x = torch.tensor([[2.0, 1.0], [0.0, 3.0], [5.0, 4.0]], dtype=torch.float64)
     assert model.accuracy(w, x, torch.tensor([0, 1, 1])) == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: models.FlatMLP((64,)), "two or more layer widths"),
+    (lambda: models.FlatMLP((0, 10)), "two or more layer widths"),
+    (lambda: models.DIGITS_MLP.forward(torch.zeros(5), torch.zeros(2, 64)),
+     "flat vector of this MLP's 2410 parameters"),
+    (lambda: models.DIGITS_MLP.loss_and_gradient(models.DIGITS_MLP.init(), torch.zeros(3, 64),
+                                                  torch.tensor([1, 2])), "one label per row"),
+    (lambda: models.DIGITS_MLP.loss_and_gradient(models.DIGITS_MLP.init(), torch.zeros(2, 64),
+                                                  torch.tensor([1, -1])), r"labels must lie in 0..9"),
+    (lambda: models.DIGITS_MLP.loss_and_gradient(models.DIGITS_MLP.init(), torch.zeros(1, 64),
+                                                  torch.tensor([10])), r"labels must lie in 0..9"),
+    (lambda: models.digits_mlp(depth=-3), "depth must be a whole number of at least 0"),
+    (lambda: models.digits_mlp(width=True), "width must be a whole number"),
+    (lambda: models.deep_mlp(depth=0), "depth must be a whole number of at least 1"),
+    (lambda: models.tiny_gpt(layers=-1), "layers must be a whole number"),
+    (lambda: models.tiny_gpt(heads=0), "heads must be a whole number"),
+    (lambda: models.tiny_gpt(heads=True), "heads must be a whole number")])
+def test_models_refuse_sizes_weights_and_labels_that_do_not_fit_by_name(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+    assert models.digits_mlp(depth=0)[0].out_features == 10  # no hidden layer: logistic regression

@@ -39,6 +39,11 @@ def test_percent_off_says_within_above_or_below():
     assert report.percent_off(7.55, 4.54, close=0.1) == "66% above"
     with pytest.raises(ValueError, match="undefined"):
         report.percent_off(1.0, 0.0)
+    for measured, expected in ((float("nan"), 1.0), (1.0, float("inf"))):
+        with pytest.raises(ValueError, match="need finite values"):
+            report.percent_off(measured, expected)
+    with pytest.raises(ValueError, match="close is a share"):
+        report.percent_off(1.0, 1.0, close=-1)
 
 
 def test_times_as_names_the_direction():
@@ -47,8 +52,9 @@ def test_times_as_names_the_direction():
     assert report.times_as(2.0, 1.0, more="more", less="less") == "2.0x more than"
     assert report.times_as(0.96, 1.0) == report.times_as(1.04, 1.0) == "within 5% of"
     assert report.times_as(1.06, 1.0) == "1.1x faster than"
-    with pytest.raises(ValueError):
-        report.times_as(0.0, 1.0)
+    for measured, reference in ((0.0, 1.0), (float("nan"), 1.0), (1.0, float("inf"))):
+        with pytest.raises(ValueError, match="need positive finite values"):
+            report.times_as(measured, reference)
 
 
 def test_mean_spread_over_seeds():
@@ -57,6 +63,9 @@ def test_mean_spread_over_seeds():
     assert report.mean_spread([20, 24, 22], "{:.0f}", count=False) == "22 ± 2"
     with pytest.raises(ValueError):
         report.mean_spread([])
+    # a run that diverged: said in words, not "nan ± nan"
+    assert report.mean_spread([0.5, float("nan"), 0.4]) == "not finite (NaN or inf) in 1 of 3 seeds"
+    assert report.mean_spread([float("inf")], count=False) == "not finite (NaN or inf) in 1 of 1 runs"
 
 
 def test_rank_correlation_is_spearmans_with_ties_sharing_their_mean_rank():
@@ -73,6 +82,8 @@ def test_rank_correlation_is_spearmans_with_ties_sharing_their_mean_rank():
         rank_correlation([1, 2], [1, 2, 3])
     with pytest.raises(ValueError, match="all equal"):
         rank_correlation([1, 1, 1], [1, 2, 3])
+    with pytest.raises(ValueError, match="a NaN has no rank"):
+        rank_correlation([1, float("nan"), 3, 2], [1, 2, 3, 4])
 
 
 def test_interactive_figure_saves_one_picture_and_redraws_it_in_place(monkeypatch):

@@ -34,9 +34,21 @@ def test_str_reports_median_spread_and_runs():
     assert "11 ms median" in text and "3 runs" in text
 
 
-def test_measure_rejects_nonsense():
-    with pytest.raises(ValueError):
-        measure(lambda: None, repeats=0)
+@pytest.mark.parametrize("counts, match", [
+    (dict(repeats=0), "repeats must be a whole number of at least 1"),
+    (dict(repeats=True), "repeats must be"), (dict(repeats=2.5), "repeats must be"),
+    (dict(warmup=-1), "warmup must be a whole number of at least 0")])
+def test_measure_rejects_nonsense(counts, match):
+    with pytest.raises(ValueError, match=match):
+        measure(lambda: None, **counts)
+    with pytest.raises(ValueError, match=match):
+        measure_interleaved({"a": lambda: None}, **counts)
+
+
+@pytest.mark.parametrize("times", [[], [1.0, float("nan"), 2.0], [float("inf")], [-1.0]])
+def test_a_timing_refuses_no_times_and_times_that_are_not_finite_or_negative(times):
+    with pytest.raises(ValueError, match="one or more times, each finite and zero or more"):
+        Timing(times)
 
 
 def test_synchronize_on_cpu_is_a_no_op():

@@ -153,8 +153,19 @@ def test_the_loop_refuses_what_it_cannot_split_or_draw():
         T.check_split(10, 3)
     with pytest.raises(ValueError, match="larger than the 40 rows"):
         T.global_batches(40, 41, 1)
-    with pytest.raises(ValueError, match="at least one row"):
-        T.global_batches(40, 0, 1)
+    for bad, match in (((40, 0, 1), "global_batch must be a whole number of at least 1"),
+                       ((40, True, 1), "global_batch must be"), ((40, 4, -1), "steps must be"),
+                       ((40, 4, True), "steps must be"), ((40, 2.5, 1), "global_batch must be")):
+        with pytest.raises(ValueError, match=match):
+            T.global_batches(*bad)
+    for split in ((0, 2), (-4, 2), (8, -2), (5, 2.5), (8, 0)):
+        with pytest.raises(ValueError, match="must be a whole number of at least 1"):
+            T.check_split(*split)
+    with pytest.raises(ValueError, match="rows must be a whole number of at least 0"):
+        T.check_steps(-10, 2, 1)
+    assert T.gradient_counts([]).numel() == 0
+    with pytest.raises(RuntimeError, match=r"rank 0: parameters \[0, 1\] got no gradient"):
+        T.parameters_to_average(torch.nn.Linear(2, 2))  # one process: no process group needed
     assert T.rank_and_size() == (0, 1)  # no process group: one process
     model, losses = one_process(sgd)
     assert len(losses) == STEPS and all(loss > 0 for loss in losses)

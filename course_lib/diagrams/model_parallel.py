@@ -49,8 +49,9 @@ def plot_rank_grid(layout, *, gpus_per_node: int, title: str = "Where each rank 
     replica, stages as rows, tensor slices as columns; the colour is the node a rank is on, so
     a group that crosses nodes shows as one of several colours."""
     dp, pp, tp = len(layout), len(layout[0]), len(layout[0][0])
-    if gpus_per_node < 1:
-        raise ValueError(f"gpus_per_node must be positive, got {gpus_per_node}")
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
+        raise ValueError(f"gpus_per_node must be a whole number of at least 1, got "
+                         f"{gpus_per_node!r}")
     shown = min(dp, MAX_REPLICAS)
     with course_style():
         fig, axes = plt.subplots(1, shown, figsize=(min(2.0 + 0.7 * tp * shown, 12.0),

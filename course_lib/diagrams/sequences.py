@@ -47,6 +47,14 @@ def plot_causal_work(splits, tokens: int, *, title: str = "Causal attention: who
     if not splits:
         raise ValueError("splits is empty: pass {layout: positions per rank}")
     p = len(next(iter(splits.values())))
+    if {len(v) for v in splits.values()} != {p} or p < 1:
+        raise ValueError(f"every layout must give the same number of ranks, at least one: got "
+                         f"{ {name: len(v) for name, v in splits.items()} }")
+    for name, positions in splits.items():
+        flat = [int(q) for pos in positions for q in np.asarray(pos).ravel()]
+        if not flat or min(flat) < 0 or max(flat) >= tokens:
+            raise ValueError(f"layout {name!r}: positions must lie in 0..{tokens - 1}, and some "
+                             f"rank must hold one")
     cmap = ListedColormap([to_rgba("white")] + [to_rgba(COLORS[r % len(COLORS)]) for r in
                                                 range(p)])
     with course_style():

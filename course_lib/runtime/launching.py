@@ -69,8 +69,8 @@ def _check_arguments(fn, world_size, args, kwargs, timeout):
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
         raise TypeError(f"kwargs must be a dict with str keys, got {kwargs!r}")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                or timeout <= 0):
-        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+                                or not 0 < timeout < float("inf")):
+        raise ValueError(f"timeout must be positive and finite (seconds) or None, got {timeout!r}")
 
 
 def _code_with_filename(code_args, filename):

@@ -36,6 +36,12 @@ class Timing:
 
     times: list[float]
 
+    def __post_init__(self):
+        self.times = list(self.times)
+        if not self.times or not all(0 <= t < float("inf") for t in self.times):
+            raise ValueError(f"a Timing needs one or more times, each finite and zero or more; got "
+                             f"{self.times[:10]}")
+
     @property
     def median(self) -> float:
         return statistics.median(self.times)
@@ -61,14 +67,20 @@ class Timing:
                 f"{len(self.times)} runs)")
 
 
+def _check_counts(repeats, warmup) -> None:
+    """Refuse, naming them, repeats that are not a whole number >= 1 or warmups not >= 0."""
+    for name, value, least in (("repeats", repeats, 1), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be a whole number of at least {least}, got {value!r}")
+
+
 def measure(fn, *, repeats: int = 5, warmup: int = 1, device=None) -> Timing:
     """Call ``fn()`` ``warmup`` times untimed, then ``repeats`` times timed.
 
     With a CUDA ``device`` (or CUDA in use when ``device`` is None) the GPU is synchronised
     before and after each run, so the time covers the work and not only its launch.
     """
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    _check_counts(repeats, warmup)
     for _ in range(warmup):
         fn()
     times = []
@@ -86,8 +98,7 @@ def measure_interleaved(fns: dict, *, repeats: int = 5, warmup: int = 1,
     """Time several variants of one computation (name -> ``fn``) fairly: warm each up, then run
     them in turn, ``repeats`` rounds, so that a slow spell of the machine (another process, a
     clock change) falls on every variant alike instead of on whichever ran during it."""
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    _check_counts(repeats, warmup)
     for fn in fns.values():
         for _ in range(warmup):
             fn()
