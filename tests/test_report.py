@@ -1,5 +1,7 @@
 """Sentences from values and figures a reader sees (course_lib.report)."""
 
+import math
+
 import IPython.display
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
@@ -65,7 +67,7 @@ def test_mean_spread_over_seeds():
         report.mean_spread([])
     # a run that diverged: said in words, not "nan ± nan"
     assert report.mean_spread([0.5, float("nan"), 0.4]) == "not finite (NaN or inf) in 1 of 3 seeds"
-    assert report.mean_spread([float("inf")], count=False) == "not finite (NaN or inf) in 1 of 1 runs"
+    assert report.mean_spread([math.inf], count=False) == "not finite (NaN or inf) in 1 of 1 runs"
 
 
 def test_rank_correlation_is_spearmans_with_ties_sharing_their_mean_rank():
