@@ -20,17 +20,10 @@ from course_lib.cost_models import amdahl_speedup, fit_amdahl, fit_gustafson, gu
 from course_lib.runtime.timing import Span, Timing
 
 STYLE = {
-    "figure.figsize": (9.0, 3.6),
-    "figure.dpi": 100,
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.titlesize": 11,
-    "axes.labelsize": 10,
-    "legend.fontsize": 9,
-    "lines.linewidth": 1.8,
-    "lines.markersize": 6,
+    "figure.figsize": (9.0, 3.6), "figure.dpi": 100, "axes.grid": True, "grid.alpha": 0.3,
+    "axes.spines.top": False, "axes.spines.right": False,
+    "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9,
+    "lines.linewidth": 1.8, "lines.markersize": 6,
     "axes.prop_cycle": matplotlib.cycler(color=["#1f77b4", "#d62728", "#2ca02c", "#9467bd",
                                                 "#ff7f0e", "#8c564b", "#17becf"]),
 }
@@ -89,6 +82,9 @@ def plot_speedup(workers, times, *, title: str = "Speedup", label: str = "measur
     measure processes sharing cores, not the law.
     """
     p = np.asarray(workers, dtype=float)
+    if len(p) != len(times) or not np.all((p >= 1) & (p == np.round(p))):
+        raise ValueError(f"workers must be whole numbers of at least 1, one per entry of times: "
+                         f"got {list(workers)} and {len(times)} times")
     if 1 not in list(workers):
         raise ValueError("workers must include 1: speedup is measured against one worker")
     if scaling not in ("strong", "weak"):
@@ -187,6 +183,9 @@ def plot_times(timings: Mapping[str, Timing], *, title: str = "Wall time",
     time a model predicts for it as a grey tick: measurement next to theory."""
     if not timings:
         raise ValueError("timings is empty")
+    if unit not in ("s", "ms", "us") or not all(isinstance(t, Timing) for t in timings.values()):
+        raise ValueError(f"plot_times takes {{name: Timing}} (measure's results) and a unit of "
+                         f"'s', 'ms' or 'us'; got unit {unit!r}")
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     names = list(timings)
     med = np.array([timings[n].median for n in names]) * scale

@@ -30,6 +30,10 @@ def test_plot_speedup_weak_scaling_fits_gustafson_and_errors():
         plots.plot_speedup([2, 4], [1.0, 0.5])
     with pytest.raises(ValueError, match="scaling"):
         plots.plot_speedup([1, 2], [1.0, 0.5], scaling="medium")
+    for workers, times in (([1, 2, 4], [1.0, 0.6]), ([1, 0, 4], [1.0, 0.6, 0.4]),
+                           ([1, -2, 4], [1.0, 0.6, 0.4]), ([1, 2.5], [1.0, 0.6])):
+        with pytest.raises(ValueError, match="whole numbers of at least 1, one per entry"):
+            plots.plot_speedup(workers, times)
 
 
 def test_plot_convergence_by_step_and_wall_clock():
@@ -60,6 +64,10 @@ def test_plot_times_draws_bars_with_spread_and_predictions():
                                                                  "measured median (IQR)"]
     with pytest.raises(ValueError):
         plots.plot_times({})
+    with pytest.raises(ValueError, match="a unit of 's', 'ms' or 'us'"):
+        plots.plot_times(timings, unit="min")
+    with pytest.raises(ValueError, match=r"takes \{name: Timing\}"):
+        plots.plot_times({"a": [1.0]})
 
 
 def test_plot_convergence_gives_each_run_its_own_line_style():
