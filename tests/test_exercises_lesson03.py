@@ -144,3 +144,15 @@ def test_crossover_accepts_the_size_within_the_tolerance_and_explains_wrong_ones
         ex.check_crossover_size(crossing(8), 0.0, BETA, 8)
     with pytest.raises(common.ExerciseFailed, match="number of bytes"):
         ex.check_crossover_size(float("nan"), ALPHA, BETA, 8)
+
+
+def test_a_graded_run_draws_a_p_no_digest_holds_and_the_judge_sees_it_unchanged(monkeypatch):
+    from course_lib.exercises.lesson03 import draw_ranks
+
+    assert common.drawn("lesson03.ranks", draw_ranks) == 8  # the student edition's: digested
+    monkeypatch.setenv(common.GRADING_SEED, "12345")
+    p = common.drawn("lesson03.ranks", draw_ranks)
+    assert 128 <= p <= 2**20 and p & (p - 1) == 0
+    assert "correct" in ex.check_crossover_size(crossing(p), ALPHA, BETA, p)
+    with pytest.raises(ex.ExerciseFailed, match="drawn values were changed"):
+        ex.check_crossover_size(crossing(8), ALPHA, BETA, 8)  # 8's answer, found in the digests

@@ -280,3 +280,12 @@ def test_a_grader_that_fails_is_recorded_as_failed_not_as_tampering(tmp_path, mo
     assert "Kernel died" in report["error"]
     assert not list((tmp_path / "out").glob("*.TAMPERED.txt"))
     assert "Kernel died" in (tmp_path / "out" / "tiny.error.txt").read_text()
+
+
+def test_cells_a_spreadsheet_would_run_as_formulas_are_written_as_text(tmp_path):
+    assert gradebook.inert('=HYPERLINK("https://example.invalid/","why")&') == \
+        '\'=HYPERLINK("https://example.invalid/","why")&'
+    assert [gradebook.inert(v) for v in ("+1", "-2+3", "@SUM(A1)", "\tx")] == \
+        ["'+1", "'-2+3", "'@SUM(A1)", "'\tx"]
+    assert gradebook.inert("wrong\nsecond line") == "wrong second line"
+    assert gradebook.inert("Anna Lee") == "Anna Lee" and gradebook.inert(2.5) == 2.5

@@ -1,6 +1,7 @@
 """A check in a student's kernel shows one box and never raises; elsewhere it raises."""
 
 import json
+import re
 
 import pytest
 
@@ -106,3 +107,96 @@ def test_what_counts_as_not_solved():
     assert not common.not_solved(ValueError("no"))
     # the student edition's library leaving a reference out is not the student's stub
     assert not common.not_solved(NotImplementedError("not in the student edition: the grader"))
+
+
+def test_a_judge_that_runs_past_its_limit_is_stopped_and_not_judged(monkeypatch):
+    def endless(data):
+        try:
+            while True:
+                pass
+        except Exception:  # noqa: BLE001 - a judge's own broad except does not end the limit
+            return "correct"
+
+    monkeypatch.setitem(common.JUDGES, "test.endless", endless)
+    monkeypatch.setattr(judging, "JUDGE_SECONDS", 0.2)
+    verdict = judging.judge_data([{"name": "test.endless", "data": {}}], ["test.endless"])
+    assert verdict.startswith("the check's data took more than 0.2 s to judge")
+    with judging.time_limit(5):  # a judge that ends in time: its verdict, and no timer left
+        assert judging.judge_data([], []) == "correct"
+    import signal
+
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("name, data, match", [
+    ("lesson04.epochs_worth", {"run": {"base": [1.0] * 2000, "scaled": [0.5], "answers": [None]}},
+     "lists of at most 1000 epochs"),
+    ("lesson01.backward_cost", {"batch": 8, "image": [1, 800, 800], "layers": [], "forward": 1,
+                                "backward": 2}, r"image shape, split.x_train.shape\[1:\]"),
+    ("lesson09.breakdown", {"breakdown": {}, "rounds": 10**7, "seeds": [0], "m": 10, "trim": 0.1,
+                            "share": 0.2, "attack_seed": 0}, "ROUNDS and SEEDS")])
+def test_judges_refuse_run_data_far_larger_than_the_lessons(name, data, match, monkeypatch):
+    import importlib
+
+    importlib.import_module(f"course_lib.exercises.{name.split('.')[0]}")
+    monkeypatch.setattr(judging, "JUDGE_SECONDS", 30)
+    verdict = judging.judge_data([{"name": name, "data": data}], [name])
+    assert verdict.startswith("ExerciseFailed") and re.search(match, verdict), verdict
+
+
+def test_summary_keeps_each_exercise_on_one_line_whatever_its_feedback_holds():
+    from course_lib.exercises import grading
+
+    report = dict(submission="s.ipynb", score=0, points=1, seconds=1.0, exercises=[
+        dict(grade_id="exercise-1", score=0, points=1, feedback="wrong\nexercise-2  1/1  correct")],
+        ungraded_errors=[dict(cell=3, error="a\nb")])
+    lines = grading.summary(report).splitlines()
+    assert len(lines) == 3 and lines[1].endswith("wrong exercise-2  1/1  correct")
+    assert lines[2] == "  (cell 3, not graded, failed: a b)"
+
+
+def test_a_folder_tree_deeper_than_pythons_recursion_limit_is_removed(tmp_path):
+    import os
+
+    from course_lib.exercises import sandbox
+
+    fd = os.open(tmp_path, os.O_RDONLY)
+    for _ in range(1200):  # deeper than sys.getrecursionlimit(): shutil.rmtree of 3.11 fails
+        os.mkdir("d", dir_fd=fd)
+        fd, old = os.open("d", os.O_RDONLY, dir_fd=fd), fd
+        os.close(old)
+    os.close(fd)
+    sandbox.remove_tree(tmp_path / "d")
+    assert not (tmp_path / "d").exists()
+
+
+def test_replay_stops_at_the_notebooks_deadline_and_at_a_copy_past_its_limit():
+    import time
+
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from course_lib.exercises import kernels
+
+    class Timeout(Exception):
+        ename = "CellTimeout"
+
+    class Client:
+        timeout, check_data, ran = 1, {}, []
+
+        def execute_cell(self, cell, index, store_history):
+            self.ran.append(index)
+            if cell.source == "slow":
+                raise Timeout
+
+    class Guard:
+        deadline = None
+
+    nb = new_notebook(cells=[new_code_cell(s) for s in ("a = 1", "slow", "b = 2")])
+    client, guard = Client(), Guard()
+    kernels.replay(client, nb, [0, 1, 2], time.monotonic() + 60, guard)
+    assert client.ran == [0, 1] and guard.deadline is None  # nothing replayed after the slow one
+    client.ran = []
+    kernels.replay(client, nb, [0, 2], time.monotonic() - 1, guard)
+    assert client.ran == []  # the notebook's limit has passed: nothing replayed
+    kernels.replay(client, nb, [0, 2])
+    assert client.ran == [0, 2]

@@ -184,8 +184,18 @@ def _exercise_row(lesson: str, gid: str, rows: list[dict], lost: list[str]) -> d
             "most common reasons": "; ".join(f"{r} ({n})" for r, n in reasons)}
 
 
+def inert(value):
+    """A cell a spreadsheet shows as text: one that starts with =, +, -, @ or a control
+    character (a formula, in Excel, LibreOffice or Google Sheets: a name or feedback a student
+    wrote could run one) gets a leading apostrophe; line breaks become spaces. Numbers stay."""
+    if not isinstance(value, str):
+        return value
+    value = " ".join(value.splitlines())
+    return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
+
+
 def _write(path: Path, head: list[str], rows: list[dict]) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=head, restval="")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: inert(v) for k, v in row.items()} for row in rows)

@@ -136,6 +136,7 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
                 run_sync(km.shutdown_kernel)(now=True)
             for pid in client.launchers | {launcher} - {None}:  # each restart's too
                 sandbox.remove_groups(pid)
+            sandbox.remove_tree(shared)  # what the kernel wrote, before the folder's own cleanup
         for gid in missing:
             results[gid.removesuffix("-solution")]["feedback"] += \
                 " (the submission has no solution cell for it: the lesson's stub ran)"
@@ -231,7 +232,7 @@ def _run(client, nb, graded, judges, results, start, timeout, start_args,
                     break
                 if replays < MAX_REPLAYS:
                     replays += 1
-                    replay(client, nb, ran)
+                    replay(client, nb, ran, start + timeout, guard)
                 else:
                     why += "; later cells ran in a new kernel, without what earlier cells made"
                 kernel_pid = pid_of_kernel(client)
@@ -262,8 +263,10 @@ def summary(report: dict) -> str:
              f"({report['seconds']} s)" + (f"; ran {report['ran']}" if "ran" in report else "")]
     if report.get("warning"):
         lines.append(f"  warning: {report['warning']}")
-    for r in report["exercises"]:
-        lines.append(f"  {r['grade_id']:12s} {r['score']:g}/{r['points']:g}  {r['feedback']}")
+    for r in report["exercises"]:  # one line each, whatever a check's message holds
+        lines.append(f"  {r['grade_id']:12s} {r['score']:g}/{r['points']:g}  "
+                     f"{' '.join(str(r['feedback']).splitlines())}")
     for f in report.get("ungraded_errors", []):
-        lines.append(f"  (cell {f['cell']}, not graded, failed: {f['error']})")
+        lines.append(f"  (cell {f['cell']}, not graded, failed: "
+                     f"{' '.join(str(f['error']).splitlines())})")
     return "\n".join(lines)

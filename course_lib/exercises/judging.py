@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import re
+import signal
+import threading
 from pathlib import Path
 
 from course_lib.exercises import common
@@ -40,11 +42,51 @@ def judge_names(lesson_path: Path, lesson, check_cell: str) -> list[str]:
     return names
 
 
+JUDGE_SECONDS = 60  # a judge's time on one check cell's data: the lessons' take well under 1 s
+
+
+class JudgeTimeout(BaseException):
+    """A judge ran past :data:`JUDGE_SECONDS` (a BaseException: no judge's ``except Exception``
+    swallows it)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Stop what runs inside with :class:`JudgeTimeout` after ``seconds`` (a timer signal: in the
+    main thread, where the grader judges; elsewhere no limit)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def stop(signum, frame):
+        raise JudgeTimeout
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def judge_data(records, names: list[str]) -> str:
     """Judge the data a check cell sent, here: 'correct', or why not (a hidden case: only that
     one failed; no answer: what the check said, "not solved yet" or what the code raised).
     ``records``: the cell's data messages as the grader took them out ({"name", "data"} each);
-    every one for a check of this cell is judged, and all must pass."""
+    every one for a check of this cell is judged, and all must pass. Judging all of them may take
+    :data:`JUDGE_SECONDS`: data that takes longer (far more than the lesson's run makes) is not
+    judged."""
+    try:
+        with time_limit(JUDGE_SECONDS):
+            return _judge_all(records, names)
+    except JudgeTimeout:
+        return (f"the check's data took more than {JUDGE_SECONDS} s to judge (far more than the "
+                f"lesson's run makes): not judged")
+
+
+def _judge_all(records, names: list[str]) -> str:
     if TOO_MUCH in records:
         return f"the check's data is larger than {MAX_DATA_BYTES // 10**6} MB: not judged"
     seen = set()

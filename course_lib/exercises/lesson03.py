@@ -24,7 +24,9 @@ from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
+    check_drawn,
     checked,
+    grading_seed,
     hidden_seed,
     is_number,
 )
@@ -187,6 +189,13 @@ to rank XOR 1, XOR 2, ..."""
 # -- Exercise 2: where the ring overtakes recursive doubling ------------------------------------
 
 
+def draw_ranks(rng) -> int:
+    """Exercise 2's p (``common.drawn("lesson03.ranks", draw_ranks)`` in the notebook): 8, whose
+    answer the student edition's digests hold, except in a graded run: a power of two from 128
+    to 2**20, whose answers no digest holds (one digest per p could be searched bin by bin)."""
+    return 8 if grading_seed() is None else int(2 ** rng.integers(7, 21))
+
+
 def _probe_crossover(n_cross, alpha_msg, beta_msg, ranks) -> dict:
     """``n_cross``: the student's size in bytes; ``alpha_msg``, ``beta_msg``: this run's
     per-message constants of the ring's fit; ``ranks``: p."""
@@ -200,6 +209,7 @@ def _judge_crossover(data) -> str:
         raise ExerciseFailed(f"give n_cross as a number of bytes, not {answer!r}")
     if p < 4 or p & (p - 1):
         raise ExerciseFailed(f"recursive doubling needs p a power of two, at least 4; got {p}")
+    check_drawn("lesson03.ranks", draw_ranks, p)  # graded runs only
     if not (alpha > 0 and beta > 0 and math.isfinite(alpha) and math.isfinite(beta)):
         raise ExerciseFailed(f"pass this run's alpha_msg and beta_msg (positive), not "
                              f"{alpha!r}, {beta!r}")

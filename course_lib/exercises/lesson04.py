@@ -260,11 +260,17 @@ def _probe_epochs_worth(fn, seeded) -> dict:
                             "answers": _answers(fn, base, scaled)}}
 
 
+MAX_EPOCHS = 1000  # the lesson's curves hold a few dozen: far longer ones would take long to judge
+
+
 def _judge_epochs_worth(data) -> str:
     drawn = _synthetic(hidden_seed())
     run = data.get("run") if isinstance(data, dict) else None
     if not isinstance(run, dict) or not {"base", "scaled", "answers"} <= set(run):
         raise ExerciseFailed("the check's data lacks the run's curves: run the check cell as it is")
+    if any(not isinstance(run[k], list) or len(run[k]) > MAX_EPOCHS for k in ("base", "scaled")):
+        raise ExerciseFailed(f"your run's curves must be lists of at most {MAX_EPOCHS} epochs, as "
+                             f"the lesson's runs make: run its cells as they are")
     cases = merged({k: [{} for _ in v] for k, v in drawn.items()},
                    {k: v for k, v in data.items() if k != "run"}, ("answers",))
     for (b, s), case in zip(drawn["visible"], cases["visible"], strict=True):

@@ -162,7 +162,8 @@ def _judge_breakdown(data) -> str:
     answer, rounds, seeds = data["breakdown"], data["rounds"], data["seeds"]
     m, trim, share, attack_seed = data["m"], data["trim"], data["share"], data["attack_seed"]
     check_drawn("lesson09.federation", draw_federation, [m, trim, share, attack_seed])
-    if not is_whole(rounds) or rounds < 1 or not seeds or not all(is_whole(s) for s in seeds):
+    if not is_whole(rounds) or not 1 <= rounds <= 1000 or not 1 <= len(seeds) <= 100 or \
+            not all(is_whole(s) for s in seeds):
         raise ExerciseFailed("pass section 5's ROUNDS and SEEDS")
     if not (is_whole(m) and 2 <= m <= CLIENTS and is_number(trim) and 0 <= trim < 0.5 and
             2 * int(trim * m) < m and is_number(share) and 0 < share < 1 and

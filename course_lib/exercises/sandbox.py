@@ -160,18 +160,30 @@ os.execv(sys.argv[2], sys.argv[2:])
 
 def remove_groups(pid: int) -> None:
     """Kill what is left in the control groups the launcher with ``pid`` made, and remove them
-    (a group that still holds processes can't be removed)."""
+    (a group that still holds processes can't be removed: it is tried again for up to 2 s while
+    the killed processes die)."""
+    import time
+
     name = f"course_lib_grader_{pid}"
     for base in ("memory", "pids", "unified"):
         group = CGROUPS / base / name
-        if not group.is_dir():
-            continue
-        try:
-            for line in (group / "cgroup.procs").read_text().split():
-                try:
-                    os.kill(int(line), 9)
-                except ProcessLookupError:
-                    pass
-            group.rmdir()
-        except OSError:
-            pass  # still emptying: the processes are dead or dying; the folder is harmless
+        for _ in range(20):
+            if not group.is_dir():
+                break
+            try:
+                for line in (group / "cgroup.procs").read_text().split():
+                    try:
+                        os.kill(int(line), 9)
+                    except ProcessLookupError:
+                        pass
+                group.rmdir()
+            except OSError:
+                time.sleep(0.1)  # still emptying: the processes are dead or dying
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` and all below it, however deep (a kernel can nest folders past Python's
+    recursion limit, where ``shutil.rmtree`` of Python 3.11 fails): ``rm -rf``, which walks the
+    tree without recursing."""
+    subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
