@@ -191,3 +191,12 @@ def test_projections_tell_tensors_apart_but_not_rounding():
         assert not torch.allclose(torch.tensor(cases.projections(other)),
                                   torch.tensor(cases.projections(t)), rtol=1e-7, atol=1e-9)
     assert len(cases.projections(t, k=5)) == 5
+
+
+def test_a_made_up_curve_is_refused_not_judged():
+    q, after = 6, 13
+    with pytest.raises(ex.ExerciseFailed, match=r"is not what FedAvg with q = 6 reaches after 13"):
+        ex.check_rounds_to_match(1, [1e9] * after, q, 0.1, after)
+    losses = q_losses(q, after)
+    with pytest.raises(ex.ExerciseFailed, match="is not what FedAvg"):
+        ex.check_rounds_to_match(1, losses[:-1] + [losses[-1] * (1 + 1e-6)], q, 0.1, after)

@@ -5,10 +5,9 @@ Lecture note "Parallel computing for empirical risk minimization", sections 4.1 
 4.2 (decentralized optimisation on a graph). Each check is a probe and a judge
 (:mod:`course_lib.exercises.common`); the step's judge draws its cases itself (:mod:`.cases`).
 
-The library simulates the note's FedAvg and combine-then-adapt steps (``erm_simulators``), so
-neither is asked for: the first exercise asks for a number only a run gives (with q and the round
-count drawn for each run: another run's number is no answer), the second for the
-adapt-then-combine order with a mixing matrix, which the library does not have.
+The library simulates FedAvg and combine-then-adapt (``erm_simulators``), so the first exercise
+asks for a number only a run gives (q and the round count drawn for each run; the judge computes
+the run's curve again), the second for adapt-then-combine with a mixing matrix.
 """
 
 from __future__ import annotations
@@ -35,9 +34,8 @@ MAX_ROUNDS = 20_000  # more than GD needs for any target of the lesson's curves
 
 # -- Exercise 1: rounds of plain gradient descent that q local steps are worth ------------------
 
-# A graded run draws q and AFTER within these ranges (41 to 143 rounds: no copying); others draw
-# a practice draw (exercises.practice). q >= 4, AFTER >= 8 keep the naive "q x AFTER" wrong, and
-# q x AFTER <= 160 local steps keep the exercise a fraction of a second.
+# A graded run draws q and AFTER in these ranges (41 to 143 rounds); others a practice draw.
+# q >= 4, AFTER >= 8 keep "q x AFTER" wrong; q x AFTER <= 160 local steps keep it fast.
 Q_RANGE, AFTER_RANGE = (4, 8), (8, 20)
 LESSON_LR, LESSON_CLIENTS = 0.1, 4  # the notebook's FED_LR and clients (the practice cases')
 
@@ -50,8 +48,7 @@ def draw_q_after(rng) -> tuple[int, int]:
 
 
 def _probe_rounds(rounds, q_losses, q, lr, after) -> dict:
-    """``rounds``: the student's count; ``q_losses``: this run's objective after each round of
-    FedAvg with ``q`` local steps (q and ``after`` are the run's drawn values)."""
+    """The student's count ``rounds``, and the run's FedAvg curve with ``q`` local steps."""
     if isinstance(q_losses, dict) or not hasattr(q_losses, "__len__") or not len(q_losses):
         raise ExerciseFailed("pass q_losses, the list of objectives of FedAvg with q local steps "
                              "(one per round), drawn and computed in the exercise's first cell")
@@ -76,8 +73,7 @@ def _gd_losses_until(target: float, lr: float) -> list[float]:
 
 
 def _judge_rounds(data) -> str:
-    """Recount from the run's data: the target is the run's q-curve after ``after`` rounds (q and
-    ``after`` as drawn in that run), the count is gradient descent's, computed here."""
+    """Recount: the target is the run's q-curve after ``after`` rounds, the count GD's."""
     check_drawn("lesson02.q_after", draw_q_after, [data["q"], data["after"]])
     answer, curve, after, q = data["answer"], data["curve"], data["after"], data["q"]
     if not is_whole(answer):
@@ -85,7 +81,12 @@ def _judge_rounds(data) -> str:
     if not 1 <= after <= len(curve) or q < 2:
         raise ExerciseFailed(f"pass this run's q_losses, q and AFTER (a curve with q > 1 local "
                              f"steps and at least {after} rounds)")
-    target = curve[after - 1]
+    target, problem = curve[after - 1], diabetes_problem()  # the run's curve, computed again:
+    again = fedavg_losses(problem, shard_rows(problem.n, LESSON_CLIENTS), q, data["lr"], after)
+    if not abs(again[-1] - target) <= 1e-9 * abs(again[-1]):  # made-up curves are not judged
+        raise ExerciseFailed(f"q_losses[AFTER - 1] = {target:.8g} is not what FedAvg with q = {q} "
+                             f"reaches after {after} rounds ({again[-1]:.8g}): pass the q_losses "
+                             f"the exercise's first cell computed")
     try:
         gd = _gd_losses_until(target, data["lr"])
     except NotImplementedError:  # the student edition: the practice draw's digests
@@ -116,8 +117,7 @@ def _judge_rounds(data) -> str:
 
 
 def _practice_answers(case) -> dict:
-    """A practice case's count: the exercise cell's q_losses (FedAvg with q local steps on the
-    lesson's clients), then gradient descent until it gets as low."""
+    """A practice case's count: its q-curve, then gradient descent until it gets as low."""
     (q, after, lr), problem = case, diabetes_problem()
     curve = fedavg_losses(problem, shard_rows(problem.n, LESSON_CLIENTS), q, lr, after)
     return {"rounds": [len(_gd_losses_until(curve[-1], lr))]}
