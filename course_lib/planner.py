@@ -232,12 +232,9 @@ def with_plan(ranked: list[Ranked], **known) -> list[Ranked]:
     return [r for r in ranked if same_choices(r.plan, **known)]
 
 
-
-
-
 def fitting(ranked: list[Ranked]) -> list[Ranked]:
     """The ranked plans that fit in memory, best first; where none does, an error naming the
-    smallest plan's memory against a GPU's (a larger cluster, recomputation or ZeRO may help)."""
+    smallest plan and the memory it needs on a GPU."""
     if not ranked:
         raise ValueError("no plans to choose from: rank them with rank_plans first")
     fits = [r for r in ranked if r.fits]

@@ -183,9 +183,11 @@ def plot_times(timings: Mapping[str, Timing], *, title: str = "Wall time",
     time a model predicts for it as a grey tick: measurement next to theory."""
     if not timings:
         raise ValueError("timings is empty")
-    if unit not in ("s", "ms", "us") or not all(isinstance(t, Timing) for t in timings.values()):
-        raise ValueError(f"plot_times takes {{name: Timing}} (measure's results) and a unit of "
-                         f"'s', 'ms' or 'us'; got unit {unit!r}")
+    if unit not in ("s", "ms", "us"):
+        raise ValueError(f"unit must be 's', 'ms' or 'us', got {unit!r}")
+    if bad := [f"{k!r} ({type(t).__name__})" for k, t in timings.items()
+               if not isinstance(t, Timing)]:
+        raise ValueError(f"plot_times takes {{name: Timing}} (measure's results): {bad[0]} is not")
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     names = list(timings)
     med = np.array([timings[n].median for n in names]) * scale

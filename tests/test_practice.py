@@ -142,3 +142,21 @@ def test_a_mark_makes_a_draw_practised():
         return int(rng.integers(5))
 
     assert practice.practised(draw) is draw and draw.practice is True
+
+
+@pytest.mark.parametrize("name, module, draw", [
+    ("lesson01.cost_sizes", "lesson01", "draw_cost_sizes"),
+    ("lesson02.q_after", "lesson02", "draw_q_after"),
+    ("lesson09.federation", "lesson09", "draw_federation")])
+def test_a_graded_run_never_draws_a_practice_draw_whose_answers_are_digested(monkeypatch, name,
+                                                                             module, draw):
+    import importlib
+
+    draw = getattr(importlib.import_module(f"course_lib.exercises.{module}"), draw)
+    shipped = {json.dumps(d) for d in practice.draws(name, draw)}
+    graded = []
+    for seed in range(60):
+        monkeypatch.setenv(common.GRADING_SEED, str(seed))
+        graded.append(json.dumps(common.to_plain(common.drawn(name, draw))))
+        assert graded[-1] == json.dumps(common.to_plain(common.drawn(name, draw)))  # the judge's
+    assert not shipped & set(graded) and len(set(graded)) > 20

@@ -121,11 +121,17 @@ def test_a_judge_that_runs_past_its_limit_is_stopped_and_not_judged(monkeypatch)
     monkeypatch.setattr(judging, "JUDGE_SECONDS", 0.2)
     verdict = judging.judge_data([{"name": "test.endless", "data": {}}], ["test.endless"])
     assert verdict.startswith("the check's data took more than 0.2 s to judge")
-    with judging.time_limit(5):  # a judge that ends in time: its verdict, and no timer left
-        assert judging.judge_data([], []) == "correct"
     import signal
 
+    assert judging.judge_data([], []) == "correct"  # ended in time: its verdict, no timer left
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    signal.setitimer(signal.ITIMER_REAL, 50)  # a timer that ran before is put back
+    try:
+        with judging.time_limit(5):
+            pass
+        assert 45 < signal.getitimer(signal.ITIMER_REAL)[0] <= 50
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 @pytest.mark.parametrize("name, data, match", [
@@ -155,19 +161,32 @@ def test_summary_keeps_each_exercise_on_one_line_whatever_its_feedback_holds():
     assert lines[2] == "  (cell 3, not graded, failed: a b)"
 
 
-def test_a_folder_tree_deeper_than_pythons_recursion_limit_is_removed(tmp_path):
+def _nest(folder, depth):
+    """``depth`` folders, each inside the last, under ``folder``: by file descriptor, as a kernel
+    can (a path that deep is longer than the system takes)."""
     import os
 
-    from course_lib.exercises import sandbox
-
-    fd = os.open(tmp_path, os.O_RDONLY)
-    for _ in range(1200):  # deeper than sys.getrecursionlimit(): shutil.rmtree of 3.11 fails
+    fd = os.open(folder, os.O_RDONLY)
+    for _ in range(depth):
         os.mkdir("d", dir_fd=fd)
         fd, old = os.open("d", os.O_RDONLY, dir_fd=fd), fd
         os.close(old)
     os.close(fd)
-    sandbox.remove_tree(tmp_path / "d")
-    assert not (tmp_path / "d").exists()
+
+
+def test_a_folder_tree_deeper_than_pythons_recursion_limit_is_removed(tmp_path):
+    from course_lib.exercises import guard
+
+    (tmp_path / "tree").mkdir()
+    _nest(tmp_path / "tree", 1200)  # deeper than sys.getrecursionlimit(): rmtree of 3.11 fails
+    guard.remove_tree(tmp_path / "tree")
+    assert not (tmp_path / "tree").exists()
+    sockets = tmp_path / "sockets"  # a kernel's sockets' folder, cleaned after a restart
+    sockets.mkdir()
+    (sockets / "kernel.json").write_text("{}")
+    _nest(sockets, 1200)
+    guard.clean_sockets_folder(sockets)
+    assert [p.name for p in sockets.iterdir()] == ["kernel.json"]
 
 
 def test_replay_stops_at_the_notebooks_deadline_and_at_a_copy_past_its_limit():
@@ -193,10 +212,10 @@ def test_replay_stops_at_the_notebooks_deadline_and_at_a_copy_past_its_limit():
 
     nb = new_notebook(cells=[new_code_cell(s) for s in ("a = 1", "slow", "b = 2")])
     client, guard = Client(), Guard()
-    kernels.replay(client, nb, [0, 1, 2], time.monotonic() + 60, guard)
+    stopped = kernels.replay(client, nb, [0, 1, 2], time.monotonic() + 60, guard)
     assert client.ran == [0, 1] and guard.deadline is None  # nothing replayed after the slow one
+    assert stopped == "cell 1 did not run again (Timeout)"
     client.ran = []
-    kernels.replay(client, nb, [0, 2], time.monotonic() - 1, guard)
-    assert client.ran == []  # the notebook's limit has passed: nothing replayed
-    kernels.replay(client, nb, [0, 2])
-    assert client.ran == [0, 2]
+    stopped = kernels.replay(client, nb, [0, 2], time.monotonic() - 1, guard)
+    assert client.ran == [] and stopped == "the notebook's limit came at cell 0"
+    assert kernels.replay(client, nb, [0, 2]) is None and client.ran == [0, 2]

@@ -160,16 +160,25 @@ def drawn(name: str, draw):
     that is fresh on every run -- except in a graded run, where it is seeded by the grading run
     and the name, so that the grader's judge can draw them again and see that they were not
     changed (a number copied from someone else's run then fails, whatever the cells say).
-    A draw function marked ``practice`` draws one of a few fixed sets outside a graded run."""
+    A draw function marked ``practice`` draws one of a few fixed sets outside a graded run, and
+    in a graded run anything but those."""
     import zlib
 
     import numpy as np
 
-    seed = grading_seed()
-    if seed is None and getattr(draw, "practice", False):  # one of its practice draws
+    seed, practised = grading_seed(), getattr(draw, "practice", False)
+    if seed is None and practised:  # one of its practice draws
         return draw(practice_rng(name, int(np.random.default_rng().integers(PRACTICE_DRAWS))))
-    return draw(np.random.default_rng(None if seed is None else
-                                      [seed, zlib.crc32(name.encode())]))
+    rng = np.random.default_rng(None if seed is None else [seed, zlib.crc32(name.encode())])
+    if seed is None or not practised:
+        return draw(rng)
+    # a graded run never draws a practice draw: the student edition holds digests of their answers
+    known = {json.dumps(to_plain(draw(practice_rng(name, k)))) for k in range(PRACTICE_DRAWS)}
+    for _ in range(100):
+        value = draw(rng)
+        if json.dumps(to_plain(value)) not in known:
+            break
+    return value
 
 
 def practice_rng(name: str, k: int):

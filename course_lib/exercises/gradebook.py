@@ -185,13 +185,13 @@ def _exercise_row(lesson: str, gid: str, rows: list[dict], lost: list[str]) -> d
 
 
 def inert(value):
-    """A cell a spreadsheet shows as text: one that starts with =, +, -, @ or a control
-    character (a formula, in Excel, LibreOffice or Google Sheets: a name or feedback a student
-    wrote could run one) gets a leading apostrophe; line breaks become spaces. Numbers stay."""
+    """A cell a spreadsheet shows as text: one that starts with =, +, -, @ or a tab (a formula,
+    in Excel, LibreOffice or Google Sheets: a name or feedback a student wrote could run one)
+    gets a leading apostrophe; line breaks become spaces. Numbers stay."""
     if not isinstance(value, str):
         return value
     value = " ".join(value.splitlines())
-    return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
+    return "'" + value if value[:1] in ("=", "+", "-", "@", "\t") else value
 
 
 def _write(path: Path, head: list[str], rows: list[dict]) -> None:

@@ -52,7 +52,7 @@ from course_lib.exercises.editions import (  # noqa: F401 - the authoring API, h
     student_library,
     student_version,
 )
-from course_lib.exercises.guard import Guard
+from course_lib.exercises.guard import Guard, remove_tree
 from course_lib.exercises.kernels import (  # noqa: F401 - the limits, here too
     HIDDEN_FAILED,
     MAX_OUTPUT_BYTES,
@@ -136,7 +136,7 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
                 run_sync(km.shutdown_kernel)(now=True)
             for pid in client.launchers | {launcher} - {None}:  # each restart's too
                 sandbox.remove_groups(pid)
-            sandbox.remove_tree(shared)  # what the kernel wrote, before the folder's own cleanup
+            remove_tree(shared)  # what the kernel wrote, before the folder's own cleanup
         for gid in missing:
             results[gid.removesuffix("-solution")]["feedback"] += \
                 " (the submission has no solution cell for it: the lesson's stub ran)"
@@ -232,7 +232,9 @@ def _run(client, nb, graded, judges, results, start, timeout, start_args,
                     break
                 if replays < MAX_REPLAYS:
                     replays += 1
-                    replay(client, nb, ran, start + timeout, guard)
+                    guard.kernel_pid = pid_of_kernel(client) if client.shared is not None else None
+                    if stopped := replay(client, nb, ran, start + timeout, guard):
+                        why += f"; earlier cells were run again only in part: {stopped}"
                 else:
                     why += "; later cells ran in a new kernel, without what earlier cells made"
                 kernel_pid = pid_of_kernel(client)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -129,6 +129,14 @@ def _over(folder: Path, max_bytes: int, max_files: int) -> bool:
     return False
 
 
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` and all below it, however deep (a kernel can nest folders past Python's
+    recursion limit, where ``shutil.rmtree`` of Python 3.11 fails): ``rm -rf``, which walks the
+    tree without recursing and follows no link."""
+    subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def clean_sockets_folder(folder: Path) -> None:
     """Remove what a dead kernel left in its sockets' folder but the connection file and the
     sockets themselves (nothing is followed: links go, not what they point to)."""
@@ -139,7 +147,7 @@ def clean_sockets_folder(folder: Path) -> None:
             if stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
                 continue
             if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
+                remove_tree(Path(entry.path))
             else:
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)

@@ -13,6 +13,7 @@ import importlib
 import re
 import signal
 import threading
+import time
 from pathlib import Path
 
 from course_lib.exercises import common
@@ -53,7 +54,8 @@ class JudgeTimeout(BaseException):
 @contextlib.contextmanager
 def time_limit(seconds: float):
     """Stop what runs inside with :class:`JudgeTimeout` after ``seconds`` (a timer signal: in the
-    main thread, where the grader judges; elsewhere no limit)."""
+    main thread, where the grader judges; elsewhere no limit). A timer already running is put
+    back afterwards, less the time spent inside."""
     if threading.current_thread() is not threading.main_thread() or \
             not hasattr(signal, "setitimer"):
         yield
@@ -62,6 +64,7 @@ def time_limit(seconds: float):
     def stop(signum, frame):
         raise JudgeTimeout
 
+    (left, interval), began = signal.getitimer(signal.ITIMER_REAL), time.monotonic()
     previous = signal.signal(signal.SIGALRM, stop)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
@@ -69,6 +72,9 @@ def time_limit(seconds: float):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if left > 0:  # the timer that was running before, what is left of it
+            signal.setitimer(signal.ITIMER_REAL, max(1e-3, left - (time.monotonic() - began)),
+                             interval)
 
 
 def judge_data(records, names: list[str]) -> str:

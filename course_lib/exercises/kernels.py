@@ -198,22 +198,26 @@ def capped_kernel_client():
     return CappedKernelClient
 
 
-def replay(client, nb, ran, deadline: float | None = None, guard=None):
+def replay(client, nb, ran, deadline: float | None = None, guard=None) -> str | None:
     """Run the cells that ran before, again, in a new kernel: copies, errors ignored. It stops
     at ``deadline`` (``time.monotonic()``: the notebook's limit) and at a copy that runs past
     the cell limit or kills the kernel, and ``guard`` watches each copy as it does a cell: so a
-    cell that behaves only when it is not replayed costs at most one cell limit more."""
+    cell that behaves only when it is not replayed costs at most one cell limit more. Returns
+    where it stopped early, in words, or None when every cell ran again."""
     for j in ran:
         if deadline is not None and time.monotonic() > deadline:
-            break
+            client.check_data.clear()
+            return f"the notebook's limit came at cell {j}"
         if guard is not None:
             guard.deadline = time.monotonic() + client.timeout + 15
         try:
             client.execute_cell(copy.deepcopy(nb.cells[j]), j, store_history=False)
         except Exception as error:  # noqa: BLE001 - the replay restores state; it is not graded
             if getattr(error, "ename", "CellTimeout") == "CellTimeout":
-                break  # past its limit, or no kernel: replaying more would only wait
+                client.check_data.clear()  # past its limit, or no kernel: more would only wait
+                return f"cell {j} did not run again ({type(error).__name__})"
         finally:
             if guard is not None:
                 guard.deadline = None
     client.check_data.clear()  # what the copies sent is not graded
+    return None

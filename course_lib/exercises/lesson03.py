@@ -24,8 +24,8 @@ from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
-    check_drawn,
     checked,
+    drawn,
     grading_seed,
     hidden_seed,
     is_number,
@@ -209,7 +209,9 @@ def _judge_crossover(data) -> str:
         raise ExerciseFailed(f"give n_cross as a number of bytes, not {answer!r}")
     if p < 4 or p & (p - 1):
         raise ExerciseFailed(f"recursive doubling needs p a power of two, at least 4; got {p}")
-    check_drawn("lesson03.ranks", draw_ranks, p)  # graded runs only
+    if grading_seed() is not None and p != (want := drawn("lesson03.ranks", draw_ranks)):
+        raise ExerciseFailed(f"RANKS is {p}, but this run drew {want}: compute n_cross for the "
+                             f"RANKS that the cell before the exercise draws")
     if not (alpha > 0 and beta > 0 and math.isfinite(alpha) and math.isfinite(beta)):
         raise ExerciseFailed(f"pass this run's alpha_msg and beta_msg (positive), not "
                              f"{alpha!r}, {beta!r}")

@@ -180,10 +180,3 @@ def remove_groups(pid: int) -> None:
             except OSError:
                 time.sleep(0.1)  # still emptying: the processes are dead or dying
 
-
-def remove_tree(path: Path) -> None:
-    """Remove ``path`` and all below it, however deep (a kernel can nest folders past Python's
-    recursion limit, where ``shutil.rmtree`` of Python 3.11 fails): ``rm -rf``, which walks the
-    tree without recursing."""
-    subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], check=False,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
