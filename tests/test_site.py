@@ -157,7 +157,12 @@ def test_every_page_in_chromium(built):
             page.on("console", lambda m: m.type == "error" and problems.append(
                 f"{page.url}: console: {m.text}"))
             page.on("pageerror", lambda e: problems.append(f"{page.url}: {e}"))
-            page.on("requestfailed", lambda r: problems.append(f"{page.url}: failed {r.url}"))
+            # a missing file is a response of 404; a request failed for its own sake (not one
+            # the next page.goto aborted, as it may a favicon still loading on a busy machine)
+            page.on("response", lambda r: r.status >= 400 and problems.append(
+                f"{page.url}: {r.status} {r.url}"))
+            page.on("requestfailed", lambda r: r.failure != "net::ERR_ABORTED" and problems.append(
+                f"{page.url}: failed {r.url} ({r.failure})"))
             for path in sorted(built.glob("*.html")):
                 page.goto(base + path.name)
                 page.wait_for_load_state("networkidle")
