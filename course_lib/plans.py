@@ -45,19 +45,20 @@ class Cluster:
 
     def __post_init__(self):
         check_positive("Cluster", gpus_per_node=self.gpus_per_node, nodes=self.nodes)
+
+        def real(value) -> bool:  # a number, not a bool or text
+            return not isinstance(value, bool) and isinstance(value, numbers.Real)
+
         for name in ("memory", "peak_flops", "intra_bandwidth", "inter_bandwidth"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
-                    not 0 < value < float("inf"):
+            if not (real(value) and 0 < value < float("inf")):
                 raise ValueError(f"Cluster.{name} must be positive and finite, got {value!r}")
         for name in ("intra_latency", "inter_latency"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
-                    not 0 <= value < float("inf"):
+            if not (real(value) and 0 <= value < float("inf")):
                 raise ValueError(f"Cluster.{name} must be zero or positive and finite, got "
                                  f"{value!r}")
-        if isinstance(self.mfu, bool) or not isinstance(self.mfu, numbers.Real) or \
-                not 0 < self.mfu <= 1:
+        if not (real(self.mfu) and 0 < self.mfu <= 1):
             raise ValueError(f"Cluster.mfu must be in (0, 1], got {self.mfu!r}")
 
     @property
