@@ -122,6 +122,8 @@ def ring_all_reduce(tensor, group=None, trace: list | None = None):
 
     With ``trace`` (a list), appends (phase, step, copy of this rank's chunks) after each step.
     """
+    if trace is not None and not isinstance(trace, list):
+        raise TypeError(f"trace must be a list to append the steps to (or None), got {trace!r}")
     rank, p, total = _start(tensor, group)
     sent = 0
     chunks = ring_chunks(total, p)
@@ -193,12 +195,13 @@ def subgroups(rows):
     row), made by every rank in the same order; returns this rank's. A rank joins only its own
     group: the others cost it no threads or sockets."""
     me, mine = dist.get_rank(), None
-    for row in rows.tolist():
+    rows = rows.tolist() if hasattr(rows, "tolist") else [list(row) for row in rows]
+    for row in rows:
         group = dist.new_group(row)
         if me in row:
             mine = group
     if mine is None:
-        raise ValueError(f"rank {me} is in no row of {rows.tolist()}")
+        raise ValueError(f"rank {me} is in no row of {rows}")
     return mine
 
 
@@ -241,6 +244,7 @@ def four_ways(numel: int = 1001, seed: int = 0, group=None) -> dict:
     """Run on every rank of ``group``: each all-reduce of ``ALL_REDUCES`` on this rank's random
     vector (seeded by seed and rank) in float32 and float64. Returns {(name, dtype name):
     (largest |difference| from ``dist.all_reduce``, bytes this rank sent)}."""
+    check_whole("numel", numel)
     g = torch.Generator().manual_seed(seed * 1009 + dist.get_rank(group))
     out = {}
     for dtype_name, dtype in DTYPES.items():

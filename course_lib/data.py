@@ -157,6 +157,8 @@ def load_mnist(name: str = "mnist", root: str | Path = DATA_DIR, download: bool 
     """
     if name not in _TORCHVISION:
         raise ValueError(f"unknown dataset {name!r}: use one of {sorted(_TORCHVISION)}")
+    if limit is not None:
+        check_whole("limit", limit)
     try:
         import torchvision.datasets
     except ImportError as err:

@@ -49,24 +49,16 @@ RUN_STYLES = ["-", "--", ":", "-."]  # runs that coincide (as they should, often
 
 def _medians_and_errors(times):
     """Medians and (low, high) error bars from Timings, lists of runs, or plain numbers."""
-    medians, low, high = [], [], []
+    rows = []  # (median, first quartile, third quartile) of each entry
     for t in times:
-        if isinstance(t, Timing):
-            q1, q3 = t.quartiles
-            medians.append(t.median)
-            low.append(q1)
-            high.append(q3)
-        elif isinstance(t, Sequence):
-            timing = Timing(list(t))
-            q1, q3 = timing.quartiles
-            medians.append(timing.median)
-            low.append(q1)
-            high.append(q3)
+        if isinstance(t, Timing | Sequence):
+            timing = t if isinstance(t, Timing) else Timing(list(t))
+            rows.append((timing.median, *timing.quartiles))
         else:
-            medians += [float(t)]
-            low += [float(t)]
-            high += [float(t)]
-    return np.array(medians), np.array(low), np.array(high)
+            rows.append((float(t),) * 3)
+    medians, low, high = (np.array(column, dtype=float) for column in zip(*rows, strict=True)) \
+        if rows else (np.array([]),) * 3
+    return medians, low, high
 
 
 def plot_speedup(workers, times, *, title: str = "Speedup", label: str = "measured",
@@ -225,6 +217,8 @@ def plot_gantt(spans, *, title: str = "Timeline", worker_label: str = "worker",
     spans = [Span(*s) for s in spans]
     if not spans:
         raise ValueError("spans is empty: pass Span(lane, start, duration, kind) values")
+    if bad := [s for s in spans if not (np.isfinite(s.start) and s.duration >= 0)]:
+        raise ValueError(f"a span needs a finite start and a duration of at least 0, got {bad[0]}")
     scale = {"s": 1.0, "ms": 1e3}.get(unit, 1.0)
     workers = sorted({s[0] for s in spans})
     kinds = list(dict.fromkeys(s[3] for s in spans))
@@ -252,8 +246,9 @@ def plot_rank_chunks(grids, titles, *, labels=None, suptitle: str = "", column: 
     """Panels of rank x chunk tables, the slides' pictures of collectives: row = rank, column =
     chunk (``column`` and its number), the number (or ``labels[i][rank][chunk]``) in each cell.
     Empty cells (None or NaN) are left white: that rank holds nothing useful there."""
-    if len(grids) != len(titles):
-        raise ValueError(f"{len(grids)} grids but {len(titles)} titles")
+    if not grids or len(grids) != len(titles):
+        raise ValueError(f"pass at least one grid and a title for each: {len(grids)} grids, "
+                         f"{len(titles)} titles")
     with course_style():
         fig, axes = plt.subplots(1, len(grids), figsize=(2.3 * len(grids), 2.6), squeeze=False)
         for i, (grid, ax) in enumerate(zip(grids, axes[0], strict=True)):

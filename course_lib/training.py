@@ -102,7 +102,8 @@ def gradient_counts(params, group=None) -> torch.Tensor:
 def used_by_some_ranks_only(counts, world_size: int) -> list[int]:
     """The parameters some ranks have a gradient for and others not: their all-reduces would
     not pair up (every rank must use the same parameters)."""
-    return [i for i, n in enumerate(counts.tolist()) if 0 < n < world_size]
+    counts = counts.tolist() if hasattr(counts, "tolist") else list(counts)
+    return [i for i, n in enumerate(counts) if 0 < n < world_size]
 
 
 def parameters_to_average(model, group=None, find_unused: bool = False) -> list:

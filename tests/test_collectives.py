@@ -94,6 +94,14 @@ def test_efficient_ring_trace_on_four_ranks_matches_the_lectures_pictures():
         assert len(trace[-1][2]) == p
 
 
+def test_a_trace_that_is_no_list_and_an_empty_vector_are_refused_before_any_message():
+    with pytest.raises(TypeError, match="trace must be a list to append the steps to"):
+        C.ring_all_reduce(torch.zeros(2), trace=True)
+    for numel in (0, -3, 2.0):
+        with pytest.raises(ValueError, match="numel must be a whole number of at least 1"):
+            C.four_ways(numel=numel)
+
+
 def test_ring_chunks_cover_the_vector_in_near_equal_parts():
     chunks = C.ring_chunks(torch.arange(10.0), 4)
     assert [len(c) for c in chunks] == [3, 3, 2, 2]
@@ -156,7 +164,7 @@ def _sum_in_my_row(rows):
     x = torch.tensor([float(dist.get_rank())])
     dist.all_reduce(x, group=group)
     try:
-        C.subgroups(torch.tensor([[r for r in range(dist.get_world_size()) if r != 0]]))
+        C.subgroups([[r for r in range(dist.get_world_size()) if r != 0]])  # a list works too
         missing = ""
     except ValueError as why:
         missing = str(why)

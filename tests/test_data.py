@@ -93,6 +93,9 @@ def test_mnist_from_files_is_normalised_and_limited(monkeypatch, tmp_path):
     split = data.load_mnist(root=tmp_path, limit=30, images=True)
     assert split.x_train.shape == (30, 1, 28, 28) and split.x_test.shape == (20, 1, 28, 28)
     assert abs(split.x_train.mean().item()) < 1e-5
+    for limit in (0, -5, 2.5, True):
+        with pytest.raises(ValueError, match="limit must be a whole number of at least 1"):
+            data.load_mnist(root=tmp_path, limit=limit)
 
 
 def test_unknown_dataset_name():

@@ -57,6 +57,9 @@ def test_buckets_are_drawn_in_the_order_backward_fills_them():
     assert sum(t.startswith("bucket ") for t in texts(fig)) == len(buckets)
     with pytest.raises(ValueError, match="exactly once"):
         diagrams.plot_buckets(sizes, buckets[1:])
+    for unit in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="unit must be a positive number of bytes"):
+            diagrams.plot_buckets(sizes, buckets, unit=unit)
     plt.close("all")
 
 
@@ -70,8 +73,9 @@ def test_zero_stages_shard_state_then_gradients_then_parameters():
     assert per_stage[3] == [0.25] * 12                      # ... and of the parameters
     starts = sorted(b.get_x() for b in fig.axes[3].patches)
     assert starts[::3] == [0.0, 0.25, 0.5, 0.75]             # each rank its own shard
-    with pytest.raises(ValueError, match="numel must be positive"):
-        diagrams.plot_zero_stages(0, [(0, 0, 0)])
+    for numel in (0, float("nan"), 2.5, True):
+        with pytest.raises(ValueError, match="numel must be a whole number of at least 1"):
+            diagrams.plot_zero_stages(numel, [(0, 0, 0)])
     plt.close("all")
 
 
@@ -134,8 +138,9 @@ def test_the_masks_and_their_sum_are_drawn_row_by_row():
     cells = [t.get_text() for t in fig.axes[0].texts]
     assert len(cells) == 5 * 6 and cells[-6:] == ["0"] * 6  # the masks cancel
     assert cells[:6] == [f"{v:.0f}" if abs(v) >= 0.5 else "0" for v in masks[0].tolist()]
-    with pytest.raises(ValueError, match="masks is empty"):
-        diagrams.plot_masks([])
+    for empty in ([], [[], []]):
+        with pytest.raises(ValueError, match="masks is empty"):
+            diagrams.plot_masks(empty)
     plt.close("all")
 
 
@@ -223,4 +228,7 @@ def test_the_token_path_dashes_exactly_the_dropped_routes():
     assert f"router\nE{e[0]} {g[0]:.2f}, E{e[1]} {g[1]:.2f}" in texts(fig)
     later = diagrams.plot_token_path(chosen[3:], slots[3:], gates[3:], 2, first=3)
     assert [t for t in texts(later) if t.startswith("token")] == ["token 3", "token 4", "token 5"]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="experts_per_rank must be a whole number"):
+            diagrams.plot_token_path(chosen, slots, gates, bad)
     plt.close("all")

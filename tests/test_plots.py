@@ -85,6 +85,10 @@ def test_plot_gantt_draws_one_row_per_worker_and_a_legend_per_kind():
     assert len(ax.get_legend().get_texts()) == 3
     with pytest.raises(ValueError):
         plots.plot_gantt([])
+    for bad in ((0, 0.0, -0.01, "compute"), (0, float("nan"), 0.01, "compute"),
+                (0, 0.0, float("nan"), "compute")):
+        with pytest.raises(ValueError, match="a finite start and a duration of at least 0"):
+            plots.plot_gantt(spans + [bad])
 
 
 def test_the_fit_leaves_out_the_oversubscribed_points_and_marks_them():
@@ -116,8 +120,10 @@ def test_plot_rank_chunks_writes_every_cell_and_leaves_empty_ones_blank():
     named = plots.plot_rank_chunks([before], ["x"], column="step ")
     assert [t.get_text() for t in named.axes[0].get_xticklabels()] == ["step 0", "step 1"]
     assert [t.get_text() for t in labelled.axes[0].texts] == ["a", "b", "c", "d"]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="1 grids, 0 titles"):
         plots.plot_rank_chunks([before], [])
+    with pytest.raises(ValueError, match="at least one grid"):
+        plots.plot_rank_chunks([], [])
 
 
 def test_course_style_restores_only_its_own_settings():

@@ -85,6 +85,9 @@ def test_to_spans_puts_lanes_on_one_clock_and_cuts_before_the_origin():
     assert (first.lane, first.kind) == (0, "idle")
     assert (first.start, first.duration) == pytest.approx((0.0, 1.5))
     assert to_spans([Timeline(0, [("idle", 1.0, 2.0)])], origin=3.0) == []  # ended before
+    for empty in ([], [Timeline(0)]):
+        with pytest.raises(ValueError, match="no timeline holds a record"):
+            to_spans(empty)
 
 
 def test_measure_interleaved_takes_turns():

@@ -164,6 +164,8 @@ def test_the_loop_refuses_what_it_cannot_split_or_draw():
     with pytest.raises(ValueError, match="rows must be a whole number of at least 0"):
         T.check_steps(-10, 2, 1)
     assert T.gradient_counts([]).numel() == 0
+    for counts in (torch.tensor([0.0, 1.0, 2.0, 1.0]), [0, 1, 2, 1]):  # a tensor or a list
+        assert T.used_by_some_ranks_only(counts, 2) == [1, 3]
     with pytest.raises(RuntimeError, match=r"rank 0: parameters \[0, 1\] got no gradient"):
         T.parameters_to_average(torch.nn.Linear(2, 2))  # one process: no process group needed
     assert T.rank_and_size() == (0, 1)  # no process group: one process

@@ -96,6 +96,8 @@ def plot_buckets(sizes, buckets, *, unit: float = 2**10, unit_name: str = "KiB",
     """Which gradients travel together: ``sizes`` the parameters' bytes in ``model.parameters()``
     order and ``buckets`` lists of their indices (the synchroniser's own buckets, first sent
     first). Drawn in the order backward produces them, one colour per bucket."""
+    if not unit > 0:
+        raise ValueError(f"unit must be a positive number of bytes, got {unit!r}")
     order = [i for bucket in buckets for i in bucket]
     if sorted(order) != list(range(len(sizes))):
         raise ValueError("buckets must hold every parameter index exactly once")
@@ -183,8 +185,8 @@ def plot_masks(masks, *, title: str = "Each client's mask, and their sum"):
     them), one row per client and a last row with their sum over the clients, on one diverging
     colour scale, each value written in its cell."""
     rows = [list(map(float, row)) for row in masks]
-    if not rows:
-        raise ValueError("masks is empty: pass one row per client")
+    if not rows or not rows[0]:
+        raise ValueError("masks is empty: pass one row per client, one number per coordinate")
     total = [sum(column) for column in zip(*rows, strict=True)]
     table = rows + [total]
     top = max(abs(v) for row in table for v in row) or 1.0

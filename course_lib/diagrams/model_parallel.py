@@ -20,8 +20,8 @@ def plot_zero_stages(numel: int, bounds, *,
     p = len(bounds)
     if p == 0:
         raise ValueError("bounds is empty: pass each rank's (start, stop, numel)")
-    if numel < 1:
-        raise ValueError(f"numel must be positive, got {numel}")
+    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
+        raise ValueError(f"numel must be a whole number of at least 1, got {numel!r}")
     kinds = ("parameters", "gradients", "optimiser state")
     with course_style():
         fig, axes = plt.subplots(1, 4, figsize=(10.0, 1.0 + 0.45 * p), sharey=True)

@@ -129,6 +129,8 @@ def to_spans(timelines, origin: float | None = None) -> list[Span]:
     before it is left out."""
     timelines = list(timelines)
     if origin is None:
+        if not any(t.records for t in timelines):
+            raise ValueError("no timeline holds a record: pass the ranks' Timelines after a run")
         origin = min(start for t in timelines for _, start, _ in t.records)
     spans = []
     for t in timelines:
