@@ -9,6 +9,8 @@ never downloaded unless asked for.
 
 from __future__ import annotations
 
+import hashlib
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,8 +140,20 @@ def batch_rows(shard: torch.Tensor, batch: int, seed: int, worker: int, step: in
     sequential reference all draw the same batches. A batch larger than the shard is the whole
     shard (as a DataLoader's last batch is what is left); one of 0 rows or fewer is refused."""
     check_whole("batch", batch)
-    g = torch.Generator().manual_seed(seed * 1_000_003 + worker * 10_007 + step)
+    g = torch.Generator().manual_seed(batch_key(seed, worker, step))
     return shard[torch.randperm(len(shard), generator=g)[:batch].to(shard.device)]
+
+
+def batch_key(seed: int, worker: int, step: int) -> int:
+    """The generator seed of (seed, worker, step), a different one for each triple. Below 99
+    workers and 10,007 steps it is ``seed * 1_000_003 + worker * 10_007 + step``; beyond, that sum
+    would repeat another triple's (worker 0's step 10,007 is worker 1's step 0), so a hash of the
+    three numbers is used instead."""
+    seed, worker, step = (operator.index(v) for v in (seed, worker, step))  # whole numbers only
+    if 0 <= worker < 99 and 0 <= step < 10_007:
+        return seed * 1_000_003 + worker * 10_007 + step
+    digest = hashlib.blake2b(f"{seed},{worker},{step}".encode(), digest_size=7).digest()
+    return 2**62 + int.from_bytes(digest, "big")  # above every sum the formula gives in practice
 
 
 _TORCHVISION = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}

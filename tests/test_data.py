@@ -131,6 +131,23 @@ def test_batch_rows_are_reproducible_and_drawn_from_the_shard():
     assert sorted(data.batch_rows(shard, 35, 1, 1, 0).tolist()) == sorted(shard.tolist())
 
 
+def test_every_seed_worker_and_step_draws_its_own_batch():
+    assert data.batch_key(2, 3, 5) == 2 * 1_000_003 + 3 * 10_007 + 5  # the course's runs
+    # the sum alone would give worker 0's step 10,007 worker 1's step 0, and seed 1 of worker 0
+    # step 697 seed 0's worker 100
+    for a, b in (((0, 0, 10_007), (0, 1, 0)), ((1, 0, 697), (0, 100, 0)),
+                 ((0, 0, 20_014), (0, 2, 0)), ((0, -1, 5), (0, 0, 5 - 10_007))):
+        assert data.batch_key(*a) != data.batch_key(*b)
+    keys = {data.batch_key(s, w, t) for s in range(3) for w in range(0, 300, 7)
+            for t in range(0, 30_000, 997)}
+    assert len(keys) == 3 * len(range(0, 300, 7)) * len(range(0, 30_000, 997))
+    shard = torch.arange(1000)
+    assert not torch.equal(data.batch_rows(shard, 20, 0, 0, 10_007),
+                           data.batch_rows(shard, 20, 0, 1, 0))
+    with pytest.raises(TypeError):
+        data.batch_key(0, 0, 2.5)
+
+
 def test_text_batches_are_next_token_windows_and_impossible_ones_are_refused():
     tokens = torch.arange(10)
     x, y = data.text_batch(tokens, 3, 8, torch.Generator().manual_seed(0))
