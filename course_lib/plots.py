@@ -276,16 +276,19 @@ def plot_rank_chunks(grids, titles, *, labels=None, suptitle: str = "", column: 
 def plot_label_counts(panels, *, title: str = "Label counts per client"):
     """One heatmap per partition: rows = clients, columns = classes, colour = how many rows of
     that class the client holds; each panel's title carries its mean skew (EMD) when given as
-    ``{name: (counts, emd)}`` instead of ``{name: counts}``."""
+    ``{name: (counts, emd)}`` instead of ``{name: counts}``. One colour scale for all panels,
+    from 0 to the largest count, so the one colour bar reads every panel."""
     if not panels:
         raise ValueError("panels is empty: pass {name: counts matrix}")
+    top = max(float(np.max(panel[0] if isinstance(panel, tuple) else panel, initial=0))
+              for panel in panels.values())
     with course_style():
         fig, axes = plt.subplots(1, len(panels), figsize=(2.4 * len(panels) + 0.8, 3.6),
                                  squeeze=False)
         for ax, (name, panel) in zip(axes[0], panels.items(), strict=True):
             counts, skew = panel if isinstance(panel, tuple) else (panel, None)
             image = ax.imshow(np.asarray(counts), aspect="auto", cmap="viridis",
-                              interpolation="nearest")
+                              interpolation="nearest", vmin=0, vmax=top or 1)
             ax.set(xlabel="class", title=name if skew is None else f"{name}\nEMD {skew:.2f}")
             ax.grid(False)
         axes[0][0].set_ylabel("client")

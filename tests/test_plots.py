@@ -169,6 +169,9 @@ def test_plot_label_counts_draws_one_heatmap_per_partition():
     fig = plot_label_counts({"a": counts, "b": (counts, 0.5)})
     titles = [ax.get_title() for ax in fig.axes[:2]]
     assert titles == ["a", "b\nEMD 0.50"]
+    wide = plot_label_counts({"small": counts, "large": counts * 9})
+    # one scale for every panel, so the one colour bar reads each: 0 to the largest count
+    assert [ax.images[0].get_clim() for ax in wide.axes[:2]] == [(0, 27), (0, 27)]
     with pytest.raises(ValueError, match="empty"):
         plot_label_counts({})
 
