@@ -66,16 +66,16 @@ def mixing_matrix(graph: dict, rule: str = "metropolis") -> torch.Tensor:
     note's problem; on a graph whose degrees differ this is not symmetric.
     """
     check_graph(graph)
+    if rule not in ("metropolis", "equal"):
+        raise ValueError(f"unknown rule {rule!r}: use 'metropolis' or 'equal'")
     n = len(graph)
     W = torch.zeros(n, n, dtype=torch.float64)
     for i, neighbours in graph.items():
         for j in neighbours:
             if rule == "metropolis":
                 W[i, j] = 1.0 / (1 + max(len(neighbours), len(graph[j])))
-            elif rule == "equal":
-                W[i, j] = 1.0 / (len(neighbours) + 1)
             else:
-                raise ValueError(f"unknown rule {rule!r}: use 'metropolis' or 'equal'")
+                W[i, j] = 1.0 / (len(neighbours) + 1)
         W[i, i] = 1.0 - W[i].sum()
     return W
 
@@ -147,7 +147,9 @@ def simulate_decentralized(problem: ERMProblem, graph: dict, *, steps: int, lr: 
     (steps + 1) x nodes x d tensor."""
     n = len(graph)
     W = mixing_matrix(graph, rule)
-    shards = shard_rows(problem.n, n, seed) if shards is None else shards
+    shards = shard_rows(problem.n, n, seed) if shards is None else list(shards)
+    if len(shards) != n:
+        raise ValueError(f"{len(shards)} shards for a graph of {n} nodes: give one per node")
     x = (torch.zeros(n, problem.d, dtype=problem.X.dtype) if x0 is None else x0.clone())
     history = [x.clone()]
     for step in range(steps):

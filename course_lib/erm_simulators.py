@@ -26,6 +26,8 @@ DISCONNECTED_GRAPH = {0: [1, 2], 1: [0, 2], 2: [0, 1], 3: [4, 5], 4: [3, 6], 5: 
 
 def local_gradient(problem: ERMProblem, rows, w):
     """Gradient of worker k's own objective (1/n_k) sum_{j in rows} L(w; x_j, y_j) + R(w)."""
+    if not len(rows):
+        raise ValueError("a worker or client has no rows: its mean gradient is undefined")
     return problem.gradient_sum(w, rows) / len(rows) + problem.lam * w
 
 

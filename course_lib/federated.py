@@ -97,6 +97,8 @@ def _as_tuple(round_) -> tuple:
 def sample_clients(clients: int, fraction: float, seed: int, round_) -> list[int]:
     """The max(1, round(C K)) clients of one round (``round_``: a number, or a tuple naming a
     round inside a round), the same on every rank for the same seed."""
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+        raise ValueError(f"fraction C must be a number in (0, 1], got {fraction!r}")
     m = max(1, round(fraction * clients))
     key = [seed, *_as_tuple(round_)]
     return sorted(np.random.default_rng(key).choice(clients, m, replace=False).tolist())

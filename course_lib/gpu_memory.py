@@ -30,12 +30,13 @@ def state_bytes(psi: float, dp: int, zero: int, value_bytes: int = 2) -> float:
     stage ``zero``: mixed precision (2-byte values) is ZeRO's 16 bytes a parameter
     (``cost_models.zero_bytes_per_rank``); float32 is 4 + 4 + 8 bytes, and ZeRO shards the 8 of
     Adam's moments (stage 1), then the gradients' 4 (stage 2), then the parameters' 4 (stage 3)."""
-    if value_bytes == 2:
-        return zero_bytes_per_rank(psi, dp, zero)
-    if value_bytes != 4:
+    if value_bytes not in (2, 4) or isinstance(value_bytes, bool):
         raise ValueError(f"value_bytes must be 2 (bf16 mixed precision) or 4 (float32), got "
-                         f"{value_bytes}")
+                         f"{value_bytes!r}")
     check_processes(dp, "dp")
+    mixed = zero_bytes_per_rank(psi, dp, zero)  # refuses a size, dp or stage that is no such
+    if value_bytes == 2:
+        return mixed
     return {0: 16 * psi, 1: 8 * psi + 8 * psi / dp, 2: 4 * psi + 12 * psi / dp,
             3: 16 * psi / dp}[zero]
 
@@ -100,6 +101,8 @@ def in_flight(plan: Plan, stage: int) -> float:
     (``interleaving.interleaved_order``); on the first stage p (1 + (p - 1)/(p v)). Without a
     pipeline, one micro-batch at a time."""
     p, m, v = plan.pp, plan.micro_batches, plan.chunks
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < p:
+        raise ValueError(f"stage must be a whole number from 0 to pp - 1 = {p - 1}, got {stage!r}")
     if p == 1:
         return 1.0
     if v == 1:

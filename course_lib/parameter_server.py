@@ -94,8 +94,12 @@ class ServerState:
     def __init__(self, w, children, mode, bound, optimizer, gradients, seconds, start):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: use one of {MODES}")
-        if mode == "ssp" and (bound is None or bound < 0):
-            raise ValueError("mode 'ssp' needs a staleness bound >= 0 (bound=...)")
+        if mode == "ssp" and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 0):
+            raise ValueError(f"mode 'ssp' needs a staleness bound, a whole number >= 0 "
+                             f"(bound=...), got {bound!r}")
+        if isinstance(gradients, bool) or not isinstance(gradients, int) or gradients < 1:
+            raise ValueError(f"gradients must be a whole number of at least 1 (a limit on the "
+                             f"gradients applied; seconds=... limits the time), got {gradients!r}")
         self.w, self.version, self.mode = w.clone(), 0, mode
         self.optimizer, self.optimizer_state = optimizer, {}
         self.bound = {"sync": 0, "async": math.inf, "ssp": bound}[mode]

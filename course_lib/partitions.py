@@ -36,6 +36,11 @@ def _check_alpha(alpha):
                              f"{alpha!r}")
 
 
+def _check_count(name, value, least=1):
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise PartitionError(f"{name} must be a whole number of at least {least}, got {value!r}")
+
+
 def _check(labels, clients):
     labels = np.asarray(labels)
     if isinstance(clients, bool) or not isinstance(clients, int) or \
@@ -59,6 +64,7 @@ def label_shards(labels, clients: int, shards_per_client: int = 2,
     Each class is cut on its own (its share of the shards, by its size), so no shard straddles
     two labels and a client with two shards holds at most two labels."""
     labels = _check(labels, clients)
+    _check_count("shards_per_client", shards_per_client)
     rng = _rng(seed)
     classes, counts = np.unique(labels, return_counts=True)
     total = clients * shards_per_client
@@ -85,6 +91,7 @@ def k_classes(labels, clients: int, k: int, seed: int = 0) -> list[torch.Tensor]
     """Each client holds exactly k classes (classes dealt round-robin so every class has owners);
     each class is split evenly among the clients that hold it."""
     labels = _check(labels, clients)
+    _check_count("k", k)
     rng = _rng(seed)
     classes = np.unique(labels)
     if not 1 <= k <= len(classes):
@@ -120,6 +127,7 @@ def dirichlet_per_class(labels, clients: int, alpha: float, min_size: int = 10,
     Small alpha: each class lives on few clients."""
     labels = _check(labels, clients)
     _check_alpha(alpha)
+    _check_count("min_size", min_size, least=0)
     if min_size * clients > len(labels):
         raise PartitionError(f"{clients} clients x min_size {min_size} exceeds the "
                              f"{len(labels)} rows")
@@ -173,6 +181,7 @@ def quantity_skew(labels, clients: int, alpha: float = 1.0, min_size: int = 1,
     hold much more data than others."""
     labels = _check(labels, clients)
     _check_alpha(alpha)
+    _check_count("min_size", min_size, least=0)
     if min_size * clients > len(labels):
         raise PartitionError(f"{clients} clients x min_size {min_size} exceeds the "
                              f"{len(labels)} rows")
@@ -198,8 +207,12 @@ def label_counts(labels, parts, num_classes: int | None = None) -> np.ndarray:
                              f"num_classes={num_classes!r}, labels from "
                              f"{labels.min() if labels.size else None} to "
                              f"{labels.max() if labels.size else None}")
-    return np.stack([np.bincount(labels[np.asarray(p, dtype=int)], minlength=num_classes)
-                     for p in parts])
+    rows = [np.asarray(p) for p in parts]
+    if bad := [i for i, r in enumerate(rows) if r.size and (r.dtype.kind not in "iu" or r.min() < 0
+                                                            or r.max() >= len(labels))]:
+        raise PartitionError(f"client {bad[0]}'s rows must be whole row numbers 0 to "
+                             f"{len(labels) - 1}, got {rows[bad[0]].tolist()[:8]}")
+    return np.stack([np.bincount(labels[r.astype(int)], minlength=num_classes) for r in rows])
 
 
 def earth_movers_distance(counts: np.ndarray) -> np.ndarray:

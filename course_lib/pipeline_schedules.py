@@ -11,8 +11,13 @@ from __future__ import annotations
 
 
 def gpipe_schedule(stage: int, stages: int, micro_batches: int) -> list[tuple[str, int]]:
-    """GPipe: all forward passes, then all backward passes."""
-    del stage, stages  # every stage does the same
+    """GPipe: all forward passes, then all backward passes (the same on every stage)."""
+    whole = all(isinstance(n, int) and not isinstance(n, bool) for n in (stage, stages,
+                                                                          micro_batches))
+    if not (whole and 0 <= stage < stages and micro_batches >= 1):
+        raise ValueError(f"stage {stage!r} of {stages!r} stages with {micro_batches!r} "
+                         f"micro-batches: whole numbers, a stage is 0 to stages - 1 and "
+                         f"micro-batches are at least 1")
     forwards = [("forward", i) for i in range(micro_batches)]
     backwards = [("backward", i) for i in range(micro_batches)]
     return forwards + backwards

@@ -36,6 +36,15 @@ def divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
+def choices(name: str, values) -> list:
+    """The choices a search option lists, each once, in order; a single value (a number, or a
+    text that would be read letter by letter) is refused by name."""
+    if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
+        raise ValueError(f"{name} lists the choices to search, e.g. {name}=({values!r},), got "
+                         f"{values!r}")
+    return list(dict.fromkeys(values))
+
+
 def candidate_plans(model: Transformer, cluster: Cluster, zero_stages=(0, 1, 2, 3),
                     micro_batch_sizes=(1, 2, 4, 8, 16, 32), recompute=(False, True),
                     attention=ATTENTION, sequence_parallel=(False, True),
@@ -51,8 +60,14 @@ def candidate_plans(model: Transformer, cluster: Cluster, zero_stages=(0, 1, 2, 
     pipeline, a ZeRO stage only with dp > 1, ``gather_units`` only for ZeRO-3, context
     parallelism over each of ``cp`` GPUs (1: none; the sequence splits evenly over them), expert
     parallelism over each of ``ep`` of the data-parallel GPUs (a model with ``experts``). The
-    other arguments list the choices to search."""
+    other arguments list the choices to search (each choice once; a repeated one counts once)."""
     n = cluster.gpus
+    zero_stages, micro_batch_sizes, recompute, attention, sequence_parallel, chunks, \
+        gather_units, cp, ep = (choices(name, values) for name, values in (
+            ("zero_stages", zero_stages), ("micro_batch_sizes", micro_batch_sizes),
+            ("recompute", recompute), ("attention", attention),
+            ("sequence_parallel", sequence_parallel), ("chunks", chunks),
+            ("gather_units", gather_units), ("cp", cp), ("ep", ep)))
     for b in micro_batch_sizes:
         check_positive("candidate_plans", micro_batch_sizes=b)
     for c in cp:

@@ -41,10 +41,18 @@ SEQ, VOCAB = 2048, 51_200  # both Megatron-LM papers
 A100_PEAK, H100_PEAK = 312e12, 989e12
 
 
+def nodes_of_eight(gpus: int) -> dict:
+    """``gpus`` as nodes of 8 GPUs (fewer than 8: one node with that many); a count that fills
+    no whole number of nodes is refused, not rounded down."""
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1 or (gpus > 8 and gpus % 8):
+        raise ValueError(f"gpus must be 1 to 8 or a multiple of 8 (nodes of 8), got {gpus!r}")
+    return dict(gpus_per_node=min(gpus, 8), nodes=max(1, gpus // 8))
+
+
 def a100_cluster(gpus: int, mfu: float = 0.5, inter_bandwidth: float = 25e9) -> Cluster:
     """``gpus`` A100 80 GB GPUs (80 GiB each) in DGX nodes of 8 (fewer than 8: one node with
     that many); ``inter_bandwidth`` per GPU between nodes (DGX: 200 Gb/s, 25 GB/s)."""
-    return Cluster(gpus_per_node=min(gpus, 8), nodes=max(1, gpus // 8), memory=80 * 2**30,
+    return Cluster(**nodes_of_eight(gpus), memory=80 * 2**30,
                    peak_flops=A100_PEAK, intra_bandwidth=300e9, inter_bandwidth=inter_bandwidth,
                    mfu=mfu)
 
@@ -53,9 +61,8 @@ def h100_cluster(gpus: int, mfu: float = 0.5, intra_bandwidth: float = 450e9) ->
     """``gpus`` H100 80 GB GPUs in nodes of 8 with 400 Gb/s (50 GB/s) per GPU between nodes
     (Llama 3's and Nemotron-4's clusters). An H800 computes as an H100 with a slower NVLink:
     160 GB/s as DeepSeek-V3 (section 3.2.2) measured it, ``intra_bandwidth=160e9``."""
-    return Cluster(gpus_per_node=min(gpus, 8), nodes=max(1, gpus // 8), memory=80 * 2**30,
-                   peak_flops=H100_PEAK, intra_bandwidth=intra_bandwidth, inter_bandwidth=50e9,
-                   mfu=mfu)
+    return Cluster(**nodes_of_eight(gpus), memory=80 * 2**30, peak_flops=H100_PEAK,
+                   intra_bandwidth=intra_bandwidth, inter_bandwidth=50e9, mfu=mfu)
 
 
 def megatron_flops(model: Transformer) -> float:

@@ -135,3 +135,18 @@ def test_convergence_and_cut_spans_read_a_run(problem):
                        for _, start, length, _ in cut)
     assert (2, 0.0, 0.015, "compute") in cut  # worker 2's first gradient, cut at 15 ms
     assert {span.kind for span in log["spans"]} == {"compute", "communicate / wait"}
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0, -5, 2.5, True])
+def test_a_gradient_limit_that_is_no_whole_number_is_refused_not_run_forever(bad):
+    # NaN used to run forever (no count reaches it), 2.5 applied 3, -5 ran nothing
+    with pytest.raises(ValueError, match="gradients must be a whole number of at least 1"):
+        a.simulate_parameter_server(diabetes_problem(), 2, sgd(0.01), gradients=bad)
+
+
+@pytest.mark.parametrize("bound", [float("nan"), -1, 1.5, None])
+def test_an_ssp_bound_that_is_no_whole_number_is_refused(bound):
+    # NaN used to stop the run after 3 updates: no worker was ever within the bound
+    with pytest.raises(ValueError, match="needs a staleness bound, a whole number >= 0"):
+        a.simulate_parameter_server(diabetes_problem(), 3, sgd(0.01), mode="ssp", bound=bound,
+                                    gradients=50)

@@ -216,7 +216,22 @@ def test_at_the_crossover_ring_and_ulysses_take_equal_time(p):
     (lambda: M.fit_gustafson([1, 2, 4], [1, math.nan, 2]), "speedups must be above 0"),
     (lambda: M.bulk_synchronous_timeline([1.0, 2.0], 0.1, -2), "iterations"),
     (lambda: M.bulk_synchronous_timeline([1.0, -2.0], 0.1), "compute_seconds must be zero"),
-    (lambda: M.megatron_all_reduces(-1), "blocks must be a whole number")])
+    (lambda: M.megatron_all_reduces(-1), "blocks must be a whole number"),
+    (lambda: M.idle_fraction([(0, 0.0, 1.0, "f"), (0, 0.0, 1.0, "f")], 1),
+     "spans on lane 0 overlap"),  # it used to say -1.0
+    (lambda: M.idle_fraction([(0, 0.0, -1.0, "f"), (0, 0.0, 2.0, "f")], 1),
+     "each span's duration must be zero or more"),
+    (lambda: M.parameter_server_words(4, -10, "star"), "d must be zero or more"),
+    (lambda: M.parameter_server_words(4, math.nan, "star"), "d must be zero or more"),
+    (lambda: M.parameter_server_epoch_seconds(100, 10, [1, -1], 0.1, "sync"),
+     "compute_seconds must be zero or more"),
+    (lambda: M.parameter_server_epoch_seconds(100, 10, [1, 1], math.nan, "sync"),
+     "round_trip must be zero or more"),
+    (lambda: M.parameter_server_epoch_seconds(100, 10, [1, 0], 0, "async"),
+     "need a time above 0 per mini-batch"),
+    (lambda: M.async_staleness(4, -2), "slowdown must be zero or more"),
+    (lambda: M.federated_bytes_per_round(3, -5), "d must be zero or more"),
+    (lambda: M.quantized_sum_error_bound(4, -1), "scale must be zero or more")])
 def test_negative_or_nan_sizes_and_times_and_odd_process_counts_are_refused(call, message):
     with pytest.raises(ValueError, match=message):
         call()

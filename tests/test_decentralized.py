@@ -143,3 +143,13 @@ def test_explicit_shards_are_the_rows_each_node_holds(problem):
     for i in range(2):
         want = W[i] @ x0 - 0.1 * local_gradient(problem, shards[i], x0[i])
         torch.testing.assert_close(x[1][i], want)
+
+
+def test_shards_that_do_not_match_the_nodes_and_an_unknown_rule_are_refused():
+    problem, ring = diabetes_problem(), {0: [1], 1: [0]}
+    for shards in (shard_rows(problem.n, 3), shard_rows(problem.n, 1)):  # 3 used to drop one
+        with pytest.raises(ValueError, match=f"{len(shards)} shards for a graph of 2 nodes"):
+            dec.simulate_decentralized(problem, ring, steps=2, lr=0.1, shards=shards)
+    for graph in ({0: [], 1: []}, ring):  # no edges used to skip the check: the identity
+        with pytest.raises(ValueError, match="unknown rule 'bogus'"):
+            dec.mixing_matrix(graph, rule="bogus")

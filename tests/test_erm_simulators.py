@@ -70,3 +70,12 @@ def test_fedavg_losses_are_the_objective_after_each_round_from_zero(problem):
         assert got == pytest.approx(problem.loss(w), rel=1e-12)
     assert len(losses) == 5 and losses[-1] < losses[0]
     assert sim.fedavg_losses(problem, rows, 3, 0.1, 0) == []
+
+
+def test_a_client_or_worker_without_rows_is_refused_not_averaged_into_nan():
+    problem = erm.diabetes_problem()
+    w = torch.zeros(problem.d, dtype=torch.float64)
+    with pytest.raises(ValueError, match="has no rows"):
+        sim.local_gradient(problem, [], w)
+    with pytest.raises(ValueError, match="has no rows"):  # it used to return NaN everywhere
+        sim.fedavg_round(problem, w, [list(range(10)), []], 1, 0.1)

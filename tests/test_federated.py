@@ -209,4 +209,7 @@ def test_sampled_clients_are_seeded_and_at_least_one():
     assert fl.sample_clients(100, 0.1, seed=3, round_=7) == fl.sample_clients(100, 0.1, 3, 7)
     assert len(fl.sample_clients(100, 0.1, 3, 7)) == 10
     assert len(fl.sample_clients(5, 0.01, 3, 7)) == 1
+    for fraction in (float("nan"), 1.5, -0.5, 0, "0.1"):  # -0.5 used to sample one client
+        with pytest.raises(ValueError, match="fraction C must be a number in"):
+            fl.sample_clients(10, fraction, 0, 0)
     assert fl.sample_clients(8, 0.5, 1, (2, 1, 0)) != fl.sample_clients(8, 0.5, 1, (2, 1, 1))

@@ -52,6 +52,20 @@ def test_label_counts_count_each_clients_labels_and_name_labels_out_of_range():
             pt.label_counts(labels, [[0, 1]], num_classes=num_classes)
     with pytest.raises(pt.PartitionError, match="clients must be"):
         pt.iid(labels, True)
+    for rows in ([0, 1, 50], [0.5], [-1]):  # 50 used to be a bare IndexError, 0.5 counted as 0
+        with pytest.raises(pt.PartitionError, match="client 0's rows must be whole row numbers"):
+            pt.label_counts(labels, [rows])
+    assert pt.label_counts(labels, [[], [3]]).tolist() == [[0, 0, 0], [0, 0, 1]]
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda y: pt.label_shards(y, 4, shards_per_client=2.5), "shards_per_client"),
+    (lambda y: pt.k_classes(y, 4, k=2.5), "k"),
+    (lambda y: pt.quantity_skew(y, 4, min_size=-100), "min_size"),  # it gave empty clients
+    (lambda y: pt.dirichlet_per_class(y, 4, alpha=1.0, min_size=True), "min_size")])
+def test_counts_that_are_no_whole_numbers_are_refused_by_name(call, name):
+    with pytest.raises(pt.PartitionError, match=f"{name} must be a whole number of at least"):
+        call(np.repeat(np.arange(4), 10))
 
 
 def test_label_shards_give_each_client_at_most_two_labels(labels):

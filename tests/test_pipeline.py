@@ -56,6 +56,13 @@ def test_gpipe_holds_m_activations_and_1f1b_at_most_p(p, m):
         assert pp.peak_live_activations(one_f_one_b) == min(p - stage, m)
 
 
+@pytest.mark.parametrize("stage, stages, m", [(5, 2, 3), (0, 2, -3), (0, 2, 2.5), (-1, 2, 2)])
+def test_gpipe_refuses_a_stage_or_micro_batches_that_do_not_exist(stage, stages, m):
+    # it used to return [] or a schedule for stage 5 of 2
+    with pytest.raises(ValueError, match="a stage is 0 to stages - 1"):
+        pp.gpipe_schedule(stage, stages, m)
+
+
 def test_stages_compose_to_the_whole_model():
     pieces = mlp_stages(3, width=8)
     x = torch.randn(2, 64, dtype=torch.float64)

@@ -147,6 +147,9 @@ def test_in_flight_micro_batches_follow_the_schedules():
             peak = max(peak, live)
         assert P.in_flight(plan, stage) == pytest.approx(peak / v)
     assert P.in_flight(plan, 0) == pytest.approx(p * (1 + (p - 1) / (p * v)))
+    for stage in (10, -1, 1.0, True):  # 10 used to give -6 micro-batches, -1 more than p
+        with pytest.raises(ValueError, match="stage must be a whole number from 0 to pp - 1"):
+            P.in_flight(P.Plan(dp=1, tp=1, pp=4, micro_batches=8), stage)
 
 
 def test_accumulation_leaves_only_the_last_backward_to_hide_the_all_reduce():
@@ -219,6 +222,13 @@ def test_cp_choices_are_checked_and_the_gradients_cp_group_takes_its_own_link():
     with pytest.raises(ValueError, match=r"2 x cp the sequence \(30\)"):
         P.rank_plans(model, four, cp=(2,))
     assert len(P.candidate_plans(model, four, cp=(1, 1))) == len(P.candidate_plans(model, four))
+    # a stage listed thrice counts once; a single value is refused by name, not read letter by
+    # letter ('flash' as 'f', 'l', ...) or failing as "'int' object is not iterable"
+    assert len(P.candidate_plans(model, four, zero_stages=(0, 0, 0))) == \
+        len(P.candidate_plans(model, four, zero_stages=(0,)))
+    for option, value in (("attention", "flash"), ("zero_stages", 3), ("recompute", True)):
+        with pytest.raises(ValueError, match=f"{option} lists the choices to search"):
+            P.candidate_plans(model, four, **{option: value})
     # dp 1, cp 2 inside tp 4 x pp 2 on two nodes of 8: the cp pair is 4 apart, in one node
     two_nodes = P.Cluster(gpus_per_node=8, nodes=2, memory=1e12, peak_flops=1e12,
                           intra_bandwidth=1e11, inter_bandwidth=1e9, intra_latency=0,
@@ -465,6 +475,13 @@ def test_float32_state_and_an_untied_head_count_what_tiny_gpt_holds():
     assert P.state_bytes(psi, 4, 1, 2) == 4 * psi + 12 * psi / 4  # ZeRO's mixed precision
     with pytest.raises(ValueError, match="value_bytes"):
         P.state_bytes(psi, 4, 1, 8)
+    for value_bytes in (2, 4):  # float32 used to return -1200 or NaN, or a bare KeyError: 5
+        with pytest.raises(ValueError, match="psi must be zero or more"):
+            P.state_bytes(-100, 2, 1, value_bytes)
+        with pytest.raises(ValueError, match="psi must be zero or more"):
+            P.state_bytes(math.nan, 2, 1, value_bytes)
+        with pytest.raises(ValueError, match="ZeRO stage must be one of"):
+            P.state_bytes(100, 2, 5, value_bytes)
 
 
 def rank_0_block_peaks(tps) -> dict:

@@ -6,13 +6,14 @@ import math
 
 import numpy as np
 
-from course_lib.cost_models.laws import check_processes
+from course_lib.cost_models.laws import check_processes, check_sizes
 
 
 def parameter_server_words(p: int, d: int, topology: str) -> int:
     """Words through the server in one synchronous iteration, both ways (lecture note, section
     2): O(dp) on a star, 2 d (p - 1); O(d log p) on a binomial tree, 2 d ceil(log2 p)."""
     check_processes(p)
+    check_sizes("d", d)
     if topology == "star":
         return 2 * d * (p - 1)
     if topology == "tree":
@@ -30,6 +31,10 @@ def parameter_server_epoch_seconds(n: int, batch: int, compute_seconds, round_tr
     check_processes(len(c), "the workers, len(compute_seconds),")
     if not (batch >= 1 and n >= 0):
         raise ValueError(f"need a batch of 1 row or more and n >= 0 rows, got batch={batch}, n={n}")
+    check_sizes("compute_seconds", c), check_sizes("round_trip", round_trip)
+    if mode == "async" and not (c + round_trip > 0).all():
+        raise ValueError("asynchronous workers need a time above 0 per mini-batch: a compute "
+                         "time or round trip of 0 would make an epoch take no time")
     if mode == "sync":
         return n / (len(c) * batch) * (c.max() + round_trip)
     if mode == "async":
@@ -41,17 +46,19 @@ def async_staleness(p: int, slowdown: float = 1.0) -> float:
     """Typical staleness of an asynchronous gradient with p equally fast workers, p - 1 (each of
     the others pushes once while it computes); for a worker ``slowdown`` times slower than the
     rest, about slowdown (p - 1)."""
-    return slowdown * (check_processes(p) - 1)
+    return check_sizes("slowdown", slowdown) * (check_processes(p) - 1)
 
 
 def federated_bytes_per_round(clients: int, d: int, messages: int = 1,
                               bytes_per_number: int = 4) -> int:
     """A federated round: the model to each of ``clients`` and back, ``messages`` vectors of d
     numbers each way (SCAFFOLD: 2, the model and a control variate)."""
+    for name, value in (("d", d), ("messages", messages), ("bytes_per_number", bytes_per_number)):
+        check_sizes(name, value)
     return 2 * check_processes(clients, "clients") * d * messages * bytes_per_number
 
 
 def quantized_sum_error_bound(p: int, scale: float, stochastic: bool = True) -> float:
     """Largest error of one entry of a sum of p int8-quantised vectors with step ``scale``: each
     rank's code is off by less than one step (stochastic rounding) or half a step (nearest)."""
-    return check_processes(p) * scale * (1.0 if stochastic else 0.5)
+    return check_processes(p) * check_sizes("scale", scale) * (1.0 if stochastic else 0.5)

@@ -73,6 +73,14 @@ def idle_fraction(spans, lanes: int) -> float:
     if len({lane for lane, *_ in spans}) > lanes:
         raise ValueError(f"the spans use {len({lane for lane, *_ in spans})} lanes, more than "
                          f"lanes = {lanes}")
+    check_sizes("each span's start", [s[1] for s in spans])
+    check_sizes("each span's duration", [s[2] for s in spans])
+    by_lane = {}
+    for lane, start, duration, _ in sorted(spans, key=lambda s: (s[0], s[1])):
+        if start < by_lane.get(lane, 0.0):
+            raise ValueError(f"spans on lane {lane} overlap at {start}: a lane is busy with one "
+                             f"thing at a time")
+        by_lane[lane] = start + duration
     makespan = max(start + duration for _, start, duration, _ in spans)
     if not makespan > 0:
         raise ValueError("the spans take no time: an idle fraction needs a makespan above 0")
