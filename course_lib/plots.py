@@ -48,14 +48,16 @@ RUN_STYLES = ["-", "--", ":", "-."]  # runs that coincide (as they should, often
 
 
 def _medians_and_errors(times):
-    """Medians and (low, high) error bars from Timings, lists of runs, or plain numbers."""
+    """Medians and (low, high) error bars from Timings, lists of runs, or plain numbers (each
+    checked as a Timing is: finite, not negative; a speedup also needs it above 0)."""
     rows = []  # (median, first quartile, third quartile) of each entry
     for t in times:
-        if isinstance(t, Timing | Sequence):
-            timing = t if isinstance(t, Timing) else Timing(list(t))
-            rows.append((timing.median, *timing.quartiles))
-        else:
-            rows.append((float(t),) * 3)
+        timing = t if isinstance(t, Timing) else Timing(list(t) if isinstance(t, Sequence)
+                                                        else [float(t)])
+        if not timing.median > 0:
+            raise ValueError(f"a time of 0 gives no speedup: every median must be above 0, got "
+                             f"{timing.median!r}")
+        rows.append((timing.median, *timing.quartiles))
     medians, low, high = (np.array(column, dtype=float) for column in zip(*rows, strict=True)) \
         if rows else (np.array([]),) * 3
     return medians, low, high

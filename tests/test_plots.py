@@ -34,6 +34,12 @@ def test_plot_speedup_weak_scaling_fits_gustafson_and_errors():
                            ([1, -2, 4], [1.0, 0.6, 0.4]), ([1, 2.5], [1.0, 0.6])):
         with pytest.raises(ValueError, match="whole numbers of at least 1, one per entry"):
             plots.plot_speedup(workers, times)
+    # plain numbers are checked as runs are: -1 and NaN used to draw, 0 to fail in matplotlib
+    for bad in (-1.0, float("nan"), [0.5, -1.0]):
+        with pytest.raises(ValueError, match="each finite and zero or more"):
+            plots.plot_speedup([1, 2], [1.0, bad])
+    with pytest.raises(ValueError, match="a time of 0 gives no speedup"):
+        plots.plot_speedup([1, 2], [1.0, 0.0])
 
 
 def test_plot_convergence_by_step_and_wall_clock():
