@@ -8,6 +8,8 @@ themselves, never typed in.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 FORMATS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
@@ -55,7 +57,11 @@ def fraction_flushed(values: torch.Tensor, dtype, scale: float = 1.0) -> dict:
     """Of the non-zero ``values`` (in fp32/fp64), the fraction that becomes 0 when multiplied by
     ``scale`` and cast to ``dtype`` ("zero"), that lands among the subnormals and keeps fewer
     significant bits ("subnormal"), and that overflows to inf ("overflow")."""
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 < scale < math.inf:
+        raise ValueError(f"scale must be a positive, finite number, got {scale!r}")
     values = values[values != 0].double() * scale
+    if not values.numel():
+        raise ValueError("values holds no non-zero number: there is nothing whose fate to count")
     cast = values.to(dtype)
     small = values.abs() < torch.finfo(dtype).smallest_normal
     zero = cast == 0

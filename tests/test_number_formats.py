@@ -41,8 +41,13 @@ def test_fraction_flushed_counts_zeros_subnormals_and_overflow():
     scaled = nf.fraction_flushed(values, torch.float16, scale=2.0 ** 10)
     assert scaled["zero"] == pytest.approx(0.0) and scaled["overflow"] == pytest.approx(0.25)
     assert nf.fraction_flushed(values, torch.bfloat16)["zero"] == pytest.approx(0.0)
-    # zeros are ignored
-    assert nf.fraction_flushed(torch.zeros(3), torch.float16)["zero"] != pytest.approx(1.0)
+    # zeros are ignored; with nothing else there is nothing to count (it used to give NaNs)
+    assert nf.fraction_flushed(torch.tensor([0.0, 1e-9]), torch.float16)["zero"] == 1.0
+    with pytest.raises(ValueError, match="holds no non-zero number"):
+        nf.fraction_flushed(torch.zeros(3), torch.float16)
+    for scale in (float("nan"), 0, -2.0, float("inf"), True):  # NaN used to report no loss
+        with pytest.raises(ValueError, match="scale must be a positive, finite number"):
+            nf.fraction_flushed(values, torch.float16, scale)
 
 
 def test_an_update_is_lost_in_fp16_from_a_ratio_of_2048():
