@@ -231,10 +231,20 @@ def test_at_the_crossover_ring_and_ulysses_take_equal_time(p):
      "need a time above 0 per mini-batch"),
     (lambda: M.async_staleness(4, -2), "slowdown must be zero or more"),
     (lambda: M.federated_bytes_per_round(3, -5), "d must be zero or more"),
-    (lambda: M.quantized_sum_error_bound(4, -1), "scale must be zero or more")])
+    (lambda: M.quantized_sum_error_bound(4, -1), "scale must be zero or more"),
+    (lambda: M.hidden_fraction_model([0, 1], [1, 1], 0.1, 0.01, math.nan),
+     "backward must be zero or more"),  # it used to say everything was hidden
+    (lambda: M.overlapped_messages([0, math.nan], [1, 1], 0.1, 0.01), "ready times must be"),
+    (lambda: M.overlapped_messages([0, 1], [1, -1], 0.1, 0.01), "n_bytes must be zero or more"),
+    (lambda: M.overlapped_messages([0, 1], [1, 1], -0.1, 0.01), "alpha must be zero or more"),
+    (lambda: M.fit_alpha_beta([1, 2, math.inf], [1, 2, 3]), "needs finite message sizes"),
+    (lambda: M.bubble_fraction(True, 4), "whole numbers >= 1"),
+    (lambda: M.pipeline_timeline(4, 4, forward=np.array([1.0, 2.0])), "one time per stage: 4")])
 def test_negative_or_nan_sizes_and_times_and_odd_process_counts_are_refused(call, message):
     with pytest.raises(ValueError, match=message):
         call()
     # arrays and tensors of sizes still work, element by element
     times = M.alpha_beta_time(np.array([0.0, 1e6]), 1e-6, 1e-9)
     torch.testing.assert_close(times, torch.tensor([1e-6, 1e-3 + 1e-6], dtype=torch.float64))
+    assert M.pipeline_timeline(4, 4, forward=np.array([1.0, 2.0, 1.0, 1.0])) == \
+        M.pipeline_timeline(4, 4, forward=[1.0, 2.0, 1.0, 1.0])  # an array, one time a stage

@@ -2,6 +2,8 @@
 sent as gradients become ready, the all-reduce algorithms' bytes and times, bus bandwidth. Part of
 ``course_lib.cost_models``."""
 
+import math
+
 import numpy as np
 import torch
 
@@ -20,6 +22,8 @@ def fit_alpha_beta(n_bytes, seconds, relative: bool = True) -> tuple[float, floa
     their fitted times add up to the measured total (a step's messages, a few of them slow)."""
     n, t = (torch.as_tensor(v, dtype=torch.float64) for v in (n_bytes, seconds))
     check_sizes("n_bytes", n)
+    if not torch.isfinite(n).all():
+        raise ValueError(f"fitting alpha and beta needs finite message sizes, got {n.tolist()}")
     if not (torch.isfinite(t).all() and (t > 0).all()):
         raise ValueError(f"fitting alpha and beta needs times above 0, got {t.tolist()}")
     if (sizes := len(set(n.tolist()))) < 3 or len(n) != len(t):
@@ -35,6 +39,11 @@ def overlapped_messages(ready, n_bytes, alpha: float, beta: float) -> list[tuple
     """Lesson 10's overlap model: messages (gradient buckets) become ready at ``ready`` seconds
     and go one at a time over one link, each taking alpha + beta n. Returns each message's
     (start, end): a message starts when it is ready and the previous one has gone."""
+    ready, n_bytes = [float(t) for t in ready], [float(n) for n in n_bytes]
+    for name, value in (("n_bytes", n_bytes or 0), ("alpha", alpha), ("beta", beta)):
+        check_sizes(name, value)
+    if not all(math.isfinite(float(t)) for t in ready):
+        raise ValueError(f"ready times must be finite numbers, got {list(ready)}")
     free, out = 0.0, []
     for t, n in sorted(zip(ready, n_bytes, strict=True)):
         start = max(float(t), free)
@@ -47,6 +56,7 @@ def hidden_fraction_model(ready, n_bytes, alpha: float, beta: float, backward: f
     """The share of the messages' time that :func:`overlapped_messages` puts before the end of
     the backward pass (at ``backward`` seconds): communication hidden under computation."""
     spans = overlapped_messages(ready, n_bytes, alpha, beta)
+    check_sizes("backward", backward)
     total = sum(end - start for start, end in spans)
     if not total > 0:
         raise ValueError("the hidden share needs at least one message that takes time")

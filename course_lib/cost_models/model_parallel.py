@@ -10,7 +10,8 @@ def bubble_fraction(p: int, micro_batches: int, chunks: int = 1) -> float:
     """Idle fraction of a pipeline flush with p stages (GPipe, 1F1B): (p - 1) / (m + p - 1).
     Interleaved 1F1B with ``chunks`` v model chunks per stage cuts the bubble time v-fold:
     ((p - 1) / v) / (m + (p - 1) / v)."""
-    if not all(n >= 1 and float(n).is_integer() for n in (p, micro_batches, chunks)):
+    if not all(not isinstance(n, bool) and n >= 1 and float(n).is_integer()
+               for n in (p, micro_batches, chunks)):
         raise ValueError(f"need p, micro_batches, chunks whole numbers >= 1, got {p}, "
                          f"{micro_batches}, {chunks}")
     bubble = (p - 1) / chunks
@@ -34,7 +35,8 @@ def pipeline_timeline(p: int, micro_batches: int, schedule: str = "1F1B",
 
     times = {}
     for kind, value in (("forward", forward), ("backward", backward)):
-        times[kind] = list(value) if isinstance(value, (list, tuple)) else [value] * p
+        many = isinstance(value, list | tuple) or getattr(value, "ndim", 0) > 0  # arrays too
+        times[kind] = [float(v) for v in value] if many else [value] * p
         if len(times[kind]) != p:
             raise ValueError(f"{kind} needs one time per stage: {p}, got {len(times[kind])}")
         check_sizes(kind, times[kind])
