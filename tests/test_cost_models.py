@@ -160,6 +160,9 @@ def test_ring_attention_hides_its_messages_under_blocks_that_take_longer():
     assert M.ring_attention_time(100, 4, 1.0, 0.01) == pytest.approx(3 * 3.0)
     assert M.ring_attention_time(100, 4, 1.0, 0.01, block_seconds=5.0) == pytest.approx(4 * 5.0)
     assert M.ring_attention_time(100, 4, 1.0, 0.01, block_seconds=2.0) == pytest.approx(2 + 9)
+    # several sizes at once, as ulysses_time takes them (it used to fail: "ambiguous")
+    assert M.ring_attention_time(np.array([100, 400]), 4, 1.0, 0.01, block_seconds=5.0).tolist() \
+        == pytest.approx([4 * 5.0, 5 + 3 * 9.0])
 
 
 def test_ulysses_sends_two_over_p_of_the_rings_bytes_in_four_times_the_messages():

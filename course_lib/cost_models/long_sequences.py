@@ -25,7 +25,8 @@ def ring_attention_time(n_bytes, p: int, alpha: float, beta: float, block_second
     steps of max(block, alpha + 2 beta n). With no compute, the messages alone."""
     step = alpha_beta_time(2 * n_bytes, alpha, beta)
     check_sizes("block_seconds", block_seconds)
-    return block_seconds + (check_processes(p) - 1) * max(block_seconds, step)
+    longer = step.clamp(min=block_seconds) if step.ndim else max(block_seconds, step)  # arrays too
+    return block_seconds + (check_processes(p) - 1) * longer
 
 
 def ulysses_time(n_bytes, p: int, alpha: float, beta: float):
