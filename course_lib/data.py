@@ -145,10 +145,11 @@ def batch_rows(shard: torch.Tensor, batch: int, seed: int, worker: int, step: in
 
 
 def batch_key(seed: int, worker: int, step: int) -> int:
-    """The generator seed of (seed, worker, step), a different one for each triple. Below 99
-    workers and 10,007 steps it is ``seed * 1_000_003 + worker * 10_007 + step``; beyond, that sum
-    would repeat another triple's (worker 0's step 10,007 is worker 1's step 0), so a hash of the
-    three numbers is used instead."""
+    """The generator seed of (seed, worker, step). Below 99 workers and 10,007 steps it is
+    ``seed * 1_000_003 + worker * 10_007 + step``, a different one for each triple; beyond, that
+    sum would repeat another triple's (worker 0's step 10,007 is worker 1's step 0), so a 56-bit
+    hash of the three numbers is used instead (a repeat as unlikely as two random 56-bit
+    numbers meeting)."""
     seed, worker, step = (operator.index(v) for v in (seed, worker, step))  # whole numbers only
     if 0 <= worker < 99 and 0 <= step < 10_007:
         return seed * 1_000_003 + worker * 10_007 + step

@@ -31,6 +31,7 @@ shards of the digits, C = 0.2, E = 5, B = 10)::
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,7 +98,8 @@ def _as_tuple(round_) -> tuple:
 def sample_clients(clients: int, fraction: float, seed: int, round_) -> list[int]:
     """The max(1, round(C K)) clients of one round (``round_``: a number, or a tuple naming a
     round inside a round), the same on every rank for the same seed."""
-    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+    if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) \
+            or not 0 < fraction <= 1:
         raise ValueError(f"fraction C must be a number in (0, 1], got {fraction!r}")
     m = max(1, round(fraction * clients))
     key = [seed, *_as_tuple(round_)]

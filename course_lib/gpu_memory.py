@@ -11,6 +11,7 @@ scores, only a log-sum-exp per head and token).
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import replace
 
 from course_lib.cost_models import check_processes, zero_bytes_per_rank
@@ -101,7 +102,7 @@ def in_flight(plan: Plan, stage: int) -> float:
     (``interleaving.interleaved_order``); on the first stage p (1 + (p - 1)/(p v)). Without a
     pipeline, one micro-batch at a time."""
     p, m, v = plan.pp, plan.micro_batches, plan.chunks
-    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < p:
+    if isinstance(stage, bool) or not isinstance(stage, numbers.Integral) or not 0 <= stage < p:
         raise ValueError(f"stage must be a whole number from 0 to pp - 1 = {p - 1}, got {stage!r}")
     if p == 1:
         return 1.0

@@ -57,7 +57,11 @@ def fraction_flushed(values: torch.Tensor, dtype, scale: float = 1.0) -> dict:
     """Of the non-zero ``values`` (in fp32/fp64), the fraction that becomes 0 when multiplied by
     ``scale`` and cast to ``dtype`` ("zero"), that lands among the subnormals and keeps fewer
     significant bits ("subnormal"), and that overflows to inf ("overflow")."""
-    if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 < scale < math.inf:
+    try:  # a number, a numpy number or a one-number tensor; not a bool or text
+        value = math.nan if isinstance(scale, bool | str | bytes) else float(scale)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not 0 < value < math.inf:
         raise ValueError(f"scale must be a positive, finite number, got {scale!r}")
     values = values[values != 0].double() * scale
     if not values.numel():

@@ -33,6 +33,7 @@ process, on both problems (``--world-size 3``: two workers)::
 from __future__ import annotations
 
 import math
+import numbers
 import time
 
 import torch
@@ -94,12 +95,16 @@ class ServerState:
     def __init__(self, w, children, mode, bound, optimizer, gradients, seconds, start):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: use one of {MODES}")
-        if mode == "ssp" and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 0):
+        if mode == "ssp" and (isinstance(bound, bool) or not isinstance(bound, numbers.Integral)
+                              or bound < 0):
             raise ValueError(f"mode 'ssp' needs a staleness bound, a whole number >= 0 "
                              f"(bound=...), got {bound!r}")
-        if isinstance(gradients, bool) or not isinstance(gradients, int) or gradients < 1:
+        time_only = gradients == math.inf and seconds is not None  # a time limit alone
+        whole = isinstance(gradients, numbers.Integral) and not isinstance(gradients, bool)
+        if not (time_only or whole and gradients >= 1):
             raise ValueError(f"gradients must be a whole number of at least 1 (a limit on the "
-                             f"gradients applied; seconds=... limits the time), got {gradients!r}")
+                             f"gradients applied; math.inf with seconds=... limits the time "
+                             f"only), got {gradients!r}")
         self.w, self.version, self.mode = w.clone(), 0, mode
         self.optimizer, self.optimizer_state = optimizer, {}
         self.bound = {"sync": 0, "async": math.inf, "ssp": bound}[mode]

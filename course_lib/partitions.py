@@ -11,6 +11,7 @@ disjoint, cover every row, and the same seed gives the same partition.
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 import torch
@@ -37,7 +38,7 @@ def _check_alpha(alpha):
 
 
 def _check_count(name, value, least=1):
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
         raise PartitionError(f"{name} must be a whole number of at least {least}, got {value!r}")
 
 

@@ -9,11 +9,13 @@ on ranks (and re-exports these names).
 
 from __future__ import annotations
 
+import numbers
+
 
 def gpipe_schedule(stage: int, stages: int, micro_batches: int) -> list[tuple[str, int]]:
     """GPipe: all forward passes, then all backward passes (the same on every stage)."""
-    whole = all(isinstance(n, int) and not isinstance(n, bool) for n in (stage, stages,
-                                                                          micro_batches))
+    whole = all(isinstance(n, numbers.Integral) and not isinstance(n, bool)
+                for n in (stage, stages, micro_batches))
     if not (whole and 0 <= stage < stages and micro_batches >= 1):
         raise ValueError(f"stage {stage!r} of {stages!r} stages with {micro_batches!r} "
                          f"micro-batches: whole numbers, a stage is 0 to stages - 1 and "

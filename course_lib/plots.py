@@ -248,7 +248,7 @@ def plot_rank_chunks(grids, titles, *, labels=None, suptitle: str = "", column: 
     """Panels of rank x chunk tables, the slides' pictures of collectives: row = rank, column =
     chunk (``column`` and its number), the number (or ``labels[i][rank][chunk]``) in each cell.
     Empty cells (None or NaN) are left white: that rank holds nothing useful there."""
-    if not grids or len(grids) != len(titles):
+    if len(grids) == 0 or len(grids) != len(titles):
         raise ValueError(f"pass at least one grid and a title for each: {len(grids)} grids, "
                          f"{len(titles)} titles")
     with course_style():
@@ -282,7 +282,8 @@ def plot_label_counts(panels, *, title: str = "Label counts per client"):
     from 0 to the largest count, so the one colour bar reads every panel."""
     if not panels:
         raise ValueError("panels is empty: pass {name: counts matrix}")
-    top = max(float(np.max(panel[0] if isinstance(panel, tuple) else panel, initial=0))
+    top = max(float(np.max(np.asarray(panel[0] if isinstance(panel, tuple) else panel),
+                           initial=0))
               for panel in panels.values())
     with course_style():
         fig, axes = plt.subplots(1, len(panels), figsize=(2.4 * len(panels) + 0.8, 3.6),

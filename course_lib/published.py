@@ -17,6 +17,7 @@ NVIDIA's specifications, not the papers'.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field, replace
 
 from course_lib.cost_models import ring_all_reduce_time
@@ -44,8 +45,10 @@ A100_PEAK, H100_PEAK = 312e12, 989e12
 def nodes_of_eight(gpus: int) -> dict:
     """``gpus`` as nodes of 8 GPUs (fewer than 8: one node with that many); a count that fills
     no whole number of nodes is refused, not rounded down."""
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1 or (gpus > 8 and gpus % 8):
+    if isinstance(gpus, bool) or not isinstance(gpus, numbers.Integral) or gpus < 1 or (
+            gpus > 8 and gpus % 8):
         raise ValueError(f"gpus must be 1 to 8 or a multiple of 8 (nodes of 8), got {gpus!r}")
+    gpus = int(gpus)
     return dict(gpus_per_node=min(gpus, 8), nodes=max(1, gpus // 8))
 
 

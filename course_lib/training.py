@@ -23,6 +23,8 @@ The lessons' modules stand on this one; it imports none of them.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 import torch.distributed as dist
 
@@ -59,7 +61,7 @@ def check_split(global_batch: int, world_size: int) -> None:
 def check_whole(name: str, value, least: int = 1) -> int:
     """``value`` if it is a whole number of at least ``least``; otherwise a clear error naming
     it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
         raise ValueError(f"{name} must be a whole number of at least {least}, got {value!r}")
     return value
 

@@ -144,6 +144,18 @@ def test_a_gradient_limit_that_is_no_whole_number_is_refused_not_run_forever(bad
         a.simulate_parameter_server(diabetes_problem(), 2, sgd(0.01), gradients=bad)
 
 
+def test_a_numpy_count_and_a_time_limit_alone_still_run():
+    import math
+
+    import numpy as np
+
+    log = a.simulate_parameter_server(diabetes_problem(), 2, sgd(0.01), gradients=np.int64(5))
+    assert len(log["staleness"]) == 5
+    timed = a.simulate_parameter_server(diabetes_problem(), 2, sgd(0.01), gradients=math.inf,
+                                        seconds=0.1, pad=0.01)
+    assert 5 <= len(timed["staleness"]) <= 25 and timed["time"][-1] <= 0.1 + 1e-9
+
+
 @pytest.mark.parametrize("bound", [float("nan"), -1, 1.5, None])
 def test_an_ssp_bound_that_is_no_whole_number_is_refused(bound):
     # NaN used to stop the run after 3 updates: no worker was ever within the bound

@@ -249,5 +249,8 @@ def test_negative_or_nan_sizes_and_times_and_odd_process_counts_are_refused(call
     # arrays and tensors of sizes still work, element by element
     times = M.alpha_beta_time(np.array([0.0, 1e6]), 1e-6, 1e-9)
     torch.testing.assert_close(times, torch.tensor([1e-6, 1e-3 + 1e-6], dtype=torch.float64))
+    idle = [(0, 0.0, 1.0, "f"), (0, 0.0, 0.0, "g")]  # a span of no time overlaps nothing
+    assert M.idle_fraction(idle, 1) == M.idle_fraction(idle[::-1], 1) == 0.0
+    assert M.pipeline_timeline(np.int64(2), 4) == M.pipeline_timeline(2, 4)  # numpy counts too
     assert M.pipeline_timeline(4, 4, forward=np.array([1.0, 2.0, 1.0, 1.0])) == \
         M.pipeline_timeline(4, 4, forward=[1.0, 2.0, 1.0, 1.0])  # an array, one time a stage

@@ -1,5 +1,6 @@
 """Federated learning on the digits (course_lib.federated)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -209,6 +210,7 @@ def test_sampled_clients_are_seeded_and_at_least_one():
     assert fl.sample_clients(100, 0.1, seed=3, round_=7) == fl.sample_clients(100, 0.1, 3, 7)
     assert len(fl.sample_clients(100, 0.1, 3, 7)) == 10
     assert len(fl.sample_clients(5, 0.01, 3, 7)) == 1
+    assert fl.sample_clients(10, np.float32(0.5), 0, 0) == fl.sample_clients(10, 0.5, 0, 0)
     for fraction in (float("nan"), 1.5, -0.5, 0, "0.1"):  # -0.5 used to sample one client
         with pytest.raises(ValueError, match="fraction C must be a number in"):
             fl.sample_clients(10, fraction, 0, 0)

@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -45,7 +46,11 @@ def test_fraction_flushed_counts_zeros_subnormals_and_overflow():
     assert nf.fraction_flushed(torch.tensor([0.0, 1e-9]), torch.float16)["zero"] == 1.0
     with pytest.raises(ValueError, match="holds no non-zero number"):
         nf.fraction_flushed(torch.zeros(3), torch.float16)
-    for scale in (float("nan"), 0, -2.0, float("inf"), True):  # NaN used to report no loss
+    for scale in (torch.tensor(256.0), np.float32(256.0), 256):  # any one number will do
+        assert nf.fraction_flushed(values, torch.float16, scale) == \
+            nf.fraction_flushed(values, torch.float16, 256.0)
+    # NaN used to report no loss
+    for scale in (float("nan"), 0, -2.0, float("inf"), True, "2", torch.ones(2)):
         with pytest.raises(ValueError, match="scale must be a positive, finite number"):
             nf.fraction_flushed(values, torch.float16, scale)
 

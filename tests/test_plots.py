@@ -4,6 +4,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 from course_lib import plots
 from course_lib.cost_models import amdahl_speedup, gustafson_speedup
@@ -130,6 +131,8 @@ def test_plot_rank_chunks_writes_every_cell_and_leaves_empty_ones_blank():
         plots.plot_rank_chunks([before], [])
     with pytest.raises(ValueError, match="at least one grid"):
         plots.plot_rank_chunks([], [])
+    array = plots.plot_rank_chunks(np.array([before, before]), ["a", "b"])  # an array of grids
+    assert [t.get_text() for t in array.axes[1].texts] == ["1", "2", "3", "4"]
 
 
 def test_course_style_restores_only_its_own_settings():
@@ -175,7 +178,7 @@ def test_plot_label_counts_draws_one_heatmap_per_partition():
     fig = plot_label_counts({"a": counts, "b": (counts, 0.5)})
     titles = [ax.get_title() for ax in fig.axes[:2]]
     assert titles == ["a", "b\nEMD 0.50"]
-    wide = plot_label_counts({"small": counts, "large": counts * 9})
+    wide = plot_label_counts({"small": counts, "large": torch.as_tensor(counts) * 9})  # a tensor
     # one scale for every panel, so the one colour bar reads each: 0 to the largest count
     assert [ax.images[0].get_clim() for ax in wide.axes[:2]] == [(0, 27), (0, 27)]
     with pytest.raises(ValueError, match="empty"):

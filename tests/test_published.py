@@ -130,6 +130,9 @@ def test_clusters_are_described_as_the_papers_and_specifications_say():
 def test_a_cluster_of_gpus_that_fill_no_whole_nodes_is_refused_not_rounded_down():
     assert (pub.a100_cluster(4).gpus, pub.a100_cluster(32).gpus, pub.h100_cluster(16).gpus) \
         == (4, 32, 16)
+    import numpy as np
+
+    assert pub.a100_cluster(np.int64(16)) == pub.a100_cluster(16)  # a numpy count works too
     for make in (pub.a100_cluster, pub.h100_cluster):
         for gpus in (12, 20, 0, -8, 8.5, True):  # 12 used to become 8, 20 to become 16
             with pytest.raises(ValueError, match="gpus must be 1 to 8 or a multiple of 8"):

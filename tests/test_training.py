@@ -3,6 +3,7 @@ synchroniser of lesson 10 and ZeRO's ShardedAdam, on a model with a frozen param
 parameter no loss uses and two parameter groups, against torch's SGD and Adam on one process,
 on 2 and 3 gloo ranks."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -164,6 +165,7 @@ def test_the_loop_refuses_what_it_cannot_split_or_draw():
     with pytest.raises(ValueError, match="rows must be a whole number of at least 0"):
         T.check_steps(-10, 2, 1)
     assert T.gradient_counts([]).numel() == 0
+    assert T.check_whole("steps", np.int64(3)) == 3  # numpy's integers are whole numbers too
     for counts in (torch.tensor([0.0, 1.0, 2.0, 1.0]), [0, 1, 2, 1]):  # a tensor or a list
         assert T.used_by_some_ranks_only(counts, 2) == [1, 3]
     with pytest.raises(RuntimeError, match=r"rank 0: parameters \[0, 1\] got no gradient"):

@@ -34,7 +34,7 @@ def parameter_server_epoch_seconds(n: int, batch: int, compute_seconds, round_tr
     check_sizes("compute_seconds", c), check_sizes("round_trip", round_trip)
     if mode == "async" and not (c + round_trip > 0).all():
         raise ValueError("asynchronous workers need a time above 0 per mini-batch: a compute "
-                         "time or round trip of 0 would make an epoch take no time")
+                         "time and round trip that add up to 0 would make an epoch take no time")
     if mode == "sync":
         return n / (len(c) * batch) * (c.max() + round_trip)
     if mode == "async":

@@ -2,6 +2,8 @@
 chance that one of p workers fails, a bulk-synchronous timeline. Part of
 ``course_lib.cost_models``."""
 
+import numbers
+
 import numpy as np
 import torch
 
@@ -19,7 +21,7 @@ def check_processes(p, name: str = "p"):
 
 def check_count(name: str, value) -> int:
     """``value`` itself, if it is a whole number of at least 1 (stages, micro-batches, rounds)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
     return value
 

@@ -78,8 +78,8 @@ def idle_fraction(spans, lanes: int) -> float:
     check_sizes("each span's start", [s[1] for s in spans])
     check_sizes("each span's duration", [s[2] for s in spans])
     by_lane = {}
-    for lane, start, duration, _ in sorted(spans, key=lambda s: (s[0], s[1])):
-        if start < by_lane.get(lane, 0.0):
+    for lane, start, duration, _ in sorted(spans, key=lambda s: (s[0], s[1], s[2])):
+        if duration > 0 and start < by_lane.get(lane, 0.0):  # a span of no time overlaps nothing
             raise ValueError(f"spans on lane {lane} overlap at {start}: a lane is busy with one "
                              f"thing at a time")
         by_lane[lane] = start + duration

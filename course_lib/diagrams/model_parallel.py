@@ -3,6 +3,8 @@ the planner's step time term by term."""
 
 from __future__ import annotations
 
+import numbers
+
 import matplotlib.pyplot as plt
 
 from course_lib.diagrams.shapes import COLORS, NODE_COLORS, blank, box
@@ -20,7 +22,7 @@ def plot_zero_stages(numel: int, bounds, *,
     p = len(bounds)
     if p == 0:
         raise ValueError("bounds is empty: pass each rank's (start, stop, numel)")
-    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
+    if isinstance(numel, bool) or not isinstance(numel, numbers.Integral) or numel < 1:
         raise ValueError(f"numel must be a whole number of at least 1, got {numel!r}")
     kinds = ("parameters", "gradients", "optimiser state")
     with course_style():
