@@ -95,16 +95,15 @@ class ServerState:
     def __init__(self, w, children, mode, bound, optimizer, gradients, seconds, start):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}: use one of {MODES}")
-        if mode == "ssp" and (isinstance(bound, bool) or not isinstance(bound, numbers.Integral)
-                              or bound < 0):
+        def whole(value):  # an int or numpy's, not a bool
+            return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        if mode == "ssp" and not (whole(bound) and bound >= 0):
             raise ValueError(f"mode 'ssp' needs a staleness bound, a whole number >= 0 "
                              f"(bound=...), got {bound!r}")
         time_only = gradients == math.inf and seconds is not None  # a time limit alone
-        whole = isinstance(gradients, numbers.Integral) and not isinstance(gradients, bool)
-        if not (time_only or whole and gradients >= 1):
-            raise ValueError(f"gradients must be a whole number of at least 1 (a limit on the "
-                             f"gradients applied; math.inf with seconds=... limits the time "
-                             f"only), got {gradients!r}")
+        if not (time_only or whole(gradients) and gradients >= 1):
+            raise ValueError(f"gradients must be a whole number of at least 1, or math.inf with "
+                             f"seconds=... (a time limit only), got {gradients!r}")
         self.w, self.version, self.mode = w.clone(), 0, mode
         self.optimizer, self.optimizer_state = optimizer, {}
         self.bound = {"sync": 0, "async": math.inf, "ssp": bound}[mode]
