@@ -3,12 +3,11 @@ the planner's step time term by term."""
 
 from __future__ import annotations
 
-import numbers
-
 import matplotlib.pyplot as plt
 
 from course_lib.diagrams.shapes import COLORS, NODE_COLORS, blank, box
 from course_lib.plots import course_style
+from course_lib.training import check_whole
 
 MAX_REPLICAS = 4  # a plan with more data-parallel replicas shows its first four
 
@@ -22,8 +21,7 @@ def plot_zero_stages(numel: int, bounds, *,
     p = len(bounds)
     if p == 0:
         raise ValueError("bounds is empty: pass each rank's (start, stop, numel)")
-    if isinstance(numel, bool) or not isinstance(numel, numbers.Integral) or numel < 1:
-        raise ValueError(f"numel must be a whole number of at least 1, got {numel!r}")
+    check_whole("numel", numel)
     kinds = ("parameters", "gradients", "optimiser state")
     with course_style():
         fig, axes = plt.subplots(1, 4, figsize=(10.0, 1.0 + 0.45 * p), sharey=True)
@@ -51,9 +49,7 @@ def plot_rank_grid(layout, *, gpus_per_node: int, title: str = "Where each rank 
     replica, stages as rows, tensor slices as columns; the colour is the node a rank is on, so
     a group that crosses nodes shows as one of several colours."""
     dp, pp, tp = len(layout), len(layout[0]), len(layout[0][0])
-    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:
-        raise ValueError(f"gpus_per_node must be a whole number of at least 1, got "
-                         f"{gpus_per_node!r}")
+    check_whole("gpus_per_node", gpus_per_node)
     shown = min(dp, MAX_REPLICAS)
     with course_style():
         fig, axes = plt.subplots(1, shown, figsize=(min(2.0 + 0.7 * tp * shown, 12.0),

@@ -10,6 +10,7 @@ from matplotlib.colors import ListedColormap, to_rgba
 
 from course_lib.diagrams.shapes import COLORS, blank, box
 from course_lib.plots import course_style
+from course_lib.training import check_whole
 
 
 def plot_ring_steps(traces, *, title: str = "Ring attention: whose keys each rank holds"):
@@ -86,10 +87,7 @@ def plot_token_path(experts, slots, gates, experts_per_rank: int, *, first: int 
     chosen experts, ``slots`` (tokens, k) their slots (-1: dropped, the expert was full: that
     route is dashed and sends nothing back), ``gates`` (tokens, k). The tokens are numbered from
     ``first`` (their place in the batch)."""
-    if isinstance(experts_per_rank, bool) or not isinstance(experts_per_rank, int) \
-            or experts_per_rank < 1:
-        raise ValueError(f"experts_per_rank must be a whole number of at least 1, got "
-                         f"{experts_per_rank!r}")
+    check_whole("experts_per_rank", experts_per_rank)
     experts, slots, gates = (np.asarray(a) for a in (experts, slots, gates))
     n, num_experts = len(experts), int(experts.max()) + 1 if experts.size else 0
     if not n:
