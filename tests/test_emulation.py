@@ -56,6 +56,28 @@ def test_each_piece_takes_its_flops_at_the_devices_rate(monkeypatch):
         device.catch_up()
 
 
+def test_pieces_that_carry_are_one_run_a_late_host_catches_up_in(monkeypatch):
+    clock, device = FakeClock(monkeypatch), EmulatedDevice(1e9)
+    device.pieces = [0, 40e6, 40e6, 0, 0]      # a gradient without FLOPs, two of 40 ms each
+    device.start()
+    clock.compute(0.004)                       # a bias's gradient and a hook's copy: late by 4
+    assert device.catch_up(carry=True) == 0.0
+    clock.compute(0.010)                       # 10 ms of CPU: the run is due at 40 ms, not 44
+    assert device.catch_up(carry=True) == pytest.approx(0.026)
+    assert clock.wall == pytest.approx(0.040)
+    clock.compute(0.050)                       # 50 ms for 40: the run's 64 ms of CPU, 80 modelled
+    assert device.catch_up() == 0.0 and clock.wall == pytest.approx(0.090)
+    assert device.lag == 0.0 and device.unmodelled == 0.0
+    assert device.device_seconds == pytest.approx(0.080)
+    clock.compute(0.020)                       # without carry each piece stands alone
+    device.start()
+    clock.compute(0.004)
+    device.catch_up()
+    clock.compute(0.010)
+    device.catch_up()
+    assert device.unmodelled == pytest.approx(0.004) and clock.wall == pytest.approx(0.154)
+
+
 def test_counting_records_the_flops_between_pacing_points():
     device, a = EmulatedDevice(1e9), torch.randn(100, 100)
     with device.counting():
@@ -137,7 +159,7 @@ def test_a_message_started_before_the_modelled_compute_finishes_within_it():
 def test_gradient_pacing_runs_before_a_synchronisers_hook():
     model, order = MODEL(), []
     device = EmulatedDevice(1e9)
-    device.catch_up = lambda: order.append("pace")
+    device.catch_up = lambda carry=False: order.append("pace")
     handles = device.pace_gradients(model)
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda p: order.append("sync"))

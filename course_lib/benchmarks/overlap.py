@@ -184,7 +184,7 @@ def run(configs=MAIN + tuple(("buckets", mb) for mb in SWEEP_MB if mb != 1.0),
         used = reachable_ratio(ratio, similarity["communication"], similarity["compute_cpu"])
         emulated = EmulatedDevice(rate_for(used, **similarity), stands_for)
         for inner, _ in models.values():
-            emulated.pace_gradients(inner)
+            emulated.pace_gradients(inner, carry=True)  # backward: one run, as on a device
     times = {label(c): [] for c in configs}
     grads = [torch.ones_like(p) for p in plain.parameters()]
     copies = []  # the host's bucket copies of all gradients, timed beside the steps

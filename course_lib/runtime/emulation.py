@@ -16,7 +16,10 @@ same modelled time on every rank and every step keeps the ranks in step, as GPUs
 spent waiting for a message passes as it is, so a blocking collective after backward costs its
 real time, as on a device. A piece whose CPU work took longer than its modelled time (the rate
 is too high for this CPU) is late: :attr:`EmulatedDevice.lag` sums by how much. Work without
-FLOPs (an optimizer's update, copies) is not modelled: :attr:`EmulatedDevice.unmodelled`.
+FLOPs (an optimizer's update, copies) is not modelled: :attr:`EmulatedDevice.unmodelled`. Pieces
+paced with ``carry`` (a backward pass's gradients) are one run: the next starts when the last was
+due, so a host late at one point (a small piece, a hook's copy) catches up in the next, as a
+device's queue does; ``lag`` then counts the run's CPU work beyond the run's modelled time.
 
 Choosing the rate by similarity. What decides whether communication can hide is the *ratio* of
 communication to compute time. :func:`rate_for` picks the rate that gives this machine's step
@@ -66,7 +69,7 @@ class EmulatedDevice:
         self.device_seconds = self.lag = self.unmodelled = 0.0
         self.pieces = None     # FLOPs between consecutive pacing points of one step
         self._counter = self._counted = None
-        self._wall, self._cpu, self._next = None, None, 0
+        self._wall, self._cpu, self._next, self._run = None, None, 0, 0.0
         self._free = self._mark = None  # queued(): the device's queue ends; the host's CPU
 
     def __repr__(self) -> str:
@@ -103,10 +106,11 @@ class EmulatedDevice:
         if self._counter is None:
             self._check_counted()
             self._wall, self._cpu, self._next = time.perf_counter(), time.thread_time(), 0
+            self._run = 0.0  # modelled seconds of the run of pieces since the last point
 
-    def catch_up(self) -> float:
+    def catch_up(self, carry: bool = False) -> float:
         """A pacing point: sleep until the piece since the last point has taken its modelled
-        time. Returns the seconds slept."""
+        time (``carry``: see the module's docstring). Returns the seconds slept."""
         if self._counter is not None:
             self._counted.append(self._counter.get_total_flops())
             return 0.0
@@ -118,25 +122,28 @@ class EmulatedDevice:
                                f"({len(self.pieces) - 1}): pace every step the same way")
         modelled = self.pieces[self._next] / self.flops_per_second
         self._next += 1
-        cpu = time.thread_time() - self._cpu
-        wait = modelled - (time.perf_counter() - self._wall)
+        due, cpu = self._wall + modelled, time.thread_time() - self._cpu
+        wait = due - time.perf_counter()
         self.device_seconds += modelled
-        if modelled > 0:
-            self.lag += max(0.0, cpu - modelled)  # the CPU's work did not fit the device's time
-        else:
+        self._run += modelled
+        if not carry and self._run > 0:  # the CPU's work did not fit the device's time
+            self.lag += max(0.0, cpu - self._run)
+        elif not carry:
             self.unmodelled += cpu
         if wait > 0:
             time.sleep(wait)
-        self._wall, self._cpu = time.perf_counter(), time.thread_time()
+        self._wall = due if carry else time.perf_counter()
+        if not carry:
+            self._cpu, self._run = time.thread_time(), 0.0
         return max(wait, 0.0)
 
-    def pace_gradients(self, model) -> list:
+    def pace_gradients(self, model, carry: bool = False) -> list:
         """A pacing point each time autograd computes a trainable parameter's gradient: a tensor
         hook, which runs before any post-accumulate-grad hook or DDP hook, so a synchroniser
-        starts each message at the modelled time its gradient is ready. Returns the handles
-        (``h.remove()`` to stop)."""
+        starts each message at the modelled time its gradient is ready (``carry``: backward's
+        pieces as one run). Returns the handles (``h.remove()`` to stop)."""
         def pace(grad):
-            self.catch_up()
+            self.catch_up(carry=carry)
             return grad
 
         return [p.register_hook(pace) for p in model.parameters() if p.requires_grad]
