@@ -101,7 +101,7 @@ def right_atc(problem, params, client_rows, W, lr):
 
 def test_atc_accepts_the_right_step_and_explains_typical_mistakes():
     assert "correct" in ex.check_atc_step(right_atc)
-    with pytest.raises(common.ExerciseFailed, match="combine-then-adapt"):
+    with pytest.raises(common.ExerciseFailed, match="the library.s DGD step"):
         ex.check_atc_step(lambda problem, params, rows, W, lr: list(
             W @ torch.stack(params) - (torch.stack(params) - stepped(problem, params, rows, lr))))
     with pytest.raises(common.ExerciseFailed, match="W's columns"):

@@ -5,9 +5,9 @@ Lecture note "Parallel computing for empirical risk minimization", sections 4.1 
 4.2 (decentralized optimisation on a graph). Each check is a probe and a judge
 (:mod:`course_lib.exercises.common`); the step's judge draws its cases itself (:mod:`.cases`).
 
-The library simulates FedAvg and combine-then-adapt (``erm_simulators``), so the first exercise
-asks for a number only a run gives (q and the round count drawn for each run; the judge computes
-the run's curve again), the second for adapt-then-combine with a mixing matrix.
+The library simulates FedAvg and decentralized gradient descent, DGD (``erm_simulators``), so the
+first exercise asks for a number only a run gives (q and the round count drawn for each run; the
+judge computes the run's curve again), the second for adapt-then-combine with a mixing matrix.
 """
 
 from __future__ import annotations
@@ -246,9 +246,9 @@ def _judge_one(case) -> str | None:
                 f"{(got - right)[worst].abs().max().item():.3g}; node i's new vector is "
                 f"sum_j W[i, j] x_j")
     if same(W @ X - lr * G):
-        return ("that is combine-then-adapt (average, then step along the gradient at the old "
-                "vector), the library's order: adapt first, x_j - lr g_j(x_j) at every node, then "
-                "combine those with W")
+        return ("that is the library's DGD step (average, then step along the gradient at the "
+                "old vector): adapt first, x_j - lr g_j(x_j) at every node, then combine those "
+                "with W")
     if same(W.T @ (X - lr * G)):
         return "the combination uses W's columns: node i takes sum_j W[i, j] y_j (row i of W)"
     if same(W @ (X - lr * (G - problem.lam * X))):
