@@ -67,10 +67,10 @@ def plot_speedup(workers, times, *, title: str = "Speedup", label: str = "measur
                  scaling: str = "strong", cores: int | None = None):
     """Speedup and efficiency against the number of workers, with the ideal line and the fitted
     law: Amdahl's for strong scaling (fixed total work), Gustafson's for weak scaling (work
-    grows with p; speedup = p T(1) / T(p)). ``times[i]`` is the time with ``workers[i]`` workers
+    grows with m; speedup = m T(1) / T(m)). ``times[i]`` is the time with ``workers[i]`` workers
     (a Timing, a list of runs or a number); ``workers`` must include 1, the baseline.
 
-    The law's one parameter f is fitted to every measured p > 1 that has its own cores, and
+    The law's one parameter f is fitted to every measured m > 1 that has its own cores, and
     only when there are at least two of them (a point more than the parameters). Counts above
     ``cores`` are drawn hollow and shaded as oversubscribed, and left out of the fit: they
     measure processes sharing cores, not the law.
@@ -97,11 +97,11 @@ def plot_speedup(workers, times, *, title: str = "Speedup", label: str = "measur
     grid = np.linspace(1, p.max(), 100)
     with course_style():
         fig, (ax_s, ax_e) = plt.subplots(1, 2)
-        ax_s.plot(grid, grid, label="ideal (S = p)", **THEORY)
+        ax_s.plot(grid, grid, label="ideal (S = m)", **THEORY)
         ax_e.axhline(1.0, label="ideal", **THEORY)
         fit_label = (f"{law} fit, f = {f:.2f} ({informative.sum()} points)" if f is not None
-                     else f"no {law} fit: needs 2 points with p > 1"
-                     + (f" and p <= {cores} cores" if cores is not None else ""))
+                     else f"no {law} fit: needs 2 points with m > 1"
+                     + (f" and m <= {cores} cores" if cores is not None else ""))
         if f is not None:
             ax_s.plot(grid, model(grid, f), label=fit_label, color="0.2", linestyle=":")
             ax_e.plot(grid, model(grid, f) / grid, color="0.2", linestyle=":", label=f"{law} fit")
@@ -115,11 +115,11 @@ def plot_speedup(workers, times, *, title: str = "Speedup", label: str = "measur
                             linestyle="none", mfc="white", color=line[0].get_color(),
                             label=f"{label}, oversubscribed (> {cores} cores)")
                 ax.axvspan(cores + 0.5, p.max() + 0.5, color="0.93", zorder=0)
-        ax_s.set(xlabel="workers p", ylabel="speedup S = T(1) / T(p)" if scaling == "strong"
-                 else "scaled speedup p T(1) / T(p)", title=f"{title} ({scaling} scaling)")
-        ax_e.set(xlabel="workers p", ylabel="efficiency E = S / p", title="Efficiency",
+        ax_s.set(xlabel="workers m", ylabel="speedup S = T(1) / T(m)" if scaling == "strong"
+                 else "scaled speedup m T(1) / T(m)", title=f"{title} ({scaling} scaling)")
+        ax_e.set(xlabel="workers m", ylabel="efficiency E = S / m", title="Efficiency",
                  ylim=(0, 1.15 * max(1.0, float(np.max(speedup / p)))))
-        for ax, where in ((ax_s, "upper left"), (ax_e, "best")):  # above S(p) <= p: empty
+        for ax, where in ((ax_s, "upper left"), (ax_e, "best")):  # above S(m) <= m: empty
             ax.set_xticks(p)
             ax.legend(fontsize=8, loc=where)
         fig.tight_layout()

@@ -107,13 +107,13 @@ def test_the_fit_leaves_out_the_oversubscribed_points_and_marks_them():
     assert any("oversubscribed (> 3 cores)" in x for x in legend)
     legend = [t.get_text() for t in
               plots.plot_speedup(p[:3], times[:3], cores=2).axes[0].get_legend().get_texts()]
-    assert any("no Amdahl fit: needs 2 points with p > 1 and p <= 2 cores" in x for x in legend)
+    assert any("no Amdahl fit: needs 2 points with m > 1 and m <= 2 cores" in x for x in legend)
 
 
 def test_no_fit_from_a_single_informative_point():
     legend = [t.get_text() for t in
               plots.plot_speedup([1, 2], [1.0, 0.6]).axes[0].get_legend().get_texts()]
-    assert any("no Amdahl fit: needs 2 points with p > 1" in x for x in legend)
+    assert any("no Amdahl fit: needs 2 points with m > 1" in x for x in legend)
     assert not any("f =" in x for x in legend)
 
 
