@@ -111,10 +111,11 @@ def text_batch(tokens: torch.Tensor, batch: int, context: int, generator=None):
     """``batch`` random windows of ``context`` tokens and, for each, the tokens one step ahead
     (what a language model learns to predict)."""
     check_whole("batch", batch), check_whole("context", context)
-    if len(tokens) < context + 2:
+    if len(tokens) < context + 1:
         raise ValueError(f"{len(tokens)} tokens hold no window of context {context} and its next "
-                         f"token to draw from; choose a context under {len(tokens) - 1}")
-    starts = torch.randint(0, len(tokens) - context - 1, (batch,), generator=generator)
+                         f"token to draw from; choose a context under {len(tokens)}")
+    # a window and its next token span context + 1 tokens: it may start at 0 .. len - context - 1
+    starts = torch.randint(0, len(tokens) - context, (batch,), generator=generator)
     windows = torch.stack([tokens[s:s + context + 1] for s in starts.tolist()])
     return windows[:, :-1], windows[:, 1:]
 

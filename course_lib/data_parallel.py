@@ -1,11 +1,10 @@
 """Data parallelism: from scratch (broadcast, all-reduce the gradients) to DDP.
 
-Slides "Parallel computing for machine learning", part 3: training a small CNN with a mirrored
-(all-reduce) strategy, per-replica batch b, global batch b x m; and the DDP paper's mechanics
-(Li et al., VLDB 2020: gradient buckets, overlap, ``no_sync`` for accumulation).
-
-Every training function runs on every rank of ``group`` (default: all ranks), keeps its replica and
-batches on the rank's device, and returns the final parameters to compare with one process.
+Slides "Parallel computing for machine learning", part 3: a small CNN trained with a mirrored
+(all-reduce) strategy, per-replica batch b, global batch b x m; and the DDP paper's mechanics (Li
+et al., VLDB 2020: gradient buckets, overlap, ``no_sync`` for accumulation). Every training
+function runs on every rank of ``group`` (default: all ranks), keeps its replica and batches on
+the rank's device, and returns the final parameters to compare with one process.
 
 Lesson 4's check, the digits CNN trained by hand, with DDP and with DDP accumulating two local
 batches, each against one process on the global batch::
@@ -197,9 +196,13 @@ def time_ddp_steps(model_fn, x, y, local_batch: int, steps: int = 10, warmup: in
 
 def compression_hook(dtype, log: list | None = None):
     """A DDP communication hook that all-reduces each gradient bucket in ``dtype`` (e.g.
-    torch.float16; None: float32 as is) and records the bytes it sends; its state is the process
-    group (None: all ranks). What torch's ``fp16_compress_hook`` does, written out: cast the
-    bucket down, divide by the world size (the sum overflows less), all-reduce, cast back."""
+    torch.float16; None: in the gradients' own dtype) and records the bytes it sends; its state
+    is the process group (None: all ranks). What torch's ``fp16_compress_hook`` does, written
+    out: cast the bucket down, divide by the world size (the sum overflows less), all-reduce, cast
+    back."""
+    if dtype is not None and not getattr(dtype, "is_floating_point", False):
+        raise ValueError(f"compression_hook sends the gradients in a floating-point dtype (e.g. "
+                         f"torch.float16 or torch.bfloat16) or None (as they are), got {dtype!r}")
 
     def hook(group, bucket):
         buffer = bucket.buffer()
@@ -231,15 +234,12 @@ def warmup_lr(step: int, target_lr: float, warmup_steps: int, start_lr: float) -
     return target_lr if done else start_lr + (target_lr - start_lr) * step / warmup_steps
 
 
-# -- lesson 4's check, as a command ----------------------------------------------------------------
-
-
 def lesson_setup(samples: int = 256, width: int = 4, seed: int = 3):
-    """Lesson 4's small problem: the first ``samples`` training digits in float64 and a
-    float64 digits CNN of ``width`` channels (the same weights for the same seed)."""
+    """Lesson 4's check, as a command (:func:`main`): its small problem, the first ``samples``
+    training digits in float64 and a float64 digits CNN of ``width`` channels (the same weights
+    for the same seed)."""
     from course_lib.data import load_digits
     from course_lib.models import digits_cnn
-
     check_whole("samples", samples)
     digits = load_digits(images=True)
     return (lambda: digits_cnn(seed=seed, width=width, dtype=torch.float64),

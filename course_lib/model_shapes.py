@@ -13,13 +13,23 @@ recomputation repeats. A mixture of experts counts only the experts a token is s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import numbers
+from dataclasses import dataclass, fields
 
 
 def check_positive(owner: str, **values) -> None:
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise ValueError(f"{owner}.{name} must be a positive whole number, got {value!r}")
+
+
+def plain_ints(shape) -> None:
+    """Make a frozen dataclass's whole numbers from numpy (``np.int64(4)``) Python ints, so a
+    shape or plan built from an array prints, compares and hashes as one typed by hand."""
+    for field in fields(shape):
+        value = getattr(shape, field.name)
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool | int):
+            object.__setattr__(shape, field.name, int(value))
 
 
 
@@ -56,6 +66,7 @@ class Transformer:
     shared_experts: int = 0
 
     def __post_init__(self):
+        plain_ints(self)
         check_positive("Transformer", layers=self.layers, hidden=self.hidden, heads=self.heads,
                   seq=self.seq, vocab=self.vocab, global_batch=self.global_batch)
         if self.value_bytes not in (2, 4) or isinstance(self.value_bytes, bool | float):

@@ -12,14 +12,19 @@ from __future__ import annotations
 import numbers
 
 
-def gpipe_schedule(stage: int, stages: int, micro_batches: int) -> list[tuple[str, int]]:
-    """GPipe: all forward passes, then all backward passes (the same on every stage)."""
+def check_schedule(stage, stages, micro_batches) -> None:
+    """Refuse, naming them, a stage, stages or micro-batches no schedule can have."""
     whole = all(isinstance(n, numbers.Integral) and not isinstance(n, bool)
                 for n in (stage, stages, micro_batches))
     if not (whole and 0 <= stage < stages and micro_batches >= 1):
         raise ValueError(f"stage {stage!r} of {stages!r} stages with {micro_batches!r} "
                          f"micro-batches: whole numbers, a stage is 0 to stages - 1 and "
                          f"micro-batches are at least 1")
+
+
+def gpipe_schedule(stage: int, stages: int, micro_batches: int) -> list[tuple[str, int]]:
+    """GPipe: all forward passes, then all backward passes (the same on every stage)."""
+    check_schedule(stage, stages, micro_batches)
     forwards = [("forward", i) for i in range(micro_batches)]
     backwards = [("backward", i) for i in range(micro_batches)]
     return forwards + backwards
@@ -28,9 +33,7 @@ def gpipe_schedule(stage: int, stages: int, micro_batches: int) -> list[tuple[st
 def one_f_one_b_schedule(stage: int, stages: int, micro_batches: int) -> list[tuple[str, int]]:
     """1F1B: a few forwards to fill the pipe, then alternate one forward and one backward, then
     drain. Stage s starts p - s - 1 forwards ahead, so the last stage alternates at once."""
-    if not (0 <= stage < stages and micro_batches >= 1):
-        raise ValueError(f"stage {stage} of {stages} stages with {micro_batches} micro-batches: "
-                         f"a stage is 0 to stages - 1 and micro-batches are at least 1")
+    check_schedule(stage, stages, micro_batches)
     warmup = min(stages - stage - 1, micro_batches)
     actions = [("forward", i) for i in range(warmup)]  # warm-up forward passes
     forward, backward = warmup, 0

@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 from course_lib.model_shapes import (  # noqa: F401  (the plan's vocabulary, in one place)
     Transformer,
     check_positive,
+    plain_ints,
 )
 
 ATTENTION = ("stored", "recomputed", "flash")
@@ -44,6 +45,7 @@ class Cluster:
     mfu: float = 0.5
 
     def __post_init__(self):
+        plain_ints(self)
         check_positive("Cluster", gpus_per_node=self.gpus_per_node, nodes=self.nodes)
 
         def real(value) -> bool:  # a number, not a bool or text
@@ -113,6 +115,7 @@ class Plan:
     ep: int = 1
 
     def __post_init__(self):
+        plain_ints(self)
         check_positive("Plan", dp=self.dp, tp=self.tp, pp=self.pp, micro_batches=self.micro_batches,
                   chunks=self.chunks, cp=self.cp, ep=self.ep)
         if self.zero not in (0, 1, 2, 3) or not isinstance(self.zero, int) or \
@@ -135,10 +138,10 @@ class Plan:
                 raise ValueError(f"Plan.stages is a tuple of each stage's layers, e.g. (5, 6, 6, "
                                  f"5), got {self.stages!r}")
             stages = tuple(self.stages)
-            object.__setattr__(self, "stages", stages)
             if len(stages) != self.pp:
                 raise ValueError(f"Plan.stages gives {len(stages)} stages, but pp = {self.pp}")
             check_positive("Plan", **{f"stages[{i}]": n for i, n in enumerate(stages)})
+            object.__setattr__(self, "stages", tuple(map(int, stages)))
 
     @property
     def gpus(self) -> int:

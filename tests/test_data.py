@@ -152,8 +152,12 @@ def test_text_batches_are_next_token_windows_and_impossible_ones_are_refused():
     tokens = torch.arange(10)
     x, y = data.text_batch(tokens, 3, 8, torch.Generator().manual_seed(0))
     assert x.shape == y.shape == (3, 8) and torch.equal(y, x + 1)  # each target one step ahead
-    with pytest.raises(ValueError, match="10 tokens hold no window of context 9"):
-        data.text_batch(tokens, 3, 9)
+    starts = data.text_batch(tokens, 200, 8, torch.Generator().manual_seed(0))[0][:, 0]
+    assert set(starts.tolist()) == {0, 1}  # both windows of 9 tokens in 10, the last one too
+    x, y = data.text_batch(tokens, 2, 9)  # the one window: every token
+    assert torch.equal(x[0], tokens[:9]) and torch.equal(y[1], tokens[1:])
+    with pytest.raises(ValueError, match="10 tokens hold no window of context 10"):
+        data.text_batch(tokens, 3, 10)
     for batch, context in ((0, 4), (2, 0), (-1, 4)):
         with pytest.raises(ValueError, match="must be a whole number of at least 1"):
             data.text_batch(tokens, batch, context)

@@ -84,6 +84,12 @@ def test_compression_hooks_halve_the_bytes_and_match_torchs_hook(digits):
     assert (params["fp16"] - params["plain"]).abs().max() < 1e-2  # rounding, not divergence
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, "fp16", torch.bool, 16])
+def test_a_compression_hook_in_a_dtype_that_cannot_carry_gradients_is_refused(dtype):
+    with pytest.raises(ValueError, match="compression_hook sends the gradients in a floating"):
+        dp.compression_hook(dtype)
+
+
 def test_time_ddp_steps_times_both_modes(digits):
     x, y = digits
     times = launch(dp.time_ddp_steps, 2, args=(model_fn, x, y, 8), kwargs=dict(steps=3))

@@ -32,7 +32,9 @@ def test_one_f_one_b_order_has_named_phases():
     last = pp.one_f_one_b_schedule(3, 4, 3)
     assert last == [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1),
                     ("forward", 2), ("backward", 2)]
-    for stage, stages, m in ((2, 2, 3), (-1, 2, 3), (0, 2, 0)):  # (2, 2, 3) gave ("forward", -1)
+    # (2, 2, 3) gave ("forward", -1); (0, 2.5, 3) a TypeError from range
+    for stage, stages, m in ((2, 2, 3), (-1, 2, 3), (0, 2, 0), (0, 2.5, 3), (0, 2, 2.0),
+                             (True, 2, 3)):
         with pytest.raises(ValueError, match="a stage is 0 to stages - 1 and micro-batches"):
             pp.one_f_one_b_schedule(stage, stages, m)
 

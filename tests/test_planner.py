@@ -566,6 +566,20 @@ def test_a_description_that_cannot_exist_is_refused_naming_the_field(cls, change
         cls(**{**GOOD[cls], **change})
 
 
+def test_whole_numbers_from_numpy_make_the_same_plan_and_model_as_python_ints():
+    import numpy as np
+    plan = P.Plan(dp=np.int64(2), tp=1, pp=np.int32(2), stages=[np.int64(3), 3])
+    assert plan == P.Plan(dp=2, tp=1, pp=2, stages=(3, 3)) and str(plan).startswith("dp 2 x")
+    assert hash(plan) == hash(P.Plan(dp=2, tp=1, pp=2, stages=(3, 3)))
+    assert all(type(v) is int for v in (plan.dp, plan.pp, *plan.stages))
+    model = P.Transformer(**{**GPT_7B.__dict__, "layers": np.int64(4), "value_bytes": np.int64(2)})
+    assert model == replace(GPT_7B, layers=4) and type(model.layers) is int
+    cluster = P.Cluster(**{**NODE.__dict__, "nodes": np.int64(2)})
+    assert cluster == replace(NODE, nodes=2) and type(cluster.nodes) is int
+    with pytest.raises(ValueError, match="Plan.dp must be a positive whole number"):
+        P.Plan(dp=np.float64(2.0), tp=1, pp=1)
+
+
 @pytest.mark.parametrize("call", [
     lambda p: M.amdahl_speedup(p, 0.5), lambda p: M.gustafson_speedup(p, 0.5),
     lambda p: M.fit_amdahl([p, 2], [1.0, 1.5]), lambda p: M.fit_gustafson([p, 2], [1.0, 1.5]),
