@@ -185,6 +185,20 @@ def test_the_flops_of_a_step_counted_by_hand():
     assert flops == 2 * 2 * 5 * 8 * 8 * 3 * 3 * 3  # 2 b c_out H W c_in k k
 
 
+def test_attention_on_a_cpu_rank_counts_its_flops_by_hand():
+    # torch's counter has formulas for the GPU's attention kernels only; the course adds the CPU's
+    b, h, s, d = 2, 4, 32, 16
+    q, k, v = (torch.randn(b, h, s, d, requires_grad=True) for _ in range(3))
+
+    def attend():
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
+    flops, _ = flops_of(attend)
+    forward = 2 * (2 * b * h * s * s * d)  # q k^T, then the scores times v (the mask not counted)
+    backward = 2.5 * forward  # the scores again, dV, dP, dQ and dK: five products to forward's two
+    assert flops == forward + backward
+
+
 def test_rate_for_gives_the_ratio_and_refuses_what_this_cpu_cannot_stand_for():
     rate = rate_for(0.5, communication=0.02, flops=4e8, compute_cpu=0.01)
     assert rate == pytest.approx(1e10)  # the device computes the step in 0.02 / 0.5 = 40 ms

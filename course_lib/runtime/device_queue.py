@@ -34,5 +34,13 @@ class DeviceQueue(TorchDispatchMode):
         return out
 
 
+# torch's FlopCounterMode counts attention for its GPU kernels (flash, memory-efficient, cuDNN)
+# but has no formula for the CPU's: without these lines attention on a CPU rank would take no
+# device time and count no FLOPs. The same formulas, for this process (the course's CPU ranks).
+aten = torch.ops.aten
+flop_registry.setdefault(aten._scaled_dot_product_flash_attention_for_cpu,
+                         flop_registry[aten._scaled_dot_product_flash_attention])
+flop_registry.setdefault(aten._scaled_dot_product_flash_attention_for_cpu_backward,
+                         flop_registry[aten._scaled_dot_product_flash_attention_backward])
 READS = {torch.ops.aten._local_scalar_dense.default}  # .item(): the host reads a result
 RECEIVES = {torch.ops.c10d.recv_.default, torch.ops.c10d.recv_any_source_.default}
