@@ -59,7 +59,7 @@ class TopK:
     def __init__(self, fraction: float):
         if not 0 < fraction <= 1:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-        self.fraction, self.name = fraction, f"top-k {fraction:.0%}"
+        self.fraction, self.name = fraction, f"top-k {100 * fraction:g}%"  # 1%, 0.5%
 
     def kept(self, flat):
         """Indices of the entries this rank sends."""
@@ -95,8 +95,7 @@ class PowerSGD:
     matrices' Ps travel in one message, all Qs in another (as torch's hook does per bucket)."""
 
     def __init__(self, rank: int, seed: int = 0):
-        if rank < 1:
-            raise ValueError(f"rank must be at least 1, got {rank}")
+        check_whole("rank", rank)
         self.rank, self.seed, self.name = rank, seed, f"PowerSGD rank {rank}"
         self.q = {}
 
@@ -192,7 +191,7 @@ def compressor(name: str, seed: int = 0):
         return Dense()
     if name.startswith("top-k ") and name.endswith("%"):
         return TopK(float(name[6:-1]) / 100)
-    if name.startswith("PowerSGD rank "):
+    if name.startswith("PowerSGD rank ") and name.removeprefix("PowerSGD rank ").isdigit():
         return PowerSGD(int(name.removeprefix("PowerSGD rank ")), seed)
     raise ValueError(f"unknown compressor {name!r}: 'dense', 'top-k 1%', 'PowerSGD rank 2'")
 

@@ -13,6 +13,7 @@ server or a collective. Each node computes on its rank's device.
 
 from __future__ import annotations
 
+import operator
 import time
 
 import torch
@@ -28,6 +29,7 @@ from course_lib.erm_simulators import (  # noqa: F401  (consensus_distance: for 
 )
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
+from course_lib.training import check_whole
 
 RING_7 = {i: [(i - 1) % 7, (i + 1) % 7] for i in range(7)}
 COMPLETE_7 = {i: [j for j in range(7) if j != i] for i in range(7)}
@@ -39,11 +41,18 @@ GRAPHS = {"disconnected": DISCONNECTED_GRAPH, "seven-node (lecture)": SEVEN_NODE
 # -- the graph's mixing matrix ---------------------------------------------------------------------
 
 
-def check_graph(graph: dict) -> None:
-    """A graph is {node: [neighbours]} over nodes 0..n-1, undirected, without self-loops."""
+def check_graph(graph: dict) -> dict:
+    """A graph is {node: [neighbours]} over nodes 0..n-1, undirected, without self-loops.
+    Returns it with every node a Python int (neighbours from numpy or a tensor's nonzero())."""
+    def node(j):
+        if isinstance(j, bool) or not hasattr(j, "__index__"):
+            raise ValueError(f"a node is a whole number 0..n-1, got {j!r}")
+        return operator.index(j)
+
+    graph = {node(i): [node(j) for j in neighbours] for i, neighbours in dict(graph).items()}
     nodes = sorted(graph)
-    if nodes != list(range(len(nodes))):
-        raise ValueError(f"nodes must be 0..{len(nodes) - 1}, got {nodes}")
+    if not nodes or nodes != list(range(len(nodes))):
+        raise ValueError(f"nodes must be 0..n-1, at least one, got {nodes}")
     for i, neighbours in graph.items():
         if len(set(neighbours)) < len(neighbours):
             twice = sorted({j for j in neighbours if list(neighbours).count(j) > 1})
@@ -55,6 +64,7 @@ def check_graph(graph: dict) -> None:
             if i not in graph[j]:
                 raise ValueError(f"edge {i}-{j} is one-way: node {j} must list {i} too "
                                  f"(messages go both ways)")
+    return graph
 
 
 def mixing_matrix(graph: dict, rule: str = "metropolis") -> torch.Tensor:
@@ -65,7 +75,7 @@ def mixing_matrix(graph: dict, rule: str = "metropolis") -> torch.Tensor:
     ``"equal"``: node i weighs itself and each neighbour 1 / (deg i + 1), as in the lecture
     note's problem; on a graph whose degrees differ this is not symmetric.
     """
-    check_graph(graph)
+    graph = check_graph(graph)
     if rule not in ("metropolis", "equal"):
         raise ValueError(f"unknown rule {rule!r}: use 'metropolis' or 'equal'")
     n = len(graph)
@@ -85,6 +95,10 @@ def spectral_gap(W: torch.Tensor) -> float:
 
     Pure averaging x <- W x shrinks the distance to consensus by |lambda_2| per step (for a
     symmetric W): a gap near 1 agrees in a few steps, a gap of 0 (disconnected) never."""
+    W = torch.as_tensor(W)
+    if W.dim() != 2 or W.shape[0] != W.shape[1] or not len(W) or not torch.isfinite(W).all():
+        raise ValueError(f"W must be a square matrix of finite numbers, at least 1 x 1, got "
+                         f"shape {tuple(W.shape)}")
     magnitudes = torch.linalg.eigvals(W).abs().sort(descending=True).values
     return max(0.0, 1.0 - magnitudes[1].item()) if len(magnitudes) > 1 else 1.0
 
@@ -150,9 +164,12 @@ def simulate_decentralized(problem: ERMProblem, graph: dict, *, steps: int, lr: 
     shards = shard_rows(problem.n, n, seed) if shards is None else list(shards)
     if len(shards) != n:
         raise ValueError(f"{len(shards)} shards for a graph of {n} nodes: give one per node")
-    x = (torch.zeros(n, problem.d, dtype=problem.X.dtype) if x0 is None else x0.clone())
+    x = torch.zeros(n, problem.d, dtype=problem.X.dtype) if x0 is None else \
+        torch.as_tensor(x0, dtype=problem.X.dtype).clone()  # the problem's dtype, as torch casts
+    if x.shape != (n, problem.d):
+        raise ValueError(f"x0 is one row per node: shape ({n}, {problem.d}), got {tuple(x.shape)}")
     history = [x.clone()]
-    for step in range(steps):
+    for step in range(check_whole("steps", steps, least=0)):
         rows = [s if batch is None else batch_rows(s, batch, seed, i, step)
                 for i, s in enumerate(shards)]
         g = torch.stack([local_gradient(problem, rows[i], x[i]) for i in range(n)])

@@ -56,7 +56,7 @@ from course_lib.local_training import (  # noqa: F401  (fl.client_update ...: th
 from course_lib.models import DIGITS_MLP
 from course_lib.runtime.devices import device
 from course_lib.runtime.torchrun import run_command, run_main
-from course_lib.training import rank_and_size
+from course_lib.training import check_whole, rank_and_size
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,7 @@ class Federation:
     of the clients (the draws seeded by ``seed``) and ending with the server's step ``server``
     (default :func:`fedavg_server`). ``scaffold``: SCAFFOLD's control variates. A share
     ``stragglers`` of each round's clients manage only part of their steps: they are dropped, or
-    with ``keep_partial`` their partial work is averaged in (as FedProx does). Training stops
-    early once test accuracy reaches ``target``."""
+    with ``keep_partial`` their partial work is averaged in (FedProx). Stops at ``target``."""
 
     rounds: int
     fraction: float = 0.1
@@ -78,9 +77,10 @@ class Federation:
     seed: int = 0
 
     def __post_init__(self):
-        if isinstance(self.rounds, bool) or not (isinstance(self.rounds, int | np.integer)
-                                                 and self.rounds >= 0):
-            raise ValueError(f"rounds must be a whole number >= 0, got {self.rounds!r}")
+        for name in ("rounds", "seed"):
+            if isinstance(value := getattr(self, name), bool) or \
+                    not isinstance(value, numbers.Integral) or value < 0:
+                raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
         for name in ("fraction", "stragglers"):
             if isinstance(getattr(self, name), bool | str):
                 raise ValueError(f"{name} must be a number, got {getattr(self, name)!r}")
@@ -211,8 +211,9 @@ def rounds_to_target(accuracy_per_round, target: float) -> int | None:
 
 def fedsgd_step(split, parts, w, lr: float, model=DIGITS_MLP) -> torch.Tensor:
     """One FedSGD round with every client: w - lr sum_k (n_k/n) grad F_k(w)."""
-    x, y = split.x_train.double(), split.y_train
-    n = sum(len(p) for p in parts)
+    if not len(parts) or any(len(p) == 0 for p in parts):
+        raise ValueError("parts must hold at least one client, each with rows")
+    x, y, n = split.x_train.double(), split.y_train, sum(len(p) for p in parts)
     return w - lr * sum(len(p) / n * model.loss_and_gradient(w, x[p], y[p])[1] for p in parts)
 
 
@@ -228,7 +229,10 @@ def hierarchical(split, parts, edges, local: LocalTraining, *, cloud_rounds: int
     the ``client_to_edge`` links in all."""
     if not 0 < fraction <= 1:
         raise ValueError(f"fraction C must be in (0, 1], got {fraction}")
-    if not edges or any(not m or not all(0 <= k < len(parts) for k in m) for m in edges):
+    check_whole("cloud_rounds", cloud_rounds, 0), check_whole("edge_rounds", edge_rounds, 0)
+    edges = [list(m) for m in edges]  # lists, numpy's array_split parts too
+    if not edges or any(not m or not all(k == int(k) and 0 <= k < len(parts) for k in m)
+                        for m in edges):
         raise ValueError(f"every edge lists one or more of the clients 0 to {len(parts) - 1}, "
                          f"got edges={edges!r}")
     clients, w, d = Clients.of(split, parts), model.init(seed), model.num_parameters
@@ -253,11 +257,9 @@ def hierarchical(split, parts, edges, local: LocalTraining, *, cloud_rounds: int
     return log
 
 
-# -- lesson 8's check, as a command ----------------------------------------------------------------
-
-
 def lesson_setup(clients: int = 50):
-    """The digits and lesson 8's non-IID partition: two label shards per client."""
+    """Lesson 8's check, as a command (:func:`main`): the digits and lesson 8's non-IID
+    partition, two label shards per client."""
     from course_lib.data import load_digits
     from course_lib.partitions import label_shards
 

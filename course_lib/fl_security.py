@@ -115,7 +115,10 @@ def clip_and_noise(update: torch.Tensor, clip: float, noise: float, generator=No
 def pair_mask(i: int, j: int, d: int, seed: int = 0, scale: float = 1e3) -> torch.Tensor:
     """The mask m_ij of the pair of clients i < j: drawn from a generator both of them can seed
     (in a real protocol: from a key they agreed on), so either can reproduce it."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + i * 1009 + j)
+    if not 0 <= i < j:
+        raise ValueError(f"pair_mask(i, j) is the mask of clients 0 <= i < j, got i={i}, j={j}")
+    key = np.random.SeedSequence([seed, i, j]).generate_state(1)[0]  # distinct for every pair
+    g = torch.Generator().manual_seed(int(key))
     return torch.randn(d, generator=g, dtype=torch.float64) * scale
 
 
@@ -148,9 +151,9 @@ def mean(updates: torch.Tensor, w=None, state=None) -> torch.Tensor:
 
 
 def coordinate_median(updates: torch.Tensor, w=None, state=None) -> torch.Tensor:
-    """Coordinate-wise median of the rows (Yin et al. 2018)."""
+    """Coordinate-wise median of the rows (Yin et al. 2018); a NaN (a broken update) is left out."""
     updates = check_updates(updates)
-    return updates.median(dim=0).values if len(updates) % 2 else updates.quantile(0.5, dim=0)
+    return updates.nanmedian(dim=0).values if len(updates) % 2 else updates.nanquantile(0.5, dim=0)
 
 
 def trimmed_mean(updates: torch.Tensor, w=None, state=None, trim: float = 0.2) -> torch.Tensor:
@@ -171,19 +174,19 @@ def krum(updates: torch.Tensor, w=None, state=None, byzantine: int = 1) -> torch
     closest = n - byzantine - 2
     if closest < 1:
         raise ValueError(f"Krum needs n - f - 2 >= 1, got n = {n}, f = {byzantine}")
-    distances = torch.cdist(updates, updates) ** 2
+    distances = (torch.cdist(updates, updates) ** 2).nan_to_num(nan=float("inf"))  # NaN: far
     scores = distances.sort(dim=1).values[:, 1:closest + 1].sum(dim=1)  # skip itself
     return updates[int(scores.argmin())]
 
 
 def norm_check(updates: torch.Tensor, w=None, state=None, factor: float = 2.0) -> torch.Tensor:
     """The server checks update statistics: average only the updates whose norm is at most
-    ``factor`` times the median norm (a factor of 1 or more keeps at least half of them)."""
+    ``factor`` times the median norm (a factor of 1 or more keeps half the finite ones or more)."""
     if not factor >= 1:
         raise ValueError(f"factor must be 1 or more (under 1 it can keep no update), got "
                          f"{factor!r}")
     norms = check_updates(updates).norm(dim=1)
-    return updates[norms <= factor * norms.median()].mean(dim=0)
+    return updates[norms <= factor * norms.nanmedian()].mean(dim=0)
 
 
 def validation_check(updates: torch.Tensor, w, state=None, *, validation, margin: float = 0.1,
@@ -217,11 +220,8 @@ def dp_mean(clip: float, noise: float, seed: int = 0):
     return aggregate
 
 
-# -- attacks ------------------------------------------------------------------------------------
-
-
 def flip_labels(y: torch.Tensor) -> torch.Tensor:
-    """Data poisoning: train honestly on the labels 9 - y."""
+    """Data poisoning (an attack): train honestly on the labels 9 - y."""
     return 9 - y
 
 
@@ -233,9 +233,6 @@ def boost(update: torch.Tensor, factor: float = 10.0) -> torch.Tensor:
 def sign_flip(update: torch.Tensor, factor: float = 10.0) -> torch.Tensor:
     """Model poisoning: send -``factor`` times the honest update."""
     return -factor * update
-
-
-# -- the federation, simulated ----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -289,6 +286,8 @@ def simulate_federation(split, parts, local: fl.LocalTraining, federation: fl.Fe
 
 
 def reconstruction_error(x_hat: torch.Tensor, x: torch.Tensor) -> float:
+    if x_hat.shape != x.shape:  # broadcasting would compare every pixel with every other
+        raise ValueError(f"x_hat {tuple(x_hat.shape)} and x {tuple(x.shape)}: shapes differ")
     return ((x_hat - x) ** 2).mean().item()  # mean squared error of a reconstruction
 
 

@@ -10,7 +10,14 @@ growth x2 every 2000 clean steps, back-off x0.5), so the two can be compared ste
 
 from __future__ import annotations
 
+import numbers
+
 import torch
+
+
+def whole(value) -> bool:
+    """A whole number (numpy's too), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def update_scale(scale: float, growth_tracker: int, found_inf: bool, *,
@@ -21,6 +28,8 @@ def update_scale(scale: float, growth_tracker: int, found_inf: bool, *,
     An inf/NaN: back off (scale x backoff_factor) and start counting again. A clean step: count
     it; after ``growth_interval`` clean steps in a row, grow (scale x growth_factor)."""
     check_rule(growth_factor, backoff_factor, growth_interval, growth_tracker)
+    if not 0 < scale < float("inf"):
+        raise ValueError(f"scale must be positive and finite, got {scale!r}")
     if found_inf:
         return scale * backoff_factor, 0
     if growth_tracker + 1 == growth_interval:
@@ -32,12 +41,12 @@ def check_rule(growth_factor: float, backoff_factor: float, growth_interval: int
                growth_tracker: int = 0) -> None:
     """Refuse a rule that torch.amp.GradScaler refuses, naming the settings, and a count of
     clean steps that is not 0 to ``growth_interval`` - 1."""
-    if not (growth_factor > 1 and 0 < backoff_factor < 1 and isinstance(growth_interval, int)
+    if not (growth_factor > 1 and 0 < backoff_factor < 1 and whole(growth_interval)
             and growth_interval >= 1):
         raise ValueError(f"as torch.amp.GradScaler asks: growth_factor > 1, 0 < "
                          f"backoff_factor < 1 and growth_interval a whole number >= 1; got "
                          f"{growth_factor}, {backoff_factor} and {growth_interval!r}")
-    if not (isinstance(growth_tracker, int) and 0 <= growth_tracker < growth_interval):
+    if not (whole(growth_tracker) and 0 <= growth_tracker < growth_interval):
         raise ValueError(f"growth_tracker counts clean steps since the last change: 0 to "
                          f"growth_interval - 1 = {growth_interval - 1}, got {growth_tracker!r}")
 
@@ -64,6 +73,8 @@ class LossScaler:
                          growth_interval=growth_interval)
         self.growth_tracker = 0
         self.found_inf = False
+        self.unscaled: dict[int, bool] = {}  # id(optimizer) -> inf/NaN found, since update()
+        self.stepped: set[int] = set()
         self.history: list[dict] = []
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
@@ -71,27 +82,42 @@ class LossScaler:
         return loss * self.scale_value
 
     def unscale_(self, optimizer) -> bool:
-        """Divide every gradient by S in place; return whether any is inf or NaN."""
+        """Divide every gradient by S in place (e.g. before clipping them); return whether any is
+        inf or NaN. Once per optimizer between updates, as torch.amp.GradScaler allows."""
+        if id(optimizer) in self.unscaled:
+            raise RuntimeError("unscale_() was already called on this optimizer since the last "
+                               "update(): its gradients would be divided by S twice")
         inverse = 1.0 / self.scale_value  # S is a power of two: dividing by it is exact
-        self.found_inf = False
+        found = False
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
                     p.grad.mul_(inverse)
-                    self.found_inf |= not torch.isfinite(p.grad).all().item()
-        return self.found_inf
+                    found |= not torch.isfinite(p.grad).all().item()
+        self.unscaled[id(optimizer)] = found
+        self.found_inf = any(self.unscaled.values())
+        return found
 
     def step(self, optimizer) -> bool:
-        """Unscale, then step unless a gradient overflowed. Returns whether it stepped."""
-        stepped = not self.unscale_(optimizer)
+        """Unscale (unless :meth:`unscale_` already did), then step unless a gradient overflowed.
+        Returns whether it stepped. Once per optimizer between updates."""
+        if id(optimizer) in self.stepped:
+            raise RuntimeError("step() was already called on this optimizer since the last "
+                               "update(): call update() once per iteration")
+        found = self.unscaled.get(id(optimizer))
+        stepped = not (self.unscale_(optimizer) if found is None else found)
         if stepped:
             optimizer.step()
+        self.stepped.add(id(optimizer))
         self.history.append(dict(scale=self.scale_value, found_inf=self.found_inf,
                                  stepped=stepped))
         return stepped
 
     def update(self) -> None:
-        """Dynamic scaling: the new scale for the next step."""
+        """Dynamic scaling: the new scale for the next step. Ends the iteration."""
         if self.dynamic:
             self.scale_value, self.growth_tracker = update_scale(
                 self.scale_value, self.growth_tracker, self.found_inf, **self.rule)
+        self.unscaled.clear()
+        self.stepped.clear()
+        self.found_inf = False

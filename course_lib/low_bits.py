@@ -26,6 +26,7 @@ delivered, the bytes this rank sent, what counts as sent for error feedback):
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.distributed as dist
@@ -36,7 +37,7 @@ from course_lib.training import check_whole
 
 def levels(bits: int) -> int:
     """The largest code of a symmetric ``bits``-bit format: 2^(bits-1) - 1 (7 for INT4)."""
-    if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
+    if isinstance(bits, bool) or not isinstance(bits, numbers.Integral) or not 2 <= bits <= 8:
         raise ValueError(f"bits must be a whole number from 2 to 8, got {bits!r}")
     return 2 ** (bits - 1) - 1
 
@@ -59,7 +60,8 @@ def pack_int4(codes: torch.Tensor) -> torch.Tensor:
 
 def unpack_int4(packed: torch.Tensor, n: int) -> torch.Tensor:
     """The first ``n`` codes of :func:`pack_int4`'s bytes, as int8."""
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 2 * packed.numel():
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) \
+            or not 0 <= n <= 2 * packed.numel():
         raise ValueError(f"{packed.numel()} bytes hold at most {2 * packed.numel()} codes, "
                          f"asked for {n}")
     b = packed.to(torch.int16)
@@ -78,7 +80,8 @@ def pack_signs(x: torch.Tensor) -> torch.Tensor:
 
 def unpack_signs(packed: torch.Tensor, n: int) -> torch.Tensor:
     """The first ``n`` signs of :func:`pack_signs`'s bytes, as float32 +1 / -1."""
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 8 * packed.numel():
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) \
+            or not 0 <= n <= 8 * packed.numel():
         raise ValueError(f"{packed.numel()} bytes hold at most {8 * packed.numel()} signs, "
                          f"asked for {n}")
     shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
@@ -120,7 +123,7 @@ def _group(group, n: int) -> int:
     """``group`` checked, or the whole tensor for None."""
     if group is None:
         return max(n, 1)
-    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+    if isinstance(group, bool) or not isinstance(group, numbers.Integral) or group < 1:
         raise ValueError(f"group must be a positive whole number of numbers, got {group!r}")
     return group
 
@@ -208,11 +211,11 @@ class QSGDCompressor:
     averaged. ``seed``: the rounding's."""
 
     def __init__(self, s: int = 7, bucket: int | None = None, seed: int = 0):
-        if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= 7:
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not 1 <= s <= 7:
             raise ValueError(f"QSGD's levels s must be a whole number from 1 to 7 (4-bit codes), "
                              f"got {s!r}")
-        if bucket is not None and (isinstance(bucket, bool) or not isinstance(bucket, int)
-                                   or bucket < 1):
+        if bucket is not None and (isinstance(bucket, bool)
+                                   or not isinstance(bucket, numbers.Integral) or bucket < 1):
             raise ValueError(f"bucket must be a positive whole number, got {bucket!r}")
         self.s, self.bucket, self.seed, self.calls = s, bucket, seed, 0
         self.name = f"QSGD s = {s}" + (f", buckets of {bucket}" if bucket else "")
@@ -256,7 +259,7 @@ class Int4Compressor:
     bits)."""
 
     def __init__(self, group: int = 64):
-        if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        if isinstance(group, bool) or not isinstance(group, numbers.Integral) or group < 1:
             raise ValueError(f"group must be a positive whole number, got {group!r}")
         self.group, self.name = group, f"INT4, groups of {group}"
 

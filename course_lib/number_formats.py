@@ -15,7 +15,7 @@ import torch
 FORMATS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
            "fp8 e4m3": torch.float8_e4m3fn, "fp8 e5m2": torch.float8_e5m2, "int8": torch.int8}
 
-_SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+_SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def smallest_subnormal(dtype) -> float:
@@ -56,7 +56,8 @@ def positive_values(dtype) -> torch.Tensor:
 def fraction_flushed(values: torch.Tensor, dtype, scale: float = 1.0) -> dict:
     """Of the non-zero ``values`` (in fp32/fp64), the fraction that becomes 0 when multiplied by
     ``scale`` and cast to ``dtype`` ("zero"), that lands among the subnormals and keeps fewer
-    significant bits ("subnormal"), and that overflows to inf ("overflow")."""
+    significant bits ("subnormal"), and that lies beyond the largest value ("overflow": fp16 and
+    e5m2 give inf, e4m3 saturates at 448)."""
     try:  # a number, a numpy number or a one-number tensor; not a bool or text
         value = math.nan if isinstance(scale, bool | str | bytes) else float(scale)
     except (TypeError, ValueError):
@@ -66,12 +67,12 @@ def fraction_flushed(values: torch.Tensor, dtype, scale: float = 1.0) -> dict:
     values = values[values != 0].double() * scale
     if not values.numel():
         raise ValueError("values holds no non-zero number: there is nothing whose fate to count")
-    cast = values.to(dtype)
-    small = values.abs() < torch.finfo(dtype).smallest_normal
-    zero = cast == 0
+    info = torch.finfo(dtype)
+    small = values.abs() < info.smallest_normal
+    zero = values.to(dtype).double() == 0  # compared in float64: fp8 has no comparisons
     return dict(zero=zero.double().mean().item(),
                 subnormal=(small & ~zero).double().mean().item(),
-                overflow=torch.isinf(cast).double().mean().item())
+                overflow=(values.abs() > info.max).double().mean().item())
 
 
 def update_is_lost(w: float, dw: float, dtype) -> bool:

@@ -30,7 +30,7 @@ def _as_tensors(parts):
 
 
 def _check_alpha(alpha):
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or \
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or \
             not math.isfinite(alpha) or alpha <= 0:
         raise PartitionError(f"alpha must be a positive, finite number (the Dirichlet "
                              f"concentration: small means skewed, large means even), got "
@@ -43,12 +43,35 @@ def _check_count(name, value, least=1):
 
 
 def _check(labels, clients):
-    labels = np.asarray(labels)
-    if isinstance(clients, bool) or not isinstance(clients, int) or \
+    labels = _check_labels(labels)
+    if isinstance(clients, bool) or not isinstance(clients, numbers.Integral) or \
             not 1 <= clients <= len(labels):
-        raise PartitionError(f"clients must be an int between 1 and {len(labels)} (the number "
-                             f"of rows), got {clients!r}")
+        raise PartitionError(f"clients must be a whole number between 1 and {len(labels)} (the "
+                             f"number of rows), got {clients!r}")
     return labels
+
+
+def _check_labels(labels):
+    """Labels as a 1-D array, one class per row (a float label must be a whole number)."""
+    labels = np.asarray(labels)
+    if labels.ndim != 1:
+        raise PartitionError(f"labels must be one class per row (a 1-D array, not one-hot), got "
+                             f"shape {labels.shape}")
+    if labels.dtype.kind == "f" and labels.size:
+        if not (np.isfinite(labels).all() and (labels == np.round(labels)).all()):
+            raise PartitionError("labels must be whole class numbers; they hold NaN, inf or "
+                                 "fractions")
+        labels = labels.astype(np.int64)
+    elif labels.dtype.kind not in "iub" and labels.size:
+        raise PartitionError(f"labels must be whole class numbers, got dtype {labels.dtype}")
+    return labels
+
+
+def _no_empty(parts, why):
+    if empty := [i for i, p in enumerate(parts) if len(p) == 0]:
+        raise PartitionError(f"client {empty[0]} gets no rows ({len(empty)} clients in all): "
+                             f"{why}")
+    return parts
 
 
 def iid(labels, clients: int, seed: int = 0) -> list[torch.Tensor]:
@@ -84,8 +107,9 @@ def label_shards(labels, clients: int, shards_per_client: int = 2,
         rows = rng.permutation(np.flatnonzero(labels == c))
         shards += np.array_split(rows, k)
     order = rng.permutation(len(shards))
-    return _as_tensors([np.concatenate([shards[s] for s in order[i::clients]])
-                        for i in range(clients)])
+    parts = [np.concatenate([shards[s] for s in order[i::clients]]) for i in range(clients)]
+    return _as_tensors(_no_empty(parts, f"{total} shards are more than the rows of the small "
+                                        f"classes: use fewer clients or shards_per_client"))
 
 
 def k_classes(labels, clients: int, k: int, seed: int = 0) -> list[torch.Tensor]:
@@ -110,7 +134,9 @@ def k_classes(labels, clients: int, k: int, seed: int = 0) -> list[torch.Tensor]
         rows = rng.permutation(np.flatnonzero(labels == c))
         for holder, piece in zip(holders, np.array_split(rows, len(holders)), strict=True):
             parts[holder].append(piece)
-    return _as_tensors([np.concatenate(p) for p in parts])
+    parts = [np.concatenate(p) for p in parts]
+    return _as_tensors(_no_empty(parts, "a class has fewer rows than the clients that hold it: "
+                                        "use fewer clients or a smaller k"))
 
 
 def dirichlet_split(rows, clients: int, alpha: float, rng) -> list:
@@ -199,16 +225,19 @@ def quantity_skew(labels, clients: int, alpha: float = 1.0, min_size: int = 1,
 def label_counts(labels, parts, num_classes: int | None = None) -> np.ndarray:
     """clients x classes matrix of how many rows of each label each client holds (``parts``:
     each client's row indices; ``num_classes``: default the largest label + 1)."""
-    labels = np.asarray(labels)
+    labels = _check_labels(labels)
     if num_classes is None:
         num_classes = 1 + int(labels.max()) if labels.size else 0
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1 \
+    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) \
+            or num_classes < 1 \
             or (labels.size and not 0 <= labels.min() <= labels.max() < num_classes):
         raise PartitionError(f"labels must be classes 0 to num_classes - 1, at least one: got "
                              f"num_classes={num_classes!r}, labels from "
                              f"{labels.min() if labels.size else None} to "
                              f"{labels.max() if labels.size else None}")
     rows = [np.asarray(p) for p in parts]
+    if not rows:
+        raise PartitionError("parts is empty: give each client's row indices")
     if bad := [i for i, r in enumerate(rows) if r.size and (r.dtype.kind not in "iu" or r.min() < 0
                                                             or r.max() >= len(labels))]:
         raise PartitionError(f"client {bad[0]}'s rows must be whole row numbers 0 to "
@@ -220,6 +249,10 @@ def earth_movers_distance(counts: np.ndarray) -> np.ndarray:
     """Per client, Zhao et al.'s skew score: sum over classes of |p_client - p_global| (0 for
     the global mix, approaching 2 for a small client whose classes no one else has)."""
     counts = np.asarray(counts, dtype=float)
+    if counts.ndim != 2 or not counts.sum() > 0 or not np.isfinite(counts).all() \
+            or (counts < 0).any():
+        raise PartitionError(f"counts must be a clients x classes matrix of row counts, some "
+                             f"rows in all (label_counts gives one), got shape {counts.shape}")
     global_mix = counts.sum(axis=0) / counts.sum()
     mixes = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
     return np.abs(mixes - global_mix).sum(axis=1)

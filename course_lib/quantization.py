@@ -19,6 +19,7 @@ each of ``METHODS``, with the bytes each rank sends and the largest error::
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.distributed as dist
@@ -45,7 +46,9 @@ def quantize(x: torch.Tensor, scale: float, *, stochastic: bool = True,
     """int8 codes q with q * scale ~ x (|x| <= 127 scale for every entry)."""
     if not torch.isfinite(x).all():
         raise ValueError("x has inf or NaN entries: int8 codes and their scale need finite ones")
-    if not (isinstance(scale, float | int) and 0 < scale < math.inf):
+    if isinstance(scale, torch.Tensor) and scale.numel() == 1:
+        scale = scale.item()  # e.g. x.abs().max() / 127
+    if isinstance(scale, bool) or not (isinstance(scale, numbers.Real) and 0 < scale < math.inf):
         raise ValueError(f"scale must be a positive, finite number, got {scale!r}")
     levels = x / scale
     rounded = stochastic_round(levels, generator) if stochastic else torch.round(levels)

@@ -47,6 +47,9 @@ def claim(statement: str, holds: bool, **evidence) -> None:
     comparison, not by a value's truthiness."""
     if not statement or not isinstance(statement, str):
         raise ValueError("a claim needs its statement, in words")
+    if getattr(holds, "dtype", None) is not None and str(holds.dtype) in ("torch.bool", "bool") \
+            and getattr(holds, "ndim", 1) == 0:
+        holds = bool(holds)  # a comparison of one-number tensors or arrays
     if not isinstance(holds, (bool, np.bool_)):
         raise TypeError(f"holds must be a bool (a comparison), not {type(holds).__name__}")
     line = f"{statement} ({_evidence(evidence)})" if evidence else statement
@@ -67,9 +70,12 @@ def percent_off(measured: float, expected: float, *, close: float = 0.05,
     if not close >= 0:
         raise ValueError(f"close is a share, zero or more; got {close}")
     off = (measured - expected) / abs(expected)
+
+    def share(x):  # whole per cents, or enough digits that none reads "0%"
+        return f"{x:.0%}" if x >= 0.01 or x == 0 else f"{100 * x:.2g}%"
     if abs(off) <= close:
-        return f"within {close:.0%} of"
-    return f"{abs(off):.0%} {above if off > 0 else below}"
+        return f"within {share(close)} of"
+    return f"{share(abs(off))} {above if off > 0 else below}"
 
 
 def times_as(measured: float, reference: float, *, more: str = "faster",

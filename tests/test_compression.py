@@ -119,3 +119,13 @@ def test_compare_runs_every_compressor_with_and_without_feedback():
         assert len(results) == 2 and all(len(r["losses"]) == 3 for r in results), label
         assert all(0 <= r["accuracy"] <= 1 for r in results)
     assert runs[0]["top-k 10% + EF"][0]["bytes"] < runs[0]["dense"][0]["bytes"] / 4
+
+
+def test_compressor_names_keep_their_digits_and_ranks_are_whole():
+    assert cp.compressor("top-k 0.5%").name == "top-k 0.5%"  # it said "top-k 0%"
+    assert cp.compressor("top-k 1%").name == "top-k 1%"
+    for rank in (2.5, float("nan"), 0, True):
+        with pytest.raises(ValueError, match="rank must be a whole number of at least 1"):
+            cp.PowerSGD(rank)
+    with pytest.raises(ValueError, match="unknown compressor 'PowerSGD rank 2.5'"):
+        cp.compressor("PowerSGD rank 2.5")

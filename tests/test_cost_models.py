@@ -237,7 +237,7 @@ def test_at_the_crossover_ring_and_ulysses_take_equal_time(p):
     (lambda: M.quantized_sum_error_bound(4, -1), "scale must be zero or more"),
     (lambda: M.hidden_fraction_model([0, 1], [1, 1], 0.1, 0.01, math.nan),
      "backward must be zero or more"),  # it used to say everything was hidden
-    (lambda: M.overlapped_messages([0, math.nan], [1, 1], 0.1, 0.01), "ready times must be"),
+    (lambda: M.overlapped_messages([0, math.nan], [1, 1], 0.1, 0.01), "one finite ready time"),
     (lambda: M.overlapped_messages([0, 1], [1, -1], 0.1, 0.01), "n_bytes must be zero or more"),
     (lambda: M.overlapped_messages([0, 1], [1, 1], -0.1, 0.01), "alpha must be zero or more"),
     (lambda: M.fit_alpha_beta([1, 2, math.inf], [1, 2, 3]), "needs finite message sizes"),
@@ -254,3 +254,10 @@ def test_negative_or_nan_sizes_and_times_and_odd_process_counts_are_refused(call
     assert M.pipeline_timeline(np.int64(2), 4) == M.pipeline_timeline(2, 4)  # numpy counts too
     assert M.pipeline_timeline(4, 4, forward=np.array([1.0, 2.0, 1.0, 1.0])) == \
         M.pipeline_timeline(4, 4, forward=[1.0, 2.0, 1.0, 1.0])  # an array, one time a stage
+
+
+def test_a_bad_argument_is_named_in_megatron_bytes_and_the_overlap_model():
+    with pytest.raises(ValueError, match="tokens must be zero or more"):
+        M.megatron_bytes(-128, 64, 4)
+    with pytest.raises(ValueError, match="2 ready times for 1 messages"):
+        M.overlapped_messages([0.0, 1.0], [10], 1.0, 1.0)

@@ -153,3 +153,29 @@ def test_shards_that_do_not_match_the_nodes_and_an_unknown_rule_are_refused():
     for graph in ({0: [], 1: []}, ring):  # no edges used to skip the check: the identity
         with pytest.raises(ValueError, match="unknown rule 'bogus'"):
             dec.mixing_matrix(graph, rule="bogus")
+
+
+def test_graphs_from_tensors_work_and_impossible_graphs_or_matrices_are_refused():
+    adjacency = torch.tensor([[0, 1], [1, 0]])
+    from_tensors = {i: list(adjacency[i].nonzero().flatten()) for i in range(2)}
+    torch.testing.assert_close(dec.mixing_matrix(from_tensors), dec.mixing_matrix({0: [1], 1: [0]}))
+    with pytest.raises(ValueError, match="at least one"):
+        dec.mixing_matrix({})
+    with pytest.raises(ValueError, match="a node is a whole number 0..n-1, got True"):
+        dec.mixing_matrix({0: [True], 1: [0]})
+    for W in (torch.full((2, 2), float("nan")), torch.zeros(0, 0), torch.ones(2, 3)):
+        with pytest.raises(ValueError, match="W must be a square matrix of finite numbers"):
+            dec.spectral_gap(W)  # NaN reached LAPACK, which can crash the kernel
+
+
+def test_a_float32_start_is_cast_as_torch_casts_and_bad_starts_or_steps_are_refused(problem):
+    ring = dec.GRAPHS["ring"]
+    n = len(ring)
+    x32 = torch.zeros(n, problem.d)  # torch's default dtype, beside a float64 problem
+    torch.testing.assert_close(
+        dec.simulate_decentralized(problem, ring, steps=2, lr=0.1, x0=x32),
+        dec.simulate_decentralized(problem, ring, steps=2, lr=0.1))
+    with pytest.raises(ValueError, match=rf"x0 is one row per node: shape \({n}, {problem.d}\)"):
+        dec.simulate_decentralized(problem, ring, steps=2, lr=0.1, x0=torch.zeros(n, 3))
+    with pytest.raises(ValueError, match="steps must be a whole number of at least 0"):
+        dec.simulate_decentralized(problem, ring, steps=-1, lr=0.1)

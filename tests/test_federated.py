@@ -167,10 +167,28 @@ def test_a_federation_that_cannot_train_is_refused_naming_why(digits, shards):
     for edges, fraction, problem in (([[0, 1], [2, 99]], 0.5, "every edge lists one or more"),
                                      ([[0, 1], []], 0.5, "every edge lists"),
                                      ([], 0.5, "every edge lists"),
+                                     ([[0, 1.5]], 0.5, "every edge lists"),
                                      ([[0, 1]], 5.0, r"fraction C must be in \(0, 1\]")):
         with pytest.raises(ValueError, match=problem):
             fl.hierarchical(digits, shards, edges, local, cloud_rounds=1, edge_rounds=1,
                             fraction=fraction)
+
+
+def test_numpy_edges_and_counts_work_and_impossible_ones_are_refused(digits, shards):
+    local = fl.LocalTraining(epochs=1, batch=10, lr=0.1)
+    as_lists = fl.hierarchical(digits, shards, [[0, 1], [2, 3]], local, cloud_rounds=1,
+                               edge_rounds=1)
+    as_arrays = fl.hierarchical(digits, shards, np.array_split(np.arange(4), 2), local,
+                                cloud_rounds=np.int64(1), edge_rounds=1)
+    assert as_lists == as_arrays
+    with pytest.raises(ValueError, match="cloud_rounds must be a whole number of at least 0"):
+        fl.hierarchical(digits, shards, [[0, 1]], local, cloud_rounds=-1, edge_rounds=1)
+    with pytest.raises(ValueError, match="parts must hold at least one client"):
+        fl.fedsgd_step(digits, [], None, 0.1)
+    for seed in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="seed must be a whole number >= 0"):
+            fl.Federation(2, seed=seed)
+    assert fl.Federation(np.int64(2), seed=np.int64(1)).rounds == 2
 
 
 def test_clients_hand_out_each_clients_rows(digits, shards):

@@ -229,3 +229,24 @@ def test_an_attack_poisons_only_its_attackers():
     assert attack.labels(2, y).tolist() == [8, 1] and attack.labels(0, y) is y
     torch.testing.assert_close(attack.update(2, u), 10 * u)
     assert attack.update(1, u) is u and sec.Attack().labels(2, y) is y
+
+
+@pytest.mark.parametrize("broken", [float("nan"), float("inf")])
+def test_a_broken_update_is_left_out_by_the_robust_rules_not_chosen(broken):
+    honest = torch.tensor([[1.0, 1.0], [1.1, 0.9], [0.9, 1.1], [1.0, 1.05], [1.0, 1.0]])
+    updates = torch.cat([honest, torch.full((1, 2), broken)])
+    for rule in (sec.krum, sec.norm_check, sec.coordinate_median, sec.trimmed_mean):
+        out = rule(updates)
+        assert torch.isfinite(out).all(), rule.__name__
+        assert (out - honest.mean(dim=0)).abs().max() < 0.1, rule.__name__
+    assert any(torch.equal(sec.krum(updates), u) for u in honest)  # one of the honest ones
+
+
+def test_every_pair_has_its_own_mask_and_shapes_must_match():
+    d = 4
+    assert not torch.equal(sec.pair_mask(0, 1011, d), sec.pair_mask(1, 2, d))  # they were equal
+    with pytest.raises(ValueError, match="mask of clients 0 <= i < j, got i=1, j=0"):
+        sec.pair_mask(1, 0, d)
+    assert sec.pairwise_masks(5, d).sum(dim=0).abs().max() < 1e-9  # the masks still cancel
+    with pytest.raises(ValueError, match="shapes differ"):
+        sec.reconstruction_error(torch.arange(4.0).reshape(4, 1), torch.arange(4.0))

@@ -1,5 +1,6 @@
 """Loss scaling by hand against torch.amp.GradScaler (course_lib.loss_scaling)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -64,6 +65,40 @@ def test_static_scaler_keeps_its_scale_and_still_skips_an_overflowing_step():
     assert scaler.scale_value == pytest.approx(128.0)
     for a, b in zip(model.parameters(), before, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)  # the step was skipped
+
+
+def test_unscale_clip_step_matches_gradscaler_and_unscales_once():
+    """unscale_ before clipping, then step: the gradients are divided by S once, as torch's."""
+    x = torch.randn(4, 8)
+    params = []
+    for use_torch in (False, True):
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12) if use_torch else \
+            LossScaler(2.0 ** 12)
+        scaler.scale(model(x).sum()).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        scaler.step(opt)
+        scaler.update()
+        params.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    torch.testing.assert_close(params[0], params[1])
+    scaler, opt = LossScaler(4.0), torch.optim.SGD(_model().parameters(), lr=0.1)
+    scaler.unscale_(opt)
+    with pytest.raises(RuntimeError, match="unscale_.. was already called on this optimizer"):
+        scaler.unscale_(opt)
+    scaler.step(opt)
+    with pytest.raises(RuntimeError, match="step.. was already called on this optimizer"):
+        scaler.step(opt)
+    scaler.update()
+    scaler.unscale_(opt)  # a new iteration
+
+
+def test_the_dynamic_rule_refuses_a_scale_no_scaler_has_and_takes_numpy_counts():
+    for scale in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="scale must be positive and finite"):
+            update_scale(scale, 0, False)
+    assert update_scale(8.0, np.int64(9), False, growth_interval=np.int64(10)) == (16.0, 0)
 
 
 def test_unscale_divides_the_gradients_by_the_scale():

@@ -3,6 +3,7 @@ sign, QSGD and INT4 compressors on 2 gloo ranks against the same arithmetic in o
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -271,3 +272,13 @@ def test_bad_codes_scales_and_values_are_refused_by_name():
         L.dequantize_groups(codes, scales, 2.5)
     with pytest.raises(ValueError, match="hold at most"):
         L.unpack_int4(L.pack_int4(codes), 2.5)
+
+
+def test_counts_and_sizes_from_numpy_work_as_python_ints():
+    codes = torch.tensor([1, -2, 3], dtype=torch.int8)
+    assert torch.equal(L.unpack_int4(L.pack_int4(codes), np.int64(3)), codes)
+    signs = torch.randn(5)
+    assert torch.equal(L.unpack_signs(L.pack_signs(signs), np.int64(5)),
+                       L.unpack_signs(L.pack_signs(signs), 5))
+    assert L.levels(np.int64(4)) == L.levels(4)
+    assert L.QSGDCompressor(np.int64(4), bucket=np.int64(8)).name == L.QSGDCompressor(4, 8).name

@@ -61,3 +61,12 @@ def test_an_update_is_lost_in_fp16_from_a_ratio_of_2048():
     assert not nf.update_is_lost(1.0, 1 / 4096, torch.float32)
     assert nf.update_is_lost(1.0, 2.0 ** -9, torch.bfloat16)
     assert math.isclose(2 / torch.finfo(torch.float16).eps, 2048)
+
+
+def test_float64_and_fp8_formats_are_read_and_counted_too():
+    assert nf.smallest_subnormal(torch.float64) == 2.0 ** -1074
+    assert nf.format_table({"fp64": torch.float64})[0]["eps"] == 2.0 ** -52
+    values = torch.tensor([1e-12, 1.0, 500.0, 1e5], dtype=torch.float64)
+    e4m3 = nf.fraction_flushed(values, torch.float8_e4m3fn)  # it saturates at 448, has no inf
+    assert e4m3 == pytest.approx(dict(zero=0.25, subnormal=0.0, overflow=0.5))
+    assert nf.fraction_flushed(values, torch.float8_e5m2)["overflow"] == pytest.approx(0.25)

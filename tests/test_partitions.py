@@ -155,3 +155,40 @@ def test_dirichlet_split_cuts_every_row_once_in_order():
     assert len(pieces) == 7 and np.array_equal(np.concatenate(pieces), rows)
     one = pt.dirichlet_split(rows, 7, 1e-3, np.random.default_rng(1))
     assert max(len(p) for p in one) >= 90  # a tiny alpha: nearly everything in one piece
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_one_hot_or_nan_labels_are_refused_by_name(labels, scheme):
+    one_hot = np.eye(10)[labels]  # its flat indices would name rows past the end
+    with pytest.raises(pt.PartitionError, match=r"one class per row .* shape \(1347, 10\)"):
+        SCHEMES[scheme](one_hot, 0)
+    with_nan = labels.astype(float)
+    with_nan[:5] = np.nan
+    with pytest.raises(pt.PartitionError, match="labels must be whole class numbers"):
+        SCHEMES[scheme](with_nan, 0)
+
+
+def test_numpy_numbers_work_as_python_ones(labels):
+    for a, b in zip(pt.iid(labels, np.int64(4)), pt.iid(labels, 4), strict=True):
+        assert torch.equal(a, b)
+    by_numpy = pt.dirichlet_per_class(labels, 4, np.float32(0.5), min_size=1)
+    assert sum(len(p) for p in by_numpy) == len(labels)
+    counts = pt.label_counts(labels.astype(float), pt.iid(labels, 4), np.int64(10))
+    np.testing.assert_array_equal(counts, pt.label_counts(labels, pt.iid(labels, 4), 10))
+
+
+def test_a_partition_that_would_leave_a_client_empty_is_refused():
+    two_classes = np.repeat(np.arange(2), 5)  # 10 rows
+    with pytest.raises(pt.PartitionError, match="client 5 gets no rows .* smaller k"):
+        pt.k_classes(two_classes, 10, 2)
+    with pytest.raises(pt.PartitionError, match="gets no rows .* 20 shards"):
+        pt.label_shards(two_classes, 10, 2)
+
+
+def test_counts_without_rows_or_clients_are_refused():
+    with pytest.raises(pt.PartitionError, match="clients x classes matrix"):
+        pt.earth_movers_distance(np.zeros((3, 4)))
+    with pytest.raises(pt.PartitionError, match="clients x classes matrix"):
+        pt.earth_movers_distance(np.array([1, 2]))
+    with pytest.raises(pt.PartitionError, match="parts is empty"):
+        pt.label_counts(np.arange(4), [])

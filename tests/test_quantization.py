@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -149,3 +150,14 @@ def test_an_all_zero_matrix_goes_through_fp8_as_zeros():
     for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         assert torch.equal(qz.fp8_matmul(a, b, dtype), torch.zeros(3, 2))
     assert qz.to_fp8(torch.zeros(0), torch.float8_e5m2)[1] == 1.0
+
+
+def test_a_scale_from_a_tensor_or_numpy_is_a_number_but_a_bool_is_not():
+    x = torch.randn(50, dtype=torch.float64)
+    scale = x.abs().max() / 127  # a one-number tensor, as a student computes it
+    torch.testing.assert_close(qz.quantize(x, scale, stochastic=False),
+                               qz.quantize(x, scale.item(), stochastic=False))
+    torch.testing.assert_close(qz.quantize(x, np.float32(0.05), stochastic=False),
+                               qz.quantize(x, float(np.float32(0.05)), stochastic=False))
+    with pytest.raises(ValueError, match="scale must be a positive, finite number, got True"):
+        qz.quantize(x, True)

@@ -170,3 +170,18 @@ def test_saved_notebooks_keep_no_state_of_closed_progress_bars():
         assert set(state) == needed, f"{path.name}: state of {len(set(state) - needed)} " \
                                      f"widgets no output shows (closed progress bars?)"
         assert "IntProgressModel" not in {m["model_name"] for m in state.values()}, path.name
+
+
+def test_percent_off_never_reads_zero_per_cent_for_a_difference():
+    assert report.percent_off(1.004, 1.0, close=0.001) == "0.4% above"  # it said "0% above"
+    assert report.percent_off(1.0004, 1.0, close=0.001) == "within 0.1% of"
+    assert report.percent_off(1.0, 1.0, close=0) == "within 0% of"
+
+
+def test_a_claim_takes_a_comparison_of_one_number_tensors_but_not_of_many():
+    import torch
+    report.claim("a one-number comparison", torch.tensor(1.0) < torch.tensor(2.0))
+    with pytest.raises(report.ClaimFailed):
+        report.claim("a false one", torch.tensor(3.0) < torch.tensor(2.0))
+    with pytest.raises(TypeError, match="holds must be a bool"):
+        report.claim("many at once", torch.tensor([1.0, 2.0]) < 3)

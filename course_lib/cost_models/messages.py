@@ -42,8 +42,9 @@ def overlapped_messages(ready, n_bytes, alpha: float, beta: float) -> list[tuple
     ready, n_bytes = [float(t) for t in ready], [float(n) for n in n_bytes]
     for name, value in (("n_bytes", n_bytes or 0), ("alpha", alpha), ("beta", beta)):
         check_sizes(name, value)
-    if not all(math.isfinite(float(t)) for t in ready):
-        raise ValueError(f"ready times must be finite numbers, got {list(ready)}")
+    if not all(math.isfinite(float(t)) for t in ready) or len(ready) != len(n_bytes):
+        raise ValueError(f"one finite ready time per message: {len(ready)} ready times for "
+                         f"{len(n_bytes)} messages, got {list(ready)}")
     free, out = 0.0, []
     for t, n in sorted(zip(ready, n_bytes, strict=True)):
         start = max(float(t), free)

@@ -2,6 +2,8 @@
 ZeRO's bytes per rank (GPipe, Megatron-LM, ZeRO). Imported by ``course_lib.cost_models``, the one
 vocabulary of the course's predictions (``p``, ``n_bytes``, ``alpha``, ``beta``, ...)."""
 
+import numbers
+
 from course_lib.cost_models.laws import check_count, check_processes, check_sizes
 from course_lib.cost_models.messages import all_reduce_bytes
 
@@ -92,7 +94,7 @@ def idle_fraction(spans, lanes: int) -> float:
 def megatron_all_reduces(blocks: int = 1) -> dict:
     """Megatron-LM's all-reduces per training step of ``blocks`` tensor-parallel MLP or attention
     blocks: one in the forward pass (g) and one in the backward pass (f) for each."""
-    if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 0:
+    if isinstance(blocks, bool) or not isinstance(blocks, numbers.Integral) or blocks < 0:
         raise ValueError(f"blocks must be a whole number, 0 or more, got {blocks!r}")
     return {"forward": blocks, "backward": blocks}
 
@@ -101,6 +103,8 @@ def megatron_bytes(tokens: int, d_model: int, p: int, blocks: int = 1,
                    bytes_per_number: int = 4) -> float:
     """Bytes each rank sends per step: every all-reduce carries a tokens x d_model activation
     (or its gradient) on the efficient ring."""
+    for name, value in (("tokens", tokens), ("d_model", d_model)):
+        check_sizes(name, value)
     n = tokens * d_model * bytes_per_number
     calls = sum(megatron_all_reduces(blocks).values())
     return calls * all_reduce_bytes("efficient ring", n, p)
