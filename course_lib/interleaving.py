@@ -17,6 +17,7 @@ durations, so that every schedule's idle time is measured the same way.
 
 from __future__ import annotations
 
+import numbers
 import statistics
 import time
 
@@ -34,6 +35,7 @@ ONE_PIECE = ("GPipe", "1F1B")  # lesson 5's schedules, torch's: one piece (stage
 
 def placement(schedule: str, p: int, v: int) -> list[list[int]]:
     """Which pieces (of p v) each of the p ranks holds, in the order the rank keeps them."""
+    check_whole("p", p), check_whole("v", v)
     if schedule not in SCHEDULES + ONE_PIECE:
         raise ValueError(f"unknown schedule {schedule!r}: use one of {SCHEDULES + ONE_PIECE}")
     if schedule in ONE_PIECE:
@@ -200,7 +202,7 @@ def interleaved_order(rank: int, p: int, v: int, m: int) -> list[tuple[str, int,
     2 (p - rank - 1) + (v - 1) p forwards, then one forward and one backward in turn."""
     for name, value in (("p", p), ("v", v), ("m", m)):
         check_whole(name, value)
-    if not (isinstance(rank, int) and 0 <= rank < p):
+    if isinstance(rank, bool) or not (isinstance(rank, numbers.Integral) and 0 <= rank < p):
         raise ValueError(f"rank must be one of 0 to p - 1 = {p - 1}, got {rank!r}")
     if m % p:
         raise ValueError(f"interleaved 1F1B needs micro-batches in groups of p: m = {m} is not "

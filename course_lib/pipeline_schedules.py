@@ -53,8 +53,13 @@ SCHEDULES = {"GPipe": gpipe_schedule, "1F1B": one_f_one_b_schedule}
 
 def peak_live_activations(schedule) -> int:
     """Most micro-batches whose activations a stage holds at once under ``schedule``."""
-    live = peak = 0
-    for kind, _ in schedule:
+    live, peak, alive = 0, 0, set()
+    for action in schedule:
+        kind, i = action if isinstance(action, tuple | list) and len(action) == 2 else (None, None)
+        if kind not in ("forward", "backward") or (kind == "backward") != (i in alive):
+            raise ValueError(f"a schedule is (\"forward\", i) and (\"backward\", i) actions, "
+                             f"each micro-batch's forward before its backward; got {action!r}")
+        alive ^= {i}
         live += 1 if kind == "forward" else -1
         peak = max(peak, live)
     return peak

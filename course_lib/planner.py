@@ -27,7 +27,14 @@ from course_lib.gpu_memory import (  # noqa: F401  (the planner's vocabulary, in
     tiny_gpt_bytes_per_layer,
 )
 from course_lib.plan_checks import check_model, check_plan, plan_conflicts
-from course_lib.plans import ATTENTION, Cluster, Plan, Transformer, check_positive  # noqa: F401
+from course_lib.plans import (  # noqa: F401
+    ATTENTION,
+    GATHER_UNITS,
+    Cluster,
+    Plan,
+    Transformer,
+    check_positive,
+)
 from course_lib.stages import balanced_stages, micro_batch_size, stage_layers  # noqa: F401
 from course_lib.step_time import TERMS, collectives, step_time  # noqa: F401
 
@@ -68,6 +75,11 @@ def candidate_plans(model: Transformer, cluster: Cluster, zero_stages=(0, 1, 2, 
             ("recompute", recompute), ("attention", attention),
             ("sequence_parallel", sequence_parallel), ("chunks", chunks),
             ("gather_units", gather_units), ("cp", cp), ("ep", ep)))
+    for name, given, known in (("zero_stages", zero_stages, (0, 1, 2, 3)),
+                               ("attention", attention, ATTENTION),
+                               ("gather_units", gather_units, GATHER_UNITS)):
+        if unknown := [x for x in given if x not in known or isinstance(x, bool)]:
+            raise ValueError(f"candidate_plans: {name} takes {known}, got {unknown}")
     for b in micro_batch_sizes:
         check_positive("candidate_plans", micro_batch_sizes=b)
     for c in cp:
@@ -173,6 +185,10 @@ def why(best: Ranked, other: Ranked) -> str:
                             f"{type(ranked).__name__}: rank it with rank_plans first")
     if other is best:
         return f"{other.plan}: the best plan itself"
+    if other.fits and (not best.fits or to_three_figures(other.time["total"])
+                       < to_three_figures(best.time["total"])):
+        raise ValueError(f"why(best, other): {other.plan} ranks above {best.plan}; give the "
+                         f"better plan first")
     if not other.fits:
         return (f"{other.plan}: needs {size(other.memory['total'])} per GPU "
                 f"({size(other.memory['state'])} state, "
@@ -244,6 +260,8 @@ def same_choices(plan: Plan, **known) -> bool:
 
 def with_plan(ranked: list[Ranked], **known) -> list[Ranked]:
     """The ranked plans that match ``known`` fields, in rank order."""
+    if known.get("stages") is not None:  # a list or an array of layers, as Plan keeps a tuple
+        known["stages"] = tuple(int(n) for n in known["stages"])
     return [r for r in ranked if same_choices(r.plan, **known)]
 
 

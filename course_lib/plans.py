@@ -134,7 +134,7 @@ class Plan:
             raise ValueError(f"Plan.chunks = {self.chunks}: interleaving needs a pipeline "
                              f"(pp > 1)")
         if self.stages is not None:
-            if not isinstance(self.stages, tuple | list):
+            if isinstance(self.stages, str | bytes) or not hasattr(self.stages, "__len__"):
                 raise ValueError(f"Plan.stages is a tuple of each stage's layers, e.g. (5, 6, 6, "
                                  f"5), got {self.stages!r}")
             stages = tuple(self.stages)

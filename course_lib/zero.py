@@ -22,6 +22,8 @@ GPT, ten steps), with the optimizer state each rank holds::
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 import torch.distributed as dist
 
@@ -38,9 +40,11 @@ def shard_bounds(numel: int, world_size: int, rank: int) -> tuple[int, int, int]
     """(start, end, shard size) of ``rank``'s shard of a flat vector of ``numel`` entries cut
     into ``world_size`` equal shards (the last padded: all shards have one size, which
     all-gather and reduce-scatter need)."""
-    if not (world_size >= 1 and 0 <= rank < world_size and numel >= 0):
+    whole = all(isinstance(n, numbers.Integral) and not isinstance(n, bool)
+                for n in (numel, world_size, rank))
+    if not (whole and world_size >= 1 and 0 <= rank < world_size and numel >= 0):
         raise ValueError(f"rank {rank} of {world_size} ranks, {numel} entries: need "
-                         f"world_size >= 1, 0 <= rank < world_size and numel >= 0")
+                         f"whole numbers, world_size >= 1, 0 <= rank < world_size and numel >= 0")
     size = -(-numel // world_size)
     start = min(rank * size, numel)
     return start, min(start + size, numel), size

@@ -154,3 +154,13 @@ def test_weight_padding_leaves_values_and_gradients_alone():
     piece(x).sum().backward()
     for a, b in zip(got, [p.grad for p in piece.parameters()], strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_placement_and_order_refuse_ranks_or_sizes_that_are_not_whole_numbers():
+    import numpy as np
+    for p, v in ((0, 2), (-1, 2), (2, 2.0), (2.0, 2)):
+        with pytest.raises(ValueError, match="must be a whole number of at least 1"):
+            il.placement("interleaved 1F1B", p, v)
+    assert il.interleaved_order(np.int64(0), 2, 2, 2) == il.interleaved_order(0, 2, 2, 2)
+    with pytest.raises(ValueError, match="rank must be one of 0 to p - 1"):
+        il.interleaved_order(True, 2, 2, 2)

@@ -208,3 +208,10 @@ def test_micro_batch_counts_that_cannot_work_are_refused_clearly(batch):
         launch(pp.run_torch_pipeline, 2, args=(mlp_stages(2), x, y, 3))
     with pytest.raises(WorkerError, match="micro_batches must be a whole number of at least 1"):
         launch(pp.run_torch_pipeline, 2, args=(mlp_stages(2), x, y, 0))
+
+
+@pytest.mark.parametrize("schedule", [[("fwd", 0), ("fwd", 1)], [("backward", 0), ("forward", 0)],
+                                      [("forward", 0), ("forward", 0)], ["forward"]])
+def test_peak_live_activations_refuses_what_is_not_a_schedule(schedule):
+    with pytest.raises(ValueError, match="each micro-batch's forward before its backward"):
+        pp.peak_live_activations(schedule)

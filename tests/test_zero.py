@@ -68,7 +68,7 @@ def test_shards_cover_the_vector_once_and_have_one_size(numel, p):
 
 def test_shards_of_no_ranks_or_of_a_rank_outside_them_are_refused():
     for args in ((10, 0, 0), (10, 2, 2), (10, 2, -1), (-1, 2, 0)):
-        with pytest.raises(ValueError, match="need world_size >= 1, 0 <= rank < world_size"):
+        with pytest.raises(ValueError, match="world_size >= 1, 0 <= rank < world_size"):
             Z.shard_bounds(*args)
 
 
@@ -121,3 +121,15 @@ def test_parameters_of_two_dtypes_step_as_torch_adam_does_each_in_its_own(digits
             assert [p.dtype for p in got] == [p.dtype for p in model.parameters()]
             for mine, want in zip(got, model.parameters(), strict=True):
                 torch.testing.assert_close(mine, want.detach(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("args", [(10, 3, 0.5), (10, 2.5, 1), (10.5, 3, 1), (10, float("inf"), 1),
+                                  (10, 2, True)])
+def test_shard_bounds_refuses_what_is_not_a_whole_number(args):
+    with pytest.raises(ValueError, match="need whole numbers"):
+        Z.shard_bounds(*args)
+
+
+def test_shard_bounds_takes_numpy_whole_numbers():
+    import numpy as np
+    assert Z.shard_bounds(np.int64(10), np.int64(3), np.int64(2)) == (8, 10, 4)
