@@ -23,6 +23,8 @@ against the theory m - 1 (``--slowdown k`` makes the last worker k times slower)
 from __future__ import annotations
 
 import heapq
+import math
+import numbers
 import statistics
 
 import torch
@@ -73,18 +75,26 @@ def simulate_parameter_server(problem: ERMProblem, workers: int, optimizer, *,
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     pads = list(pad.values()) if isinstance(pad, dict) else [pad]
-    if not (all(t >= 0 for t in pads) and 0 <= jitter <= 1 and latency >= 0):
+    if not all(isinstance(t, numbers.Real) for t in [*pads, jitter, latency]):
+        raise ValueError(f"pad (seconds, or {{worker: seconds}}), jitter and latency are numbers, "
+                         f"got pad={pad!r}, jitter={jitter!r}, latency={latency!r}")
+    if not (all(0 <= t < math.inf for t in pads) and 0 <= jitter <= 1 and 0 <= latency < math.inf):
         raise ValueError(f"compute times and latency are zero or more and jitter is in [0, 1] (a "
-                         f"time never goes negative), got pad={pad}, jitter={jitter}, "
-                         f"latency={latency}")
+                         f"time never goes negative; nor is it infinite), got pad={pad}, "
+                         f"jitter={jitter}, latency={latency}")
     if isinstance(pad, dict) and set(pad) != set(range(1, workers + 1)):
         raise ValueError(f"pad as a dict needs a time for every worker 1..{workers}, got keys "
                          f"{sorted(pad)}")
-    stuck = max(pads) == 0 or (mode == "async" and min(pads) == 0)  # time never moves on
+    if seconds is not None and not (isinstance(seconds, numbers.Real) and 0 < seconds < math.inf):
+        raise ValueError(f"seconds, the time limit, must be a positive finite number (or None: "
+                         f"gradients only), got {seconds!r}")
+    # time never moves on: every worker takes no time, or (async; ssp, up to its bound) one does
+    stuck = max(pads) == 0 or (mode != "sync" and min(pads) == 0)
     if seconds is not None and latency == 0 and stuck:
         raise ValueError("a seconds limit needs time to pass: with no latency, a worker whose "
-                         "gradient takes no time (pad 0) pushes forever at the same instant; "
-                         "give pad or latency a value above zero, or limit gradients only")
+                         "gradient takes no time (pad 0) pushes at one instant as often as the "
+                         "mode lets it (async: forever; ssp: bound + 1 times); give pad or "
+                         "latency a value above zero, or limit gradients only")
     shards = shard_rows(problem.n, workers, seed)
     noise = torch.Generator().manual_seed(seed)
     state = ServerState(torch.zeros(problem.d, dtype=problem.X.dtype), range(1, workers + 1),

@@ -55,8 +55,20 @@ def tanh_backward(dXp, Z):
 # -- section 3: the loss at the end ----------------------------------------------------------------
 
 
+def check_labels(Z, y) -> None:
+    """y: one int64 (or int32) class label in [0, classes) per row of Z, as F.cross_entropy asks."""
+    t, c = torch.as_tensor(y), Z.shape[-1]
+    if not (Z.dim() == 2 and t.shape == Z.shape[:1]
+            and t.dtype in (torch.int32, torch.int64)
+            and (not len(t) or 0 <= int(t.min()) <= int(t.max()) < c)):
+        raise ValueError(f"y must be one integer class label in [0, {c}) per row of Z, shape "
+                         f"{tuple(Z.shape)} (torch.long, as F.cross_entropy takes); got {t.dtype} "
+                         f"y {t.tolist() if t.numel() <= 8 else 'of shape ' + str(tuple(t.shape))}")
+
+
 def softmax_cross_entropy_forward(Z, y):
     """Mean over the batch of -log softmax(Z)[y]; computed stably by shifting each row's max."""
+    check_labels(Z, y)
     shifted = Z - Z.max(dim=1, keepdim=True).values
     log_probs = shifted - shifted.exp().sum(dim=1, keepdim=True).log()
     return -log_probs[torch.arange(len(y)), y].mean()
@@ -64,6 +76,7 @@ def softmax_cross_entropy_forward(Z, y):
 
 def softmax_cross_entropy_backward(Z, y):
     """dQ/dZ = (softmax(Z) - onehot(y)) / b: the famous 'prediction minus target'."""
+    check_labels(Z, y)
     probs = torch.softmax(Z, dim=1)
     probs[torch.arange(len(y)), y] -= 1.0
     return probs / len(y)
@@ -113,10 +126,12 @@ def finite_difference_gradient(f, x, eps: float = 1e-6):
     """Central differences (f(x + eps e_i) - f(x - eps e_i)) / 2 eps for every entry of x.
 
     Costs two evaluations of the scalar function f per entry: fine for checking small layers,
-    hopeless for training — which is why backpropagation exists.
+    hopeless for training — which is why backpropagation exists. f gets a contiguous copy of x.
     """
-    grad = torch.zeros_like(x)
-    flat, g = x.reshape(-1), grad.reshape(-1)
+    if not (x.is_floating_point() and 0 < eps < float("inf")):
+        raise ValueError(f"need a floating-point x and eps > 0, finite; got {x.dtype}, eps={eps!r}")
+    x = x.detach().clone(memory_format=torch.contiguous_format)  # the copy f sees, nudged here
+    flat, g = x.view(-1), torch.zeros(x.numel(), dtype=x.dtype, device=x.device)
     for i in range(flat.numel()):
         old = flat[i].item()
         flat[i] = old + eps
@@ -125,7 +140,7 @@ def finite_difference_gradient(f, x, eps: float = 1e-6):
         down = float(f(x))
         flat[i] = old
         g[i] = (up - down) / (2 * eps)
-    return grad
+    return g.view(x.shape)
 
 
 # -- section 4: a network, keeping each layer's input for the backward pass -----------------------
@@ -255,25 +270,22 @@ def to_torch_module(net: Network) -> torch.nn.Sequential:
     for layer in net.layers:
         if isinstance(layer, Linear):
             m = torch.nn.Linear(layer.W.shape[1], layer.W.shape[0], dtype=layer.W.dtype)
-            m.weight.data.copy_(layer.W)
-            m.bias.data.copy_(layer.b)
         elif isinstance(layer, Conv2d):
             c_out, c_in, k, _ = layer.K.shape
             m = torch.nn.Conv2d(c_in, c_out, k, stride=layer.stride, padding=layer.padding,
                                 dtype=layer.K.dtype)
-            m.weight.data.copy_(layer.K)
-            m.bias.data.copy_(layer.b)
         elif isinstance(layer, Flatten):
             m = torch.nn.Flatten()
         else:
             m = {"relu": torch.nn.ReLU, "sigmoid": torch.nn.Sigmoid,
                  "tanh": torch.nn.Tanh}[layer.name]()
+        for mine, theirs in zip(layer.parameters(), m.parameters(), strict=True):
+            theirs.data.copy_(mine)  # weight and bias, in this order in both
         modules.append(m)
     return torch.nn.Sequential(*modules)
 
 
-def small_cnn(seed: int = 0, channels: int = 8, hidden: int = 32,
-              dtype=torch.float64) -> Network:
+def small_cnn(seed: int = 0, channels: int = 8, hidden: int = 32, dtype=torch.float64) -> Network:
     """Lesson 1's network of the layers above, for 8x8 digits: conv 3x3 (padding 1) -> ReLU ->
     flatten -> linear -> tanh -> linear to 10 classes."""
     g = torch.Generator().manual_seed(seed)

@@ -27,6 +27,7 @@ compute on the device their tensors are on; the messages are real point-to-point
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.distributed as dist
@@ -37,6 +38,11 @@ from course_lib.ulysses import ulysses_attention
 
 LAYOUTS = ("contiguous", "zigzag")
 CHUNKS = {"contiguous": 1, "zigzag": 2}  # runs of consecutive positions a rank holds
+
+
+def _whole(*values) -> bool:
+    """Whole numbers: ints or numpy's (np.int64), not bools."""
+    return all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values)
 
 
 def _scores(q, k, q_pos, k_pos, causal: bool):
@@ -78,7 +84,7 @@ class OnlineSoftmax:
 
     def __init__(self, q):
         rows = q.shape[:-1]
-        self.m = torch.full(rows, float("-inf"), dtype=q.dtype, device=q.device)
+        self.m = self._start = torch.full(rows, float("-inf"), dtype=q.dtype, device=q.device)
         self.l = torch.zeros(rows, dtype=q.dtype, device=q.device)  # noqa: E741
         self.acc = torch.zeros_like(q)
 
@@ -93,14 +99,22 @@ class OnlineSoftmax:
 
     def result(self):
         """(output, log-sum-exp of each query's scores): the lse is what backward needs."""
+        if self.m is self._start:  # add() replaces m: no block of scores came yet
+            raise ValueError("result() before any add(): no query has met a key yet (its output "
+                             "would be 0 / 0)")
         return self.acc / self.l[..., None], self.m + torch.log(self.l)
 
 
 def blockwise_attention(q, k, v, block: int, causal: bool = False):
     """Attention of all of ``q`` over ``k``, ``v`` taken ``block`` keys at a time (one process):
     the largest score tensor held is tokens x block, not tokens x tokens."""
-    if block < 1:
-        raise ValueError(f"block must be a positive number of keys, got {block}")
+    if not (_whole(block) and block >= 1):
+        raise ValueError(f"block must be a positive number of keys, a whole number, got {block!r}")
+    if k.shape[-2] != v.shape[-2] or v.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k and v need one row per key each, v's as wide as q's; got shapes q "
+                         f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if not k.shape[-2]:  # no keys: zeros, as torch's scaled_dot_product_attention gives
+        return q @ k.transpose(-2, -1) @ v
     pos = torch.arange(q.shape[-2], device=q.device)
     k_all = torch.arange(k.shape[-2], device=q.device)
     state = OnlineSoftmax(q)
@@ -114,6 +128,9 @@ def sequence_positions(tokens: int, world_size: int, rank: int, layout: str = "c
     """The positions (in the whole sequence) of the tokens ``rank`` holds."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if not _whole(tokens, world_size, rank):
+        raise ValueError(f"tokens, world_size and rank must be whole numbers, got {tokens!r}, "
+                         f"{world_size!r}, {rank!r}")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not one of {world_size} ranks")
     pieces = world_size * (2 if layout == "zigzag" else 1)
@@ -127,12 +144,19 @@ def sequence_positions(tokens: int, world_size: int, rank: int, layout: str = "c
 
 def split_sequence(x, world_size: int, rank: int, layout: str = "contiguous"):
     """``rank``'s share of the tokens of ``x`` (tokens on dim -2)."""
+    if x.dim() < 2:
+        raise ValueError(f"x must hold its tokens on dim -2, (..., tokens, d), got shape "
+                         f"{tuple(x.shape)}")
     pos = sequence_positions(x.shape[-2], world_size, rank, layout).to(x.device)
     return x.index_select(-2, pos)
 
 
 def gather_sequence(parts, layout: str = "contiguous"):
     """The whole sequence from every rank's share (``parts[r]`` from rank r), in order."""
+    parts = list(parts)
+    if not parts or parts[0].dim() < 2 or any(p.shape != parts[0].shape for p in parts):
+        raise ValueError(f"parts must be every rank's share, (..., tokens, d), all of one shape "
+                         f"(equal shares), got shapes {[tuple(p.shape) for p in parts]}")
     tokens = sum(p.shape[-2] for p in parts)
     out = torch.empty(*parts[0].shape[:-2], tokens, parts[0].shape[-1], dtype=parts[0].dtype,
                       device=parts[0].device)

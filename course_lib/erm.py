@@ -8,6 +8,8 @@ The gradient is a sum over samples: that is what lets section 2 split it over wo
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,8 +32,26 @@ class ERMProblem:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"unknown kind {self.kind!r}: use one of {KINDS}")
-        if self.X.shape[0] != self.y.shape[0]:
-            raise ValueError(f"X has {self.X.shape[0]} rows but y has {self.y.shape[0]}")
+        X, y = self.X, self.y
+        if not (isinstance(X, torch.Tensor) and isinstance(y, torch.Tensor)):
+            raise ValueError(f"X and y must be torch tensors (torch.from_numpy makes them of "
+                             f"arrays), got {type(X).__name__} and {type(y).__name__}")
+        if X.dim() != 2 or y.dim() != 1:
+            raise ValueError(f"X must be n x d and y a vector of n targets (not a column), got "
+                             f"shapes {tuple(X.shape)} and {tuple(y.shape)}")
+        if X.shape[0] != y.shape[0]:
+            raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]}")
+        if not len(X):
+            raise ValueError("X and y have no rows: a mean over no samples is undefined")
+        if not X.is_floating_point() or y.dtype != X.dtype:
+            raise ValueError(f"X and y must be floating point, of one dtype, got {X.dtype} and "
+                             f"{y.dtype}")
+        if self.kind == "logistic" and not ((y == 1) | (y == -1)).all():
+            raise ValueError(f"logistic regression takes labels y in {{-1, +1}}, got values "
+                             f"{sorted(set(y.unique().tolist()))[:6]} (0/1 labels: 2 y - 1)")
+        if isinstance(self.lam, bool) or not (isinstance(self.lam, numbers.Real)
+                                              and 0 <= self.lam < math.inf):
+            raise ValueError(f"lam, the l2 weight, must be a number >= 0, got {self.lam!r}")
 
     @property
     def n(self) -> int:
@@ -152,6 +172,9 @@ def agd(problem: ERMProblem, alpha: float, beta: float, iterations: int, w0=None
 
     Returns the iterates w_0, ..., w_T as a (T+1) x d tensor.
     """
+    if isinstance(iterations, bool) or not (isinstance(iterations, numbers.Integral)
+                                            and iterations >= 0):
+        raise ValueError(f"iterations must be a whole number >= 0, got {iterations!r}")
     w = torch.zeros(problem.d, dtype=problem.X.dtype) if w0 is None else w0.clone()
     v = torch.zeros_like(w)
     iterates = [w.clone()]

@@ -11,6 +11,8 @@ what makes sweeps cheap. The real, multi-process versions come in lessons 6 and 
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from course_lib.erm import ERMProblem
@@ -38,6 +40,10 @@ def fedavg_round(problem: ERMProblem, w, client_rows, q: int, lr: float):
     direction w - w_k; the server moves w by the average direction, weighted by client size.
     With q = 1 this is exactly one gradient-descent step on all the data.
     """
+    client_rows = list(client_rows)
+    if isinstance(q, bool) or not (isinstance(q, numbers.Integral) and q >= 1) or not client_rows:
+        raise ValueError(f"a round needs clients (client_rows, one list of rows each) and q >= 1 "
+                         f"local steps, a whole number; got {len(client_rows)} clients, q={q!r}")
     n = sum(len(rows) for rows in client_rows)
     step = torch.zeros_like(w)
     for rows in client_rows:
@@ -63,6 +69,19 @@ def decentralized_step(problem: ERMProblem, params, client_rows, graph, lr: floa
     Node i averages its own parameters with its neighbours' (equal weights over {i} and its
     neighbours), then steps along its own local gradient taken at its current parameters.
     """
+    params, client_rows = list(params), list(client_rows)
+    if len(params) != len(client_rows):
+        raise ValueError(f"one parameter vector per node: {len(params)} params for "
+                         f"{len(client_rows)} nodes' client_rows")
+    for i in range(len(params)):
+        try:
+            bad = [j for j in graph[i]
+                   if not (isinstance(j, numbers.Integral) and 0 <= j < len(params))]
+        except (KeyError, IndexError):
+            bad = ["(node missing)"]
+        if bad:
+            raise ValueError(f"graph must give node {i}'s neighbours among nodes "
+                             f"0..{len(params) - 1}, got {bad}")
     new = []
     for i, rows in enumerate(client_rows):
         group = [i, *graph[i]]
@@ -73,5 +92,8 @@ def decentralized_step(problem: ERMProblem, params, client_rows, graph, lr: floa
 
 def consensus_distance(params) -> float:
     """sqrt(mean_i ||x_i - mean x||^2): how far the nodes are from agreeing."""
+    params = list(params)
+    if not params:
+        raise ValueError("consensus_distance needs the parameters of at least one node")
     stacked = torch.stack(list(params))
     return ((stacked - stacked.mean(dim=0)) ** 2).sum(dim=1).mean().sqrt().item()

@@ -25,12 +25,14 @@ compute on the device their tensors are on.
 from __future__ import annotations
 
 import math
+import numbers
 import time
 
 import torch
 import torch.distributed as dist
 
 from course_lib.collectives import all_to_all
+from course_lib.model_shapes import check_positive
 from course_lib.models import feed_forward, tiny_gpt
 from course_lib.overlap import all_reduce_as_one_bucket
 from course_lib.runtime.devices import device
@@ -40,9 +42,12 @@ from course_lib.runtime.timing import synchronize
 def route(logits, k: int):
     """(experts, gates, probabilities): each token's top ``k`` experts (tokens, k), their gates
     (renormalised to sum to 1 when k > 1) and every expert's probability (tokens, E)."""
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= logits.shape[-1]:
+    if logits.dim() != 2:
+        raise ValueError(f"route takes logits (tokens, experts), a row a token (a mixture's x is "
+                         f"(tokens, d_model)), got logits of shape {tuple(logits.shape)}")
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= logits.shape[-1]:
         raise ValueError(f"k must be a whole number between 1 and the number of experts "
-                         f"({logits.shape[-1]}), got {k}")
+                         f"({logits.shape[-1]}), got {k!r}")
     probs = torch.softmax(logits, dim=-1)
     gates, experts = probs.topk(k, dim=-1)
     if k > 1:
@@ -52,11 +57,13 @@ def route(logits, k: int):
 
 def capacity(tokens: int, experts: int, k: int, factor: float) -> int:
     """Tokens one expert takes from a batch of ``tokens``: ceil(factor x tokens x k / E)."""
-    if not 0 < factor < math.inf:
-        raise ValueError(f"the capacity factor must be positive and finite, got {factor}")
-    if not (experts >= 1 and k >= 1 and tokens >= 0):
-        raise ValueError(f"need experts >= 1, k >= 1 and tokens >= 0, got {experts}, {k}, "
-                         f"{tokens}")
+    if not (isinstance(factor, numbers.Real) and 0 < factor < math.inf):
+        raise ValueError(f"the capacity factor must be positive and finite, got {factor!r}")
+    counts = (tokens, experts, k)
+    whole = all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in counts)
+    if not (whole and experts >= 1 and 1 <= k <= experts and tokens >= 0):
+        raise ValueError(f"need experts >= 1, k >= 1 and tokens >= 0, whole numbers, and "
+                         f"1 <= k <= experts; got experts {experts!r}, k {k!r}, tokens {tokens!r}")
     return max(1, math.ceil(factor * tokens * k / experts))
 
 
@@ -102,8 +109,9 @@ class MixtureOfExperts(torch.nn.Module):
     def __init__(self, d_model: int = 16, d_hidden: int = 32, num_experts: int = 4, k: int = 2,
                  capacity_factor: float = 1.25, seed: int = 0, dtype=torch.float32):
         super().__init__()
-        if num_experts < 1:
-            raise ValueError(f"a mixture needs at least one expert, got {num_experts}")
+        check_positive("MixtureOfExperts", d_model=d_model, d_hidden=d_hidden,
+                       num_experts=num_experts)
+        capacity(0, num_experts, k, capacity_factor)  # k and the factor refused now, not later
         torch.manual_seed(seed)
         self.router = torch.nn.Linear(d_model, num_experts, bias=False, dtype=dtype)
         self.experts = torch.nn.ModuleList(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass, fields
 
+ATTENTION = ("stored", "recomputed", "flash")  # how attention's scores are kept
 
 def check_positive(owner: str, **values) -> None:
     for name, value in values.items():
@@ -173,6 +174,9 @@ class Transformer:
         2022: ``attention="recomputed"``); none otherwise. (FlashAttention also recomputes its
         scores inside its backward kernel; like everyone who reports MFU, we count that as the
         kernel's speed, not as FLOPs.)"""
+        if not isinstance(recompute, bool) or attention not in ATTENTION:
+            raise ValueError(f"recompute is True or False and attention one of {ATTENTION}, got "
+                             f"{recompute!r} and {attention!r}")
         if recompute:
             return self.forward_flops_per_token()["layer"]
         return 4 * self.hidden * self.seq if attention == "recomputed" else 0.0

@@ -18,6 +18,8 @@ batch would compute it. :func:`train` runs any of them (or DDP itself) on ``grou
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 import torch.distributed as dist
 
@@ -80,8 +82,9 @@ def assign_buckets(params, bucket_mb: float) -> list[list[int]]:
     """Parameter indices grouped into buckets of at least ``bucket_mb`` MB (the last may be
     smaller), in **reverse** order of ``params``: backward produces the last layer's gradients
     first, so the first bucket fills first (DDP's rule; it also keeps its first bucket small)."""
-    if not bucket_mb > 0:
-        raise ValueError(f"bucket_mb must be positive, got {bucket_mb}")
+    if isinstance(bucket_mb, bool) or not (isinstance(bucket_mb, numbers.Real) and bucket_mb > 0):
+        raise ValueError(f"bucket_mb must be positive, a number of megabytes, got {bucket_mb!r}")
+    params = list(params)  # model.parameters() is a generator: len() and indexing need a list
     buckets, current, size = [], [], 0
     for i in reversed(range(len(params))):
         current.append(i)
@@ -97,6 +100,11 @@ def assign_buckets(params, bucket_mb: float) -> list[list[int]]:
 def pack_bucket(grads, world_size: int) -> torch.Tensor:
     """A bucket's gradients flattened into one new buffer and divided by the world size (the sum
     over the ranks is then the mean, as DDP does)."""
+    grads = list(grads)
+    if not grads or isinstance(world_size, bool) or not (
+            isinstance(world_size, numbers.Integral) and world_size >= 1):
+        raise ValueError(f"a bucket needs gradients and a world_size >= 1 (a whole number), got "
+                         f"{len(grads)} gradients and world_size={world_size!r}")
     buffer = torch.cat([g.reshape(-1) for g in grads])
     buffer /= world_size  # in place: no second copy of the bucket
     return buffer

@@ -18,12 +18,12 @@ import numbers
 from dataclasses import dataclass, fields
 
 from course_lib.model_shapes import (  # noqa: F401  (the plan's vocabulary, in one place)
+    ATTENTION,
     Transformer,
     check_positive,
     plain_ints,
 )
 
-ATTENTION = ("stored", "recomputed", "flash")
 GATHER_UNITS = ("block", "matrix")
 
 

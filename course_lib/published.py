@@ -40,6 +40,7 @@ NVIDIA_2024 = ("NVIDIA 2024, Nemotron-4 340B technical report, Table 2 (shape: N
 
 SEQ, VOCAB = 2048, 51_200  # both Megatron-LM papers
 A100_PEAK, H100_PEAK = 312e12, 989e12
+CLUSTERS, CONVENTIONS = ("a100", "a100 omni-path", "h100", "h800"), ("hardware", "model")
 
 
 def nodes_of_eight(gpus: int) -> dict:
@@ -48,16 +49,14 @@ def nodes_of_eight(gpus: int) -> dict:
     if isinstance(gpus, bool) or not isinstance(gpus, numbers.Integral) or gpus < 1 or (
             gpus > 8 and gpus % 8):
         raise ValueError(f"gpus must be 1 to 8 or a multiple of 8 (nodes of 8), got {gpus!r}")
-    gpus = int(gpus)
-    return dict(gpus_per_node=min(gpus, 8), nodes=max(1, gpus // 8))
+    return dict(gpus_per_node=min(int(gpus), 8), nodes=max(1, int(gpus) // 8))
 
 
 def a100_cluster(gpus: int, mfu: float = 0.5, inter_bandwidth: float = 25e9) -> Cluster:
     """``gpus`` A100 80 GB GPUs (80 GiB each) in DGX nodes of 8 (fewer than 8: one node with
     that many); ``inter_bandwidth`` per GPU between nodes (DGX: 200 Gb/s, 25 GB/s)."""
-    return Cluster(**nodes_of_eight(gpus), memory=80 * 2**30,
-                   peak_flops=A100_PEAK, intra_bandwidth=300e9, inter_bandwidth=inter_bandwidth,
-                   mfu=mfu)
+    return Cluster(**nodes_of_eight(gpus), memory=80 * 2**30, peak_flops=A100_PEAK,
+                   intra_bandwidth=300e9, inter_bandwidth=inter_bandwidth, mfu=mfu)
 
 
 def h100_cluster(gpus: int, mfu: float = 0.5, intra_bandwidth: float = 450e9) -> Cluster:
@@ -71,8 +70,7 @@ def h100_cluster(gpus: int, mfu: float = 0.5, intra_bandwidth: float = 450e9) ->
 def megatron_flops(model: Transformer) -> float:
     """FLOPs per iteration as both Megatron-LM papers count them, with full recomputation
     (Narayanan et al. 2021, equation 3): 96 B s l h^2 (1 + s / (6 h) + V / (16 l h))."""
-    b, s, h, v = model.global_batch, model.seq, model.hidden, model.vocab
-    layers = model.layers
+    b, s, h, v, layers = model.global_batch, model.seq, model.hidden, model.vocab, model.layers
     return 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
 
 
@@ -86,7 +84,7 @@ class Run:
     name: str
     source: str
     model: Transformer
-    cluster: str          # "a100", "a100 omni-path", "h100" or "h800"
+    cluster: str          # one of CLUSTERS: "a100", "a100 omni-path", "h100" or "h800"
     gpus: int
     plan: dict            # the published plan's fields
     tflops: float         # published teraFLOP/s per GPU, in ``convention``
@@ -96,10 +94,16 @@ class Run:
     compared: str = ""    # the runs a paper compares share this label
     chosen: bool = True   # the team's configuration (False: the losing side of a comparison)
 
+    def __post_init__(self):
+        if self.cluster not in CLUSTERS or self.convention not in CONVENTIONS:
+            raise ValueError(f"Run {self.name!r}: cluster must be one of {CLUSTERS} and convention "
+                             f"one of {CONVENTIONS}, got {self.cluster!r} and {self.convention!r}")
+
 
 OLD = dict(attention=("stored",), sequence_parallel=(False,))  # 2021: no SP, no FlashAttention
 MEGATRON_2021 = dict(OLD, zero_stages=(0,), recompute=(True,))
 FULL = dict(recompute=True, attention="stored", sequence_parallel=False)
+SELECTIVE = dict(recompute=False, attention="recomputed", sequence_parallel=True)  # with SP
 
 
 def _table_1(params, heads, hidden, layers, tp, pp, gpus, batch, tflops):
@@ -155,9 +159,7 @@ for _name, _shape, _tp, _pp, _gpus, _batch, _mb, _full, _present, _chunks in (
     _known = dict(dp=1, tp=_tp, pp=_pp, zero=0, micro_batches=_batch // _mb)
     _known |= dict(chunks=_chunks) if _chunks else {}
     for _label, _how, _seconds in (("full recomputation", FULL, _full),
-                                   ("selective + SP", dict(recompute=False,
-                                                           attention="recomputed",
-                                                           sequence_parallel=True), _present)):
+                                   ("selective + SP", SELECTIVE, _present)):
         _hw = _model.hardware_flops(_how["recompute"], _how["attention"])
         RUNS.append(Run(f"GPT {_name}, {_label}", KORTHIKANTI_2022 + ", Tables 3 and 5", _model,
                         "a100", _gpus, dict(_known, **_how), _hw / (_seconds * _gpus) / 1e12,
@@ -237,7 +239,10 @@ TEAMS = {NARAYANAN_2021: "NVIDIA (Megatron-LM)", KORTHIKANTI_2022: "NVIDIA (Mega
 
 def team_of(run: Run) -> str:
     """The team that published ``run``."""
-    return next(team for source, team in TEAMS.items() if run.source.startswith(source))
+    for source, team in TEAMS.items():
+        if run.source.startswith(source):
+            return team
+    raise ValueError(f"no team is known for the source {run.source!r}: add it to TEAMS")
 
 # Memory: GB (10^9 bytes) per GPU. ZeRO's Table 1: the model states (16 bytes a parameter in
 # mixed precision) of a 7.5B model over 64 data-parallel GPUs at each stage; section 3.2: GPT-2's
@@ -273,8 +278,7 @@ def measured_mfu(all_reduces_out: bool = True) -> float:
     MFU of the kernels alone, the planner's MFU for every cluster here (H100s included: an
     assumption, as no layer of these runs was timed on its own on H100s)."""
     layer, node = LAYER_22B, a100_cluster(8)
-    model = layer["model"]
-    seconds = layer["seconds"]
+    model, seconds = layer["model"], layer["seconds"]
     if all_reduces_out:
         activation = model.value_bytes * model.seq * layer["micro_batch"] * model.hidden
         alpha, beta = node.link(layer["tp"], 1)
@@ -293,4 +297,4 @@ def cluster_of(run: Run, mfu: float) -> Cluster:
     """The run's cluster at the kernels' ``mfu``."""
     if run.cluster in ("h100", "h800"):
         return h100_cluster(run.gpus, mfu, 450e9 if run.cluster == "h100" else 160e9)
-    return a100_cluster(run.gpus, mfu, 6.25e9 if run.cluster == "a100 omni-path" else 25e9)
+    return a100_cluster(run.gpus, mfu, {"a100": 25e9, "a100 omni-path": 6.25e9}[run.cluster])

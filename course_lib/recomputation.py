@@ -9,6 +9,7 @@ again to get the rest.
 
 from __future__ import annotations
 
+import numbers
 import time
 
 import torch
@@ -17,12 +18,21 @@ from course_lib.memory import SavedBytes
 from course_lib.training import loss_fn
 
 
+def _check_sizes(**sizes) -> None:
+    """Whole numbers (ints or numpy's): ``tokens`` and ``layers`` >= 0, the other sizes >= 1."""
+    for name, n in sizes.items():
+        least = 0 if name in ("tokens", "layers") else 1
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < least:
+            raise ValueError(f"{name} must be a whole number >= {least}, got {n!r}")
+
+
 def block_activation_floats(d_model: int, heads: int) -> int:
     """Numbers one pre-norm block of :class:`course_lib.models.TinyGPT` keeps per token for
     backward: its input and LayerNorm's output (d each), q, k, v (3d), attention's output (d;
     the projection reads it in place), the residual sum and the second norm's output (2d), the
     MLP's hidden layer before and after GeLU (4d each): 16 d, plus per-token statistics (two
     LayerNorms' mean and 1/std, attention's log-sum-exp per head)."""
+    _check_sizes(d_model=d_model, heads=heads)
     return 16 * d_model + 4 + heads
 
 
@@ -31,6 +41,10 @@ def activation_bytes(tokens: int, d_model: int, layers: int, heads: int, vocab: 
     """Bytes a TinyGPT forward pass keeps for backward for ``tokens`` tokens (batch x context):
     every block's activations, or with checkpointing each block's input only; plus the head
     (final norm's input and output, its statistics, and the log-softmax of the logits)."""
+    _check_sizes(tokens=tokens, d_model=d_model, layers=layers, heads=heads, vocab=vocab,
+                 element_size=element_size)
+    if not isinstance(checkpointing, bool):
+        raise ValueError(f"checkpointing is True or False, got {checkpointing!r}")
     per_block = d_model if checkpointing else block_activation_floats(d_model, heads)
     head = 2 * d_model + 2 + vocab
     return tokens * (layers * per_block + head) * element_size

@@ -1,6 +1,7 @@
 """Staleness, its remedies and the simulator (course_lib.async_sgd); the real runs are in
 test_parameter_server."""
 
+import math
 import statistics
 
 import pytest
@@ -162,3 +163,39 @@ def test_an_ssp_bound_that_is_no_whole_number_is_refused(bound):
     with pytest.raises(ValueError, match="needs a staleness bound, a whole number >= 0"):
         a.simulate_parameter_server(diabetes_problem(), 3, sgd(0.01), mode="ssp", bound=bound,
                                     gradients=50)
+
+
+@pytest.mark.parametrize("seconds", [math.inf, math.nan, 0, -1.0, "1"])
+def test_a_time_limit_that_is_no_positive_finite_number_is_refused(seconds):
+    # inf with gradients=math.inf used to run forever; NaN never came either
+    with pytest.raises(ValueError, match="seconds, the time limit, must be a positive finite"):
+        a.simulate_parameter_server(diabetes_problem(), 2, sgd(0.01), gradients=math.inf,
+                                    seconds=seconds)
+
+
+def test_ssp_with_a_worker_that_takes_no_time_needs_time_to_pass_too():
+    # a huge bound let worker 1 push at time 0 until the bound: a hang
+    with pytest.raises(ValueError, match="a seconds limit needs time to pass"):
+        a.simulate_parameter_server(diabetes_problem(), 2, sgd(0.01), mode="ssp", bound=10**12,
+                                    gradients=math.inf, seconds=0.1, pad={1: 0.0, 2: 0.01})
+    log = a.simulate_parameter_server(diabetes_problem(), 2, sgd(0.01), mode="ssp", bound=2,
+                                      gradients=math.inf, seconds=0.1, pad={1: 0.0, 2: 0.01},
+                                      latency=0.001)  # a latency: time passes
+    assert log["time"][-1] <= 0.1 + 1e-9
+
+
+@pytest.mark.parametrize("kwargs", [dict(pad=math.inf), dict(pad={1: 0.01, 2: math.inf}),
+                                    dict(latency=math.inf)])
+def test_infinite_compute_times_or_latency_are_refused(kwargs):
+    # every time used to come out infinite
+    with pytest.raises(ValueError, match="nor is it infinite"):
+        a.simulate_parameter_server(diabetes_problem(), 2, sgd(0.01), gradients=5, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(pad=None), dict(pad={1: "fast", 2: 0.01}),
+                                    dict(latency=None)])
+def test_a_pad_or_latency_that_is_no_number_is_named(kwargs):
+    # pad=None was a raw TypeError
+    with pytest.raises(ValueError, match=r"pad \(seconds, or \{worker: seconds\}\), jitter and "
+                                         r"latency are numbers"):
+        a.simulate_parameter_server(diabetes_problem(), 2, sgd(0.01), gradients=5, **kwargs)

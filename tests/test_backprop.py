@@ -156,3 +156,44 @@ def test_small_cnn_is_made_of_the_hand_written_layers():
     net = bp.small_cnn(seed=0, channels=4, hidden=8)
     assert isinstance(net, bp.Network)
     assert net.forward(torch.zeros(3, 1, 8, 8, dtype=torch.float64)).shape == (3, 10)
+
+
+@pytest.mark.parametrize("y", [torch.tensor([0, 1]), torch.tensor([0, 1, -1]),
+                               torch.tensor([0, 1, 4]), torch.tensor([0.0, 1.0, 2.0]),
+                               torch.tensor([True, False, True]), torch.tensor([[0], [1], [2]]),
+                               torch.tensor([0, 1, 2], dtype=torch.int16)])
+def test_cross_entropy_refuses_labels_that_torch_refuses(y):
+    # a short y or a label of -1 used to give a wrong loss silently, the others raw IndexErrors
+    # (int32 is the one dtype besides torch's int64 that we take: indexing takes it too)
+    Z = randn(3, 4)
+    with pytest.raises((RuntimeError, IndexError, ValueError)):
+        torch.nn.functional.cross_entropy(Z, y)
+    for loss_part in (bp.softmax_cross_entropy_forward, bp.softmax_cross_entropy_backward):
+        with pytest.raises(ValueError, match=r"y must be one integer class label in \[0, 4\)"):
+            loss_part(Z, y)
+
+
+def test_cross_entropy_takes_int32_or_listed_labels_and_an_empty_batch():
+    Z, y = randn(3, 4), torch.tensor([3, 0, 2])
+    for labels in (y.int(), y.tolist()):
+        torch.testing.assert_close(bp.softmax_cross_entropy_forward(Z, labels),
+                                   torch.nn.functional.cross_entropy(Z, y))
+    empty = bp.softmax_cross_entropy_forward(Z[:0], y[:0])
+    assert empty.isnan() and torch.nn.functional.cross_entropy(Z[:0], y[:0]).isnan()
+
+
+def test_finite_differences_nudge_a_contiguous_copy_of_any_float_x():
+    x = randn(3, 2).T  # not contiguous: the nudges used to go to a copy, the gradient all zeros
+    torch.testing.assert_close(bp.finite_difference_gradient(lambda v: (v**2).sum(), x), 2 * x)
+    tracked = randn(4).requires_grad_(True)  # used to be an in-place error
+    fd = bp.finite_difference_gradient(lambda v: (v**3).sum(), tracked)
+    torch.testing.assert_close(fd, 3 * tracked.detach() ** 2)
+    assert not fd.requires_grad and tracked.grad is None
+
+
+@pytest.mark.parametrize("x, eps", [(torch.arange(3), 1e-6), (randn(3), 0.0), (randn(3), -1e-6),
+                                    (randn(3), float("nan")), (randn(3), float("inf"))])
+def test_finite_differences_refuse_integer_x_and_a_step_that_is_not_positive(x, eps):
+    # an integer x gave garbage, eps = 0 a ZeroDivisionError
+    with pytest.raises(ValueError, match="need a floating-point x and eps > 0, finite"):
+        bp.finite_difference_gradient(lambda v: (v**2).sum(), x, eps)

@@ -237,3 +237,56 @@ def test_ring_attention_refuses_to_pace_a_gpu():
     q = torch.zeros(2, 4, 8, device="meta")
     with pytest.raises(ValueError, match="emulated device stands in for an accelerator"):
         cp.ring_attention(q, q, q, emulated=EmulatedDevice(1e9))
+
+
+@pytest.mark.parametrize("block", [2.5, float("nan"), True, "4", -1])
+def test_blockwise_attention_refuses_a_block_that_is_no_positive_whole_number(block):
+    q, k, v, _ = qkv()
+    with pytest.raises(ValueError, match="block must be a positive number of keys, a whole"):
+        cp.blockwise_attention(q, k, v, block)
+
+
+def test_blockwise_attention_refuses_keys_and_values_that_do_not_pair_up():
+    q, k, v, _ = qkv()
+    with pytest.raises(ValueError, match="k and v need one row per key each"):
+        cp.blockwise_attention(q, k, v[:, :-3], 5)  # was an IndexError
+    with pytest.raises(ValueError, match="v's as wide as q's"):
+        cp.blockwise_attention(q, k, v[..., :1], 5)  # a width 1 broadcast silently
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_blockwise_attention_over_no_keys_is_zeros_as_torch_gives(causal):
+    q, k, v, _ = qkv()
+    out = cp.blockwise_attention(q, k[:, :0], v[:, :0], 4, causal)  # was NaN
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k[:, :0], v[:, :0]))
+    assert out.shape == q.shape and not out.abs().sum()
+
+
+def test_the_online_softmax_refuses_a_result_before_any_scores():
+    q = torch.ones(2, 3, 4)
+    with pytest.raises(ValueError, match=r"result\(\) before any add\(\)"):
+        cp.OnlineSoftmax(q).result()  # was NaN, silently
+
+
+def test_positions_and_splits_refuse_what_is_no_whole_number_or_has_no_token_dim():
+    import numpy as np
+
+    with pytest.raises(ValueError, match="tokens, world_size and rank must be whole numbers"):
+        cp.sequence_positions(8, 2, 0.5)  # used to return positions 4.0, 5.0, ...
+    with pytest.raises(ValueError, match="tokens, world_size and rank must be whole numbers"):
+        cp.sequence_positions(8.0, 2, 1)
+    assert cp.sequence_positions(np.int64(8), np.int64(2), np.int64(1)).tolist() == [4, 5, 6, 7]
+    with pytest.raises(ValueError, match="x must hold its tokens on dim -2"):
+        cp.split_sequence(torch.arange(8.0), 2, 0)  # an IndexError
+
+
+def test_gather_sequence_refuses_no_parts_and_parts_of_different_shapes():
+    with pytest.raises(ValueError, match="parts must be every rank's share"):
+        cp.gather_sequence([])  # an IndexError
+    q, *_ = qkv()
+    parts = [cp.split_sequence(q, 2, r) for r in range(2)]
+    torch.testing.assert_close(cp.gather_sequence(parts), q)
+    with pytest.raises(ValueError, match=r"all of one shape \(equal shares\)"):
+        cp.gather_sequence([parts[0], parts[1][:1]])  # one head: broadcast to all, silently
+    with pytest.raises(ValueError, match=r"all of one shape \(equal shares\)"):
+        cp.gather_sequence([parts[0], parts[1][:, :1]])  # unequal shares: no split makes them

@@ -97,3 +97,43 @@ def test_shifted_digits_move_every_image_by_one_pixel_without_wrapping():
 
 def test_shifted_quadratic_problem_has_five_times_the_rows():
     assert erm.digits_quadratic_problem(shifted=True).n == 5 * 1797
+
+
+def _bad(**change):
+    X, y = torch.randn(5, 2, dtype=torch.float64), torch.tensor([1.0, -1, 1, -1, 1],
+                                                                 dtype=torch.float64)
+    args = dict(X=X, y=y, lam=0.1, kind="logistic") | change
+    return args
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(y=torch.ones(5, 1, dtype=torch.float64)), "not a column"),  # was an n x n loss
+    (dict(X=torch.ones(5, dtype=torch.float64)), "X must be n x d"),  # was an IndexError later
+    (dict(y=torch.tensor([0.0, 1, 0, 1, 1], dtype=torch.float64)), r"labels y in \{-1, \+1\}"),
+    (dict(lam=-0.1), "lam, the l2 weight, must be a number >= 0"),
+    (dict(lam=float("nan")), "lam, the l2 weight, must be a number >= 0"),
+    (dict(X=np.ones((5, 2))), "X and y must be torch tensors"),
+    (dict(y=np.ones(5)), "X and y must be torch tensors"),
+    (dict(X=torch.ones(5, 2)), "floating point, of one dtype, got torch.float32 and"),
+    (dict(X=torch.ones(5, 2, dtype=torch.long)), "floating point"),
+    (dict(X=torch.ones(0, 2, dtype=torch.float64), y=torch.ones(0, dtype=torch.float64)),
+     "no rows")])
+def test_a_problem_that_would_compute_something_wrong_later_is_refused_when_made(change,
+                                                                                 message):
+    with pytest.raises(ValueError, match=message):
+        erm.ERMProblem(**_bad(**change))
+
+
+def test_least_squares_takes_any_real_targets_and_a_numpy_lam():
+    args = _bad(kind="least_squares", y=torch.linspace(0, 3, 5, dtype=torch.float64),
+                lam=np.float64(0.0))
+    assert erm.ERMProblem(**args).loss(torch.zeros(2, dtype=torch.float64)) > 0
+
+
+@pytest.mark.parametrize("iterations", [-3, 2.5, True])
+def test_agd_refuses_a_step_count_that_is_no_whole_number_of_at_least_zero(problems,
+                                                                            iterations):
+    # -3 used to return w0 alone
+    with pytest.raises(ValueError, match="iterations must be a whole number >= 0"):
+        erm.agd(problems[1], 0.1, 0.9, iterations)
+    assert erm.agd(problems[1], 0.1, 0.9, np.int64(2)).shape == (3, problems[1].d)

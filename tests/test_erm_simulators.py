@@ -79,3 +79,31 @@ def test_a_client_or_worker_without_rows_is_refused_not_averaged_into_nan():
         sim.local_gradient(problem, [], w)
     with pytest.raises(ValueError, match="has no rows"):  # it used to return NaN everywhere
         sim.fedavg_round(problem, w, [list(range(10)), []], 1, 0.1)
+
+
+def test_decentralized_step_refuses_a_neighbour_or_a_node_that_is_not_there(problem):
+    rows = shard_rows(problem.n, 3)
+    params = [torch.zeros(problem.d, dtype=torch.float64) for _ in range(3)]
+    for graph in ({0: [1], 1: [-1], 2: [1]}, {0: [1], 1: [3], 2: [1]}, {0: [1], 1: [0]}):
+        # a neighbour -1 used to be node 2, silently
+        with pytest.raises(ValueError, match="graph must give node"):
+            sim.decentralized_step(problem, params, rows, graph, lr=0.1)
+    ring = {i: [(i - 1) % 3, (i + 1) % 3] for i in range(3)}
+    with pytest.raises(ValueError, match="one parameter vector per node: 2 params for 3"):
+        sim.decentralized_step(problem, params[:2], rows, ring, lr=0.1)  # node 2 was dropped
+    assert len(sim.decentralized_step(problem, params, rows, ring, lr=0.1)) == 3
+
+
+@pytest.mark.parametrize("clients, q", [([], 1), (None, 0), (None, -2), (None, 1.5)])
+def test_a_fedavg_round_without_clients_or_local_steps_is_refused(problem, clients, q):
+    # no clients or q <= 0 used to return w unchanged
+    w = torch.ones(problem.d, dtype=torch.float64)
+    rows = shard_rows(problem.n, 2) if clients is None else clients
+    with pytest.raises(ValueError, match="a round needs clients"):
+        sim.fedavg_round(problem, w, rows, q, lr=0.1)
+
+
+def test_consensus_distance_of_no_nodes_is_refused():
+    with pytest.raises(ValueError, match="at least one node"):
+        sim.consensus_distance([])
+    assert sim.consensus_distance(torch.ones(3, 2)) == 0.0

@@ -1,6 +1,7 @@
 """Mixture of experts (course_lib.experts): routing, capacity, the balancing loss, and expert
 parallelism on gloo ranks against one process in float64."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -155,3 +156,42 @@ def test_expert_gradients_are_divided_by_the_ranks_they_served():
         p.grad = torch.full((3,), 6.0)
     ex.average_expert_gradients(params, ep=3)  # no replicas: only the division
     assert all(torch.equal(p.grad, torch.full((3,), 2.0)) for p in params)
+
+
+def test_numpy_whole_numbers_are_taken_wherever_ints_are():
+    # route refused np.int64(2) with "k must be a whole number ..., got 2"
+    logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0]])
+    assert ex.route(logits, np.int64(2))[0].shape == (2, 2)
+    assert ex.capacity(np.int64(10), np.int64(4), np.int64(2), np.float64(1.0)) == 5
+    layer = ex.MixtureOfExperts(np.int64(D), np.int64(10), np.int64(4), np.int64(2), 100.0,
+                                seed=3, dtype=torch.float64)
+    x = torch.randn(6, D, dtype=torch.float64)
+    torch.testing.assert_close(layer(x)[0], moe()(x)[0])
+
+
+def test_a_mixture_takes_tokens_as_rows_and_says_so():
+    with pytest.raises(ValueError, match=r"a mixture's x is \(tokens, d_model\)\), got logits of "
+                                         r"shape \(2, 3, 4\)"):
+        moe()(torch.randn(2, 3, D, dtype=torch.float64))  # was an IndexError deep in the slots
+
+
+@pytest.mark.parametrize("args, message", [
+    (dict(num_experts=2.0), "num_experts must be a positive whole number"),  # a torch TypeError
+    (dict(num_experts="4"), "num_experts must be a positive whole number"),
+    (dict(d_model=None), "d_model must be a positive whole number"),
+    (dict(k=0), r"1 <= k <= experts"),  # these three were only refused at the first batch
+    (dict(num_experts=2, k=3), r"1 <= k <= experts"),
+    (dict(capacity_factor=0.0), "capacity factor must be positive"),
+    (dict(capacity_factor="1.25"), "capacity factor must be positive")])
+def test_a_mixture_that_cannot_route_is_refused_when_made(args, message):
+    with pytest.raises(ValueError, match=message):
+        ex.MixtureOfExperts(**dict(d_model=D, d_hidden=10) | args)
+
+
+@pytest.mark.parametrize("args", [(10, 2, 5, 1.0), ("10", 4, 2, 1.0), (10, 4, 2.0, 1.0),
+                                  (10, None, 2, 1.0), (10, 4, True, 1.0)])
+def test_capacity_refuses_k_above_the_experts_and_counts_that_are_no_whole_numbers(args):
+    # capacity(10, 2, 5, 1.0) used to be 25; a string was a raw TypeError
+    with pytest.raises(ValueError, match="need experts >= 1, k >= 1 and tokens >= 0, whole "
+                                         "numbers, and 1 <= k <= experts"):
+        ex.capacity(*args)

@@ -109,3 +109,21 @@ def test_pack_bucket_flattens_in_order_and_divides_by_the_world_size_in_a_new_bu
     torch.testing.assert_close(grads[1], torch.full((2,), 4.0))  # the gradients are untouched
     ov.unpack_bucket(buffer, grads)
     torch.testing.assert_close(grads[0], torch.arange(6.0).reshape(2, 3) / 4)
+
+
+def test_buckets_take_model_parameters_as_they_come_and_refuse_a_size_that_is_no_number():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    # a generator used to fail: "object of type 'generator' has no len()"
+    assert ov.assign_buckets(model.parameters(), 25) == [[3, 2, 1, 0]]
+    assert ov.assign_buckets(model.parameters(), 1e-6) == [[3], [2], [1], [0]]
+    for bad in ("25", None, True, float("nan")):
+        with pytest.raises(ValueError, match="bucket_mb must be positive, a number of megabytes"):
+            ov.assign_buckets(model.parameters(), bad)
+
+
+@pytest.mark.parametrize("grads, world_size", [([], 2), ([torch.ones(3)], 0),
+                                               ([torch.ones(3)], -1), ([torch.ones(3)], 2.5)])
+def test_pack_bucket_refuses_no_gradients_or_no_ranks(grads, world_size):
+    # world_size 0 used to give a buffer of inf, [] a torch error
+    with pytest.raises(ValueError, match="a bucket needs gradients and a world_size >= 1"):
+        ov.pack_bucket(grads, world_size)

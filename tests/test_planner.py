@@ -578,6 +578,7 @@ def test_whole_numbers_from_numpy_make_the_same_plan_and_model_as_python_ints():
     assert cluster == replace(NODE, nodes=2) and type(cluster.nodes) is int
     with pytest.raises(ValueError, match="Plan.dp must be a positive whole number"):
         P.Plan(dp=np.float64(2.0), tp=1, pp=1)
+    assert P.Plan(1, 1, 2, stages=np.array([2, 2])).stages == (2, 2)
 
 
 @pytest.mark.parametrize("call", [
@@ -687,3 +688,33 @@ def test_descriptions_refuse_infinite_text_or_loose_values_by_name(make, match):
     assert P.why(ranked[0], ranked[0]).endswith("the best plan itself")
     with pytest.raises(ValueError, match="a Plan has no field bogus"):
         P.with_plan(ranked, bogus=1)
+
+
+@pytest.mark.parametrize("recompute, attention", [(False, "recompute"), (True, "Stored"),
+                                                  ("no", "stored"), (None, "stored")])
+def test_hardware_flops_refuse_an_attention_or_recompute_they_do_not_know(recompute, attention):
+    # "recompute", a typo of "recomputed", used to count as "stored"; "no" as True
+    with pytest.raises(ValueError, match=r"recompute is True or False and attention one of "
+                                         r"\('stored', 'recomputed', 'flash'\)"):
+        TINY.hardware_flops(recompute, attention)
+    with pytest.raises(ValueError, match="recompute is True or False"):
+        TINY.recomputed_flops_per_token(recompute, attention)
+    assert TINY.hardware_flops(False, "flash") == TINY.model_flops()
+
+
+def test_search_choices_no_plan_can_take_are_refused_even_where_unused():
+    one_gpu = replace(NODE, gpus_per_node=1)  # dp = 1: no ZeRO stage would ever be tried
+    with pytest.raises(ValueError, match=r"zero_stages takes \(0, 1, 2, 3\), got \[7\]"):
+        P.candidate_plans(GPT_7B, one_gpu, zero_stages=(0, 7))
+    with pytest.raises(ValueError, match=r"gather_units takes .*got \['matrx'\]"):
+        P.candidate_plans(GPT_7B, NODE, gather_units=("matrx",))
+
+
+def test_why_wants_the_better_plan_first_and_with_plan_takes_stages_as_a_list():
+    ranked = P.rank_plans(GPT_7B, NODE)
+    fits = [r for r in ranked if r.fits]
+    with pytest.raises(ValueError, match="give the better plan first"):
+        P.why(fits[-1], fits[0])
+    uneven = P.rank_plans(replace(GPT_7B, layers=30), NODE)  # pp 4: stages of 7 and 8 layers
+    stages = next(r for r in uneven if r.plan.stages).plan.stages
+    assert P.with_plan(uneven, stages=list(stages)) == P.with_plan(uneven, stages=stages) != []

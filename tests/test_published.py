@@ -137,3 +137,25 @@ def test_a_cluster_of_gpus_that_fill_no_whole_nodes_is_refused_not_rounded_down(
         for gpus in (12, 20, 0, -8, 8.5, True):  # 12 used to become 8, 20 to become 16
             with pytest.raises(ValueError, match="gpus must be 1 to 8 or a multiple of 8"):
                 make(gpus)
+
+
+def _bloom(**change):
+    from dataclasses import replace
+
+    return replace(next(r for r in pub.RUNS if r.name == "BLOOM 176B"), **change)
+
+
+@pytest.mark.parametrize("change", [dict(cluster="H100"), dict(cluster="v100"),
+                                    dict(convention="hw")])
+def test_a_run_on_a_cluster_or_in_a_convention_nobody_knows_is_refused(change):
+    # "H100" and "v100" used to build an A100 cluster; "hw" was taken
+    with pytest.raises(ValueError, match=r"cluster must be one of \('a100', 'a100 omni-path', "
+                                         r"'h100', 'h800'\) and convention one of"):
+        _bloom(**change)
+    assert pub.cluster_of(_bloom(cluster="h100"), 0.5).peak_flops == pub.H100_PEAK
+
+
+def test_the_team_of_an_unknown_source_is_a_clear_error():
+    with pytest.raises(ValueError, match="no team is known for the source 'Somebody 2030'"):
+        pub.team_of(_bloom(source="Somebody 2030"))  # was a bare StopIteration
+    assert pub.team_of(_bloom()) == "BigScience"

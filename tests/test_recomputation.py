@@ -64,3 +64,29 @@ def test_peak_step_memory_falls_with_recomputation_and_its_activations_match_the
     assert abs(full - predicted) <= 0.25 * predicted, (full, predicted)
     assert peaks[True]["activations"] < peaks[False]["activations"] / 2
     assert peaks[True]["total"] < peaks[False]["total"]
+
+
+@pytest.mark.parametrize("sizes, message", [
+    (dict(tokens=-256), "tokens must be a whole number >= 0"),
+    (dict(d_model=float("nan")), "d_model must be a whole number >= 1"),
+    (dict(layers=-1), "layers must be a whole number >= 0"),
+    (dict(heads=0), "heads must be a whole number >= 1"),
+    (dict(vocab=96.5), "vocab must be a whole number >= 1"),
+    (dict(element_size=-4), "element_size must be a whole number >= 1"),
+    (dict(checkpointing="no"), "checkpointing is True or False, got 'no'")])
+def test_activation_bytes_refuse_sizes_that_are_no_counts(sizes, message):
+    # these used to give negative or NaN byte counts, and "no" counted as checkpointing
+    args = dict(tokens=256, d_model=128, layers=4, heads=4, vocab=96) | sizes
+    for formula in (rc.activation_bytes, rc.peak_activation_bytes):
+        with pytest.raises(ValueError, match=message):
+            formula(**args)
+
+
+def test_block_activation_floats_refuse_negative_sizes_and_take_numpy_ints():
+    import numpy as np
+
+    with pytest.raises(ValueError, match="d_model must be a whole number >= 1"):
+        rc.block_activation_floats(-128, 4)
+    assert rc.block_activation_floats(np.int64(128), np.int64(4)) == 16 * 128 + 8
+    assert rc.activation_bytes(np.int64(256), 128, 4, 4, 96) == rc.activation_bytes(256, 128, 4,
+                                                                                    4, 96)
