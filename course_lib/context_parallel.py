@@ -27,22 +27,17 @@ compute on the device their tensors are on; the messages are real point-to-point
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 import torch.distributed as dist
 
 from course_lib.runtime.devices import device
 from course_lib.runtime.emulation import catch_up, check_cpu_rank
+from course_lib.training import is_whole
 from course_lib.ulysses import ulysses_attention
 
 LAYOUTS = ("contiguous", "zigzag")
 CHUNKS = {"contiguous": 1, "zigzag": 2}  # runs of consecutive positions a rank holds
-
-
-def _whole(*values) -> bool:
-    """Whole numbers: ints or numpy's (np.int64), not bools."""
-    return all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in values)
 
 
 def _scores(q, k, q_pos, k_pos, causal: bool):
@@ -108,7 +103,7 @@ class OnlineSoftmax:
 def blockwise_attention(q, k, v, block: int, causal: bool = False):
     """Attention of all of ``q`` over ``k``, ``v`` taken ``block`` keys at a time (one process):
     the largest score tensor held is tokens x block, not tokens x tokens."""
-    if not (_whole(block) and block >= 1):
+    if not (is_whole(block) and block >= 1):
         raise ValueError(f"block must be a positive number of keys, a whole number, got {block!r}")
     if k.shape[-2] != v.shape[-2] or v.shape[-1] != q.shape[-1]:
         raise ValueError(f"k and v need one row per key each, v's as wide as q's; got shapes q "
@@ -128,7 +123,7 @@ def sequence_positions(tokens: int, world_size: int, rank: int, layout: str = "c
     """The positions (in the whole sequence) of the tokens ``rank`` holds."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if not _whole(tokens, world_size, rank):
+    if not all(map(is_whole, (tokens, world_size, rank))):
         raise ValueError(f"tokens, world_size and rank must be whole numbers, got {tokens!r}, "
                          f"{world_size!r}, {rank!r}")
     if world_size < 1 or not 0 <= rank < world_size:

@@ -10,7 +10,6 @@ never downloaded unless asked for.
 from __future__ import annotations
 
 import hashlib
-import numbers
 import operator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from course_lib.training import check_whole
+from course_lib.training import check_whole, is_whole
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
@@ -128,8 +127,7 @@ def shard_rows(n: int, p: int, seed: int | None = None) -> list[torch.Tensor]:
     ``seed=None`` keeps the rows in order (contiguous blocks); a seed shuffles them first, so
     every shard holds the same kind of data (IID) -- and the same seed gives the same shards.
     """
-    whole = all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (n, p))
-    if not whole or not 1 <= p <= n:
+    if not all(map(is_whole, (n, p))) or not 1 <= p <= n:
         raise ValueError(f"need whole numbers 1 <= p <= n to give every worker rows, got p={p!r}, "
                          f"n={n!r}")
     order = (torch.arange(n) if seed is None

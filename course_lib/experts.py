@@ -37,6 +37,7 @@ from course_lib.models import feed_forward, tiny_gpt
 from course_lib.overlap import all_reduce_as_one_bucket
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
+from course_lib.training import is_whole
 
 
 def route(logits, k: int):
@@ -45,7 +46,7 @@ def route(logits, k: int):
     if logits.dim() != 2:
         raise ValueError(f"route takes logits (tokens, experts), a row a token (a mixture's x is "
                          f"(tokens, d_model)), got logits of shape {tuple(logits.shape)}")
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= logits.shape[-1]:
+    if not is_whole(k) or not 1 <= k <= logits.shape[-1]:
         raise ValueError(f"k must be a whole number between 1 and the number of experts "
                          f"({logits.shape[-1]}), got {k!r}")
     probs = torch.softmax(logits, dim=-1)
@@ -60,7 +61,7 @@ def capacity(tokens: int, experts: int, k: int, factor: float) -> int:
     if not (isinstance(factor, numbers.Real) and 0 < factor < math.inf):
         raise ValueError(f"the capacity factor must be positive and finite, got {factor!r}")
     counts = (tokens, experts, k)
-    whole = all(isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in counts)
+    whole = all(map(is_whole, counts))
     if not (whole and experts >= 1 and 1 <= k <= experts and tokens >= 0):
         raise ValueError(f"need experts >= 1, k >= 1 and tokens >= 0, whole numbers, and "
                          f"1 <= k <= experts; got experts {experts!r}, k {k!r}, tokens {tokens!r}")

@@ -10,14 +10,9 @@ growth x2 every 2000 clean steps, back-off x0.5), so the two can be compared ste
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 
-
-def whole(value) -> bool:
-    """A whole number (numpy's too), not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+from course_lib.training import is_whole
 
 
 def update_scale(scale: float, growth_tracker: int, found_inf: bool, *,
@@ -41,12 +36,12 @@ def check_rule(growth_factor: float, backoff_factor: float, growth_interval: int
                growth_tracker: int = 0) -> None:
     """Refuse a rule that torch.amp.GradScaler refuses, naming the settings, and a count of
     clean steps that is not 0 to ``growth_interval`` - 1."""
-    if not (growth_factor > 1 and 0 < backoff_factor < 1 and whole(growth_interval)
+    if not (growth_factor > 1 and 0 < backoff_factor < 1 and is_whole(growth_interval)
             and growth_interval >= 1):
         raise ValueError(f"as torch.amp.GradScaler asks: growth_factor > 1, 0 < "
                          f"backoff_factor < 1 and growth_interval a whole number >= 1; got "
                          f"{growth_factor}, {backoff_factor} and {growth_interval!r}")
-    if not (whole(growth_tracker) and 0 <= growth_tracker < growth_interval):
+    if not (is_whole(growth_tracker) and 0 <= growth_tracker < growth_interval):
         raise ValueError(f"growth_tracker counts clean steps since the last change: 0 to "
                          f"growth_interval - 1 = {growth_interval - 1}, got {growth_tracker!r}")
 

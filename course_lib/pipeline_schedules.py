@@ -9,13 +9,12 @@ on ranks (and re-exports these names).
 
 from __future__ import annotations
 
-import numbers
+from course_lib.training import is_whole
 
 
 def check_schedule(stage, stages, micro_batches) -> None:
     """Refuse, naming them, a stage, stages or micro-batches no schedule can have."""
-    whole = all(isinstance(n, numbers.Integral) and not isinstance(n, bool)
-                for n in (stage, stages, micro_batches))
+    whole = all(map(is_whole, (stage, stages, micro_batches)))
     if not (whole and 0 <= stage < stages and micro_batches >= 1):
         raise ValueError(f"stage {stage!r} of {stages!r} stages with {micro_batches!r} "
                          f"micro-batches: whole numbers, a stage is 0 to stages - 1 and "

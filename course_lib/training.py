@@ -58,10 +58,15 @@ def check_split(global_batch: int, world_size: int) -> None:
                          f"ranks; choose a multiple of {world_size}")
 
 
+def is_whole(value) -> bool:
+    """A whole number, Python's or numpy's (``np.int64``), and not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def check_whole(name: str, value, least: int = 1) -> int:
     """``value`` if it is a whole number of at least ``least``; otherwise a clear error naming
     it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+    if not is_whole(value) or value < least:
         raise ValueError(f"{name} must be a whole number of at least {least}, got {value!r}")
     return value
 

@@ -22,8 +22,6 @@ GPT, ten steps), with the optimizer state each rank holds::
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 import torch.distributed as dist
 
@@ -31,7 +29,7 @@ from course_lib.data_parallel import parameters_vector
 from course_lib.overlap import all_reduce_after_backward
 from course_lib.runtime.devices import device
 from course_lib.runtime.torchrun import run_command, run_main
-from course_lib.training import check_split, step_loop
+from course_lib.training import check_split, is_whole, step_loop
 
 STAGES = (0, 1, 2)
 
@@ -40,8 +38,7 @@ def shard_bounds(numel: int, world_size: int, rank: int) -> tuple[int, int, int]
     """(start, end, shard size) of ``rank``'s shard of a flat vector of ``numel`` entries cut
     into ``world_size`` equal shards (the last padded: all shards have one size, which
     all-gather and reduce-scatter need)."""
-    whole = all(isinstance(n, numbers.Integral) and not isinstance(n, bool)
-                for n in (numel, world_size, rank))
+    whole = all(map(is_whole, (numel, world_size, rank)))
     if not (whole and world_size >= 1 and 0 <= rank < world_size and numel >= 0):
         raise ValueError(f"rank {rank} of {world_size} ranks, {numel} entries: need "
                          f"whole numbers, world_size >= 1, 0 <= rank < world_size and numel >= 0")

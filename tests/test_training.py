@@ -204,3 +204,8 @@ def test_counts_are_whole_and_an_epoch_makes_at_least_one_step():
                          (dict(accumulate=0), "accumulate")):
         with pytest.raises(ValueError, match=f"{name} must be a whole number"):
             T.check_steps(**(dict(rows=100, world_size=2, local_batch=10) | kwargs))
+
+
+def test_is_whole_takes_python_and_numpy_integers_but_not_bools_or_floats():
+    assert T.is_whole(3) and T.is_whole(np.int64(3)) and T.is_whole(-1)
+    assert not any(T.is_whole(v) for v in (True, 3.0, np.float64(3), "3", None, torch.tensor(3)))
