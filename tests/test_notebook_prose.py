@@ -30,7 +30,8 @@ _PATTERN = re.compile(
 
 # notebook prefix -> {the exact text matched: why it may stand in prose}
 ALLOWED = {
-    "00": {"4 s": "the least timeout the cell sets (max(4, ...))"},
+    "00": {"4 s": "the least timeout the cell sets (max(4, ...))",
+           "300 s": "launch's default timeout, a parameter"},
     "01": {"95%": "the threshold the cell's own check asserts"},
     "02": {"1%": "the lecture note's §2.4 example, quoted",
            "60%": "the lecture note's §2.4 figure, quoted to correct it",
