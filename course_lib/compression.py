@@ -63,7 +63,8 @@ class TopK:
 
     def kept(self, flat):
         """Indices of the entries this rank sends."""
-        return flat.abs().topk(max(1, round(self.fraction * flat.numel()))).indices
+        n = flat.numel()  # none of none: an empty model sends nothing
+        return flat.abs().topk(min(n, max(1, round(self.fraction * n)))).indices
 
     def all_reduce(self, grads, group=None):
         flat = flatten(grads)

@@ -101,9 +101,9 @@ def sample_clients(clients: int, fraction: float, seed: int, round_) -> list[int
     if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) \
             or not 0 < fraction <= 1:
         raise ValueError(f"fraction C must be a number in (0, 1], got {fraction!r}")
-    m = max(1, round(fraction * clients))
-    key = [seed, *_as_tuple(round_)]
-    return sorted(np.random.default_rng(key).choice(clients, m, replace=False).tolist())
+    m = max(1, round(fraction * check_whole("clients", clients)))
+    return sorted(np.random.default_rng([seed, *_as_tuple(round_)])
+                  .choice(clients, m, replace=False).tolist())
 
 
 def fedavg_round(w, clients: Clients, chosen, local: LocalTraining, *, seed, round_,

@@ -32,12 +32,9 @@ THEORY = dict(color="0.45", linestyle="--", linewidth=1.2)  # ideal lines and fi
 
 @contextmanager
 def course_style():
-    """The course's look for the figures made inside the block.
-
-    Unlike ``plt.style.context`` it restores only the keys it set: the first figure of a
-    notebook switches pyplot to the inline backend and turns interactive mode on, and restoring
-    every rcParam afterwards would turn it off again — and later figures would not show.
-    """
+    """The course's look for the figures made inside the block. Unlike ``plt.style.context`` it
+    restores only the keys it set: a notebook's first figure turns pyplot's interactive mode on,
+    and restoring every rcParam afterwards would turn it off (later figures would not show)."""
     saved = {key: matplotlib.rcParams[key] for key in STYLE}
     matplotlib.rcParams.update(STYLE)
     try:
@@ -58,9 +55,7 @@ def _medians_and_errors(times):
             raise ValueError(f"a time of 0 gives no speedup: every median must be above 0, got "
                              f"{timing.median!r}")
         rows.append((timing.median, *timing.quartiles))
-    medians, low, high = (np.array(column, dtype=float) for column in zip(*rows, strict=True)) \
-        if rows else (np.array([]),) * 3
-    return medians, low, high
+    return tuple(np.array(rows, dtype=float).reshape(-1, 3).T)  # medians, low and high ends
 
 
 def plot_speedup(workers, times, *, title: str = "Speedup", label: str = "measured",
@@ -139,8 +134,9 @@ def plot_convergence(runs: Mapping[str, Mapping[str, Sequence[float]]], *,
         raise ValueError("runs is empty: pass {label: {'step': [...], 'time': [...], "
                          f"'{metric}': [...]}}")
     for label, run in runs.items():
-        if metric not in run or "step" not in run:
-            raise ValueError(f"run {label!r} needs 'step' and '{metric}' (it has {sorted(run)})")
+        if not isinstance(run, Mapping) or metric not in run or "step" not in run:
+            raise ValueError(f"run {label!r} needs 'step' and '{metric}' (it has "
+                             f"{sorted(run) if isinstance(run, Mapping) else type(run).__name__})")
         if len(run["step"]) != len(run[metric]):
             raise ValueError(f"run {label!r}: 'step' and '{metric}' differ in length")
     timed = any("time" in run for run in runs.values())
@@ -282,14 +278,17 @@ def plot_label_counts(panels, *, title: str = "Label counts per client"):
     from 0 to the largest count, so the one colour bar reads every panel."""
     if not panels:
         raise ValueError("panels is empty: pass {name: counts matrix}")
-    top = max(float(np.max(np.asarray(panel[0] if isinstance(panel, tuple) else panel),
-                           initial=0))
-              for panel in panels.values())
+    pairs = {name: panel if isinstance(panel, tuple) else (panel, None)
+             for name, panel in panels.items()}
+    for name, (_, skew) in pairs.items():
+        if skew is not None and np.ndim(skew):
+            raise ValueError(f"panel {name!r}: its EMD must be one number (the mean skew over "
+                             f"clients), got an array of shape {np.shape(skew)}")
+    top = max(float(np.max(np.asarray(counts), initial=0)) for counts, _ in pairs.values())
     with course_style():
         fig, axes = plt.subplots(1, len(panels), figsize=(2.4 * len(panels) + 0.8, 3.6),
                                  squeeze=False)
-        for ax, (name, panel) in zip(axes[0], panels.items(), strict=True):
-            counts, skew = panel if isinstance(panel, tuple) else (panel, None)
+        for ax, (name, (counts, skew)) in zip(axes[0], pairs.items(), strict=True):
             image = ax.imshow(np.asarray(counts), aspect="auto", cmap="viridis",
                               interpolation="nearest", vmin=0, vmax=top or 1)
             ax.set(xlabel="class", title=name if skew is None else f"{name}\nEMD {skew:.2f}")

@@ -18,7 +18,7 @@ def balanced_stages(layers: int, pp: int) -> tuple:
     check_positive("balanced_stages", layers=layers, pp=pp)
     if pp > layers:
         raise ValueError(f"{layers} layers cannot fill {pp} pipeline stages")
-    q, r = divmod(layers, pp)
+    q, r = divmod(int(layers), int(pp))  # Python's ints, also for numpy's
     light = pp - r
     return (q,) * (light // 2) + (q + 1,) * r + (q,) * (light - light // 2)
 

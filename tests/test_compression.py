@@ -48,6 +48,13 @@ def test_top_k_mean_over_two_ranks_adds_the_entries_each_rank_kept():
         torch.testing.assert_close(m, torch.tensor([0.0, 3.0, 0.0, 4.0]))
 
 
+def test_top_k_of_a_model_without_entries_sends_nothing():
+    assert cp.TopK(0.5).kept(torch.zeros(0)).numel() == 0  # topk(1) of nothing used to raise
+    empty = [torch.zeros(0)]
+    for r in launch(_reduce, 2, args=("top-k 25%", [empty, empty])):
+        assert r[0]["mean"][0].shape == (0,) and r[0]["bytes"] == 0
+
+
 @pytest.mark.parametrize("rank", [1, 2, 4])
 def test_powersgd_of_rank_r_is_exact_for_a_mean_of_rank_r(rank):
     g = torch.Generator().manual_seed(rank)

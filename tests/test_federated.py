@@ -233,3 +233,7 @@ def test_sampled_clients_are_seeded_and_at_least_one():
         with pytest.raises(ValueError, match="fraction C must be a number in"):
             fl.sample_clients(10, fraction, 0, 0)
     assert fl.sample_clients(8, 0.5, 1, (2, 1, 0)) != fl.sample_clients(8, 0.5, 1, (2, 1, 1))
+    assert fl.sample_clients(np.int64(4), 0.5, 0, 0) == fl.sample_clients(4, 0.5, 0, 0)
+    for clients in (0, -3, 2.5, True):  # numpy's own error for 0, or a float sampled
+        with pytest.raises(ValueError, match="clients must be a whole number of at least 1"):
+            fl.sample_clients(clients, 0.5, 0, 0)

@@ -4,6 +4,7 @@ hand-computed cases."""
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from course_lib import cost_models as M
@@ -126,6 +127,7 @@ def test_uneven_stages_memory_stage_by_stage_by_hand():
 def test_balanced_stages_put_the_lighter_stages_at_the_ends():
     assert P.balanced_stages(70, 12) == (5,) + (6,) * 10 + (5,)  # BLOOM
     assert P.balanced_stages(126, 16) == (7,) + (8,) * 14 + (7,)  # Llama 3 405B
+    assert all(type(n) is int for n in P.balanced_stages(np.int64(10), np.int64(3)))
     assert P.balanced_stages(10, 4) == (2, 3, 3, 2)
     assert P.balanced_stages(8, 4) == (2, 2, 2, 2)
     with pytest.raises(ValueError, match="cannot fill"):

@@ -59,6 +59,8 @@ def test_plot_convergence_rejects_malformed_runs():
         plots.plot_convergence({"a": {"step": [0]}})
     with pytest.raises(ValueError, match="differ in length"):
         plots.plot_convergence({"a": {"step": [0, 1], "loss": [1.0]}})
+    with pytest.raises(ValueError, match=r"needs 'step' and 'loss' \(it has ndarray\)"):
+        plots.plot_convergence({"a": np.array([1.0, 0.5])})  # an array, not a run
 
 
 def test_plot_times_draws_bars_with_spread_and_predictions():
@@ -183,6 +185,8 @@ def test_plot_label_counts_draws_one_heatmap_per_partition():
     assert [ax.images[0].get_clim() for ax in wide.axes[:2]] == [(0, 27), (0, 27)]
     with pytest.raises(ValueError, match="empty"):
         plot_label_counts({})
+    with pytest.raises(ValueError, match="'b': its EMD must be one number"):
+        plot_label_counts({"b": (counts, np.array([0.1, 0.9]))})  # per client, not the mean
 
 
 def test_plot_gantt_names_lanes_it_is_given_and_numbers_the_others():
