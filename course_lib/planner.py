@@ -220,7 +220,8 @@ def torchrun_command(model: Transformer, cluster: Cluster, plan: Plan, steps: in
     its attention is PyTorch's ``scaled_dot_product_attention`` (ring attention with cp > 1)
     whatever the plan's ``attention`` says. A plan it cannot run exactly (sequence parallelism,
     interleaving, uneven stages, selective recomputation, ...) is refused
-    (:func:`course_lib.plan_checks.check_plan`)."""
+    (:func:`course_lib.plan_checks.check_plan`), and so is a model other than the one it runs
+    (its GPT: an untied head, learned positions, no dropout, a plain MLP 4 x d wide)."""
     # what train_gpt's command line would refuse, or run as another model, refused here
     check_positive("torchrun_command", steps=steps)
     if model.shared_experts:
@@ -230,6 +231,10 @@ def torchrun_command(model: Transformer, cluster: Cluster, plan: Plan, steps: in
         raise ValueError("train_gpt's GPT has a plain MLP 4 x d_model wide and a key/value head "
                          "per head: plan a model with gated_mlp=False, ffn=None, kv_heads=None "
                          "to run it")
+    if model.tied_head or model.dropout or not model.learned_positions:
+        raise ValueError("train_gpt's GPT has a head of its own, learned positions and no "
+                         "dropout: plan replace(model, tied_head=False, dropout=False, "
+                         "learned_positions=True) to run it")
     check_model(dict(vocab=model.vocab, d_model=model.hidden, layers=model.layers,
                      heads=model.heads, context=model.seq, experts=model.experts,
                      top_k=model.top_k))

@@ -242,7 +242,8 @@ def test_cp_choices_are_checked_and_the_gradients_cp_group_takes_its_own_link():
     assert got < grads / 1e11  # priced at NVLink's speed, not the 1 GB/s between nodes
 
 
-MOE_7B = replace(GPT_7B, experts=8, top_k=2, global_batch=64)
+MOE_7B = replace(GPT_7B, experts=8, top_k=2, global_batch=64, tied_head=False, dropout=False)
+AS_RUN = dict(tied_head=False, dropout=False)  # train_gpt's GPT: its own head, no dropout
 
 
 def test_experts_count_every_expert_held_and_only_the_chosen_ones_computed():
@@ -374,10 +375,11 @@ def test_a_long_context_run_needs_the_cp_axis_to_exist():
     assert ranked and ranked[0].fits and ranked[0].plan.cp == 16
     two = P.Cluster(gpus_per_node=2, nodes=1, memory=1e12, peak_flops=1e12,
                     intra_bandwidth=1e11, inter_bandwidth=1e11)
-    command = P.torchrun_command(replace(TINY, vocab=96), two, P.Plan(dp=1, tp=1, pp=1, cp=2))
+    tiny = replace(TINY, **AS_RUN)
+    command = P.torchrun_command(replace(tiny, vocab=96), two, P.Plan(dp=1, tp=1, pp=1, cp=2))
     assert "--dp 1 --tp 1 --pp 1 --cp 2 --zero 0" in command
     with pytest.raises(ValueError, match="vocab \\(10\\) must be at least the 96 characters"):
-        P.torchrun_command(TINY, two, P.Plan(dp=1, tp=1, pp=1, cp=2))  # train_gpt would refuse
+        P.torchrun_command(tiny, two, P.Plan(dp=1, tp=1, pp=1, cp=2))  # train_gpt would refuse
 
 
 def test_tensor_parallel_all_reduces_count_the_recomputed_forward():
@@ -520,10 +522,11 @@ def test_tiny_gpt_layer_bytes_match_what_autograd_saves():
 
 def test_the_torchrun_command_runs_the_plan_on_every_node():
     plan = P.Plan(dp=4, tp=8, pp=1, zero=1, micro_batches=4, recompute=True)
-    one = P.torchrun_command(GPT_7B, NODE, P.Plan(dp=2, tp=4, pp=1))
+    gpt = replace(GPT_7B, **AS_RUN)
+    one = P.torchrun_command(gpt, NODE, P.Plan(dp=2, tp=4, pp=1))
     assert one.startswith("torchrun --standalone --nproc-per-node 8 -m course_lib.train_gpt")
     four = P.Cluster(**{**NODE.__dict__, "nodes": 4})
-    cmd = P.torchrun_command(GPT_7B, four, plan)
+    cmd = P.torchrun_command(gpt, four, plan)
     assert "--nnodes 4" in cmd and "$HEAD_NODE:$PORT" in cmd and "--recompute" in cmd
     assert cmd.startswith("torchrun --nnodes 4 --rdzv-backend c10d --rdzv-endpoint "
                           "$HEAD_NODE:$PORT --rdzv-id $JOB_ID --nproc-per-node 8 -m "
@@ -534,7 +537,10 @@ def test_the_torchrun_command_runs_the_plan_on_every_node():
                         (dict(pp=2, dp=2, chunks=2), "interleaving"),
                         (dict(attention="recomputed", recompute=False), "selective")):
         with pytest.raises(ValueError, match=word):
-            P.torchrun_command(GPT_7B, four, replace(plan, **extra))
+            P.torchrun_command(gpt, four, replace(plan, **extra))
+    for other in (dict(tied_head=True), dict(dropout=True), dict(learned_positions=False)):
+        with pytest.raises(ValueError, match="a head of its own, learned positions and no drop"):
+            P.torchrun_command(replace(gpt, **other), four, plan)  # it would run another model
 
 
 def test_why_speaks_in_mib_below_a_gib():
