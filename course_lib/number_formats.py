@@ -56,8 +56,9 @@ def positive_values(dtype) -> torch.Tensor:
 def fraction_flushed(values: torch.Tensor, dtype, scale: float = 1.0) -> dict:
     """Of the non-zero ``values`` (in fp32/fp64), the fraction that becomes 0 when multiplied by
     ``scale`` and cast to ``dtype`` ("zero"), that lands among the subnormals and keeps fewer
-    significant bits ("subnormal"), and that lies beyond the largest value ("overflow": fp16 and
-    e5m2 give inf, e4m3 saturates at 448)."""
+    significant bits ("subnormal"), and that overflows ("overflow": becomes inf in fp16, bf16 and
+    e5m2, which round values up to half a step past the largest down to it; in e4m3, which has no
+    inf, saturates at 448)."""
     try:  # a number, a numpy number or a one-number tensor; not a bool or text
         value = math.nan if isinstance(scale, bool | str | bytes) else float(scale)
     except (TypeError, ValueError):
@@ -69,10 +70,13 @@ def fraction_flushed(values: torch.Tensor, dtype, scale: float = 1.0) -> dict:
         raise ValueError("values holds no non-zero number: there is nothing whose fate to count")
     info = torch.finfo(dtype)
     small = values.abs() < info.smallest_normal
-    zero = values.to(dtype).double() == 0  # compared in float64: fp8 has no comparisons
+    cast = values.to(dtype).double()  # compared in float64: fp8 has no comparisons
+    zero = cast == 0
+    has_inf = math.isinf(torch.tensor(math.inf).to(dtype).double().item())
+    over = cast.isinf() if has_inf else values.abs() > info.max
     return dict(zero=zero.double().mean().item(),
                 subnormal=(small & ~zero).double().mean().item(),
-                overflow=(values.abs() > info.max).double().mean().item())
+                overflow=over.double().mean().item())
 
 
 def update_is_lost(w: float, dw: float, dtype) -> bool:

@@ -42,6 +42,14 @@ def test_fraction_flushed_counts_zeros_subnormals_and_overflow():
     scaled = nf.fraction_flushed(values, torch.float16, scale=2.0 ** 10)
     assert scaled["zero"] == pytest.approx(0.0) and scaled["overflow"] == pytest.approx(0.25)
     assert nf.fraction_flushed(values, torch.bfloat16)["zero"] == pytest.approx(0.0)
+    # past fp16's largest, 65504, by less than half a step (16) rounds down to it: not inf
+    edge = torch.tensor([65510.0, 65519.0, 65520.0, 7e4], dtype=torch.float64)
+    assert nf.fraction_flushed(edge, torch.float16)["overflow"] == 0.5  # it said 1.0
+    e5m2 = torch.tensor([6e4, 61439.0, 61440.0, 7e4], dtype=torch.float64)  # 57344 + 4096
+    assert nf.fraction_flushed(e5m2, torch.float8_e5m2)["overflow"] == 0.5
+    # e4m3 has no inf: what lies past 448 saturates there, and counts as overflow
+    assert nf.fraction_flushed(torch.tensor([400.0, 449.0, 1e4]), torch.float8_e4m3fn)[
+        "overflow"] == pytest.approx(2 / 3)
     # zeros are ignored; with nothing else there is nothing to count (it used to give NaNs)
     assert nf.fraction_flushed(torch.tensor([0.0, 1e-9]), torch.float16)["zero"] == 1.0
     with pytest.raises(ValueError, match="holds no non-zero number"):
