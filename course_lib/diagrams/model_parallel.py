@@ -76,24 +76,27 @@ def plot_plan_terms(ranked, terms, *, title: str = "The fastest plans that fit",
     """The planner's answer as a picture: one bar per ranked plan (``ranked``: objects with
     ``plan``, ``time`` {term: seconds} and ``memory["total"]`` in bytes, fastest first), its
     step time stacked term by term in the order of ``terms``, the plan and its memory at the
-    bar's end. An empty ``ranked`` draws the ``empty`` note instead."""
+    bar's end; the legend names the terms some bar has. An empty ``ranked`` draws the ``empty``
+    note instead, with no axis."""
+    shown = [term for term in terms if any(r.time[term] > 0 for r in ranked)]
     with course_style():
         fig, ax = plt.subplots(figsize=(9, 0.45 * max(len(ranked), 2) + 1.6))
         for i, r in enumerate(ranked):
             left = 0.0
             for k, term in enumerate(terms):
                 ax.barh(i, r.time[term], left=left, color=COLORS[k % len(COLORS)],
-                        label=term.replace("_", " ") if i == 0 else None)
+                        label=term.replace("_", " ") if i == 0 and term in shown else None)
                 left += r.time[term]
             ax.text(left, i, f"  {r.plan}  ({r.memory['total'] / 2**30:.0f} GiB)", va="center",
                     fontsize=8)
         if not ranked:
             ax.text(0.5, 0.5, empty, ha="center", transform=ax.transAxes)
+            ax.set_xticks([])
         ax.invert_yaxis()
         ax.set_yticks([])
-        ax.set(xlabel="predicted step time (s)", title=title,
+        ax.set(xlabel="predicted step time (s)" if ranked else "", title=title,
                xlim=(0, 1.9 * max((r.time["total"] for r in ranked), default=1)))
         if ranked:
-            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=len(terms),
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=max(1, len(shown)),
                       fontsize=8)
     return fig
