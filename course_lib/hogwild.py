@@ -10,8 +10,9 @@ The model lives in shared memory (``Tensor.share_memory_``), so this lesson need
 one machine and the CPU, not torch.distributed: there are no messages to send, and a GPU's
 memory is not shared with other processes this way. The processes are started by
 ``torch.multiprocessing`` with the spawn method, so they are fresh interpreters and the workers'
-code lives here, in an importable module. One pool of processes runs every configuration in
-turn; a barrier separates epochs, so the parent can measure each epoch and evaluate the model.
+code lives here, in an importable module. One pool of processes runs every configuration, each
+on its own model, in turns (``turns``); a barrier separates epochs, so the parent can time each
+epoch and evaluate the model.
 """
 
 from __future__ import annotations
@@ -90,17 +91,24 @@ def epoch_order(n: int, seed: int, config: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, config, epoch]).permutation(n)
 
 
-def _worker(index, w, problem, configs, epochs, lr, seed, barrier, lock, errors, timeout):
+def turns(configs: int, epochs: int) -> list[tuple[int, int]]:
+    """The order of the timed epochs, as (epoch, configuration) pairs: epoch 0 of every
+    configuration, then epoch 1 of every one, and so on. A busy moment of the machine then slows
+    each configuration alike, not one run."""
+    return [(e, c) for e in range(epochs) for c in range(configs)]
+
+
+def _worker(index, models, problem, configs, epochs, lr, seed, barrier, lock, errors, timeout):
     try:
         torch.set_num_threads(1)
-        shared = w.numpy()  # a view: writes go to the shared memory
-        for c, (processes, locked) in enumerate(configs):
-            for e in range(epochs):
-                barrier.wait(timeout)  # start of the epoch
-                if index < processes:
-                    rows = epoch_order(problem.n, seed, c, e)[index::processes]
-                    sgd_updates(shared, problem, rows, lr, lock if locked else None)
-                barrier.wait(timeout)  # end of the epoch
+        shared = [w.numpy() for w in models]  # views: writes go to the shared memory
+        for e, c in turns(len(configs), epochs):
+            processes, locked = configs[c]
+            barrier.wait(timeout)  # start of configuration c's epoch e
+            if index < processes:
+                rows = epoch_order(problem.n, seed, c, e)[index::processes]
+                sgd_updates(shared[c], problem, rows, lr, lock if locked else None)
+            barrier.wait(timeout)  # its end
     except threading.BrokenBarrierError:
         return  # someone else failed, or the parent gave up: nothing to add
     except BaseException as exc:  # report, then wake everyone so nobody waits for us
@@ -142,42 +150,43 @@ def hogwild(problem: SparseProblem, configs, *, epochs: int = 3, lr: float = 0.5
             seed: int = 0, timeout: float = 120) -> list[dict]:
     """Train from w = 0 once per configuration ``(processes, locked)``, ``epochs`` epochs each.
 
-    Returns one dict per configuration: its ``processes`` and ``locked``, the ``losses`` before
-    and after every epoch, the wall-clock ``seconds`` of every epoch and ``updates_per_second``
+    Each configuration trains its own model; they take turns epoch by epoch (``turns``). Returns
+    one dict per configuration: its ``processes`` and ``locked``, the ``losses`` before and after
+    every epoch, the wall-clock ``seconds`` of every epoch and ``updates_per_second``
     (median over epochs). Raises ``WorkerError`` naming the process that failed, or
     ``LaunchTimeout``; every process is stopped in all cases.
     """
     _check_configs(configs, epochs)
     ctx = mp.get_context("spawn")
     pool = max(p for p, _ in configs)
-    w = torch.zeros(problem.d, dtype=torch.float64).share_memory_()
+    models = [torch.zeros(problem.d, dtype=torch.float64).share_memory_() for _ in configs]
     barrier, lock, errors = ctx.Barrier(pool + 1), ctx.Lock(), ctx.Queue()
     procs = [ctx.Process(target=_worker, daemon=True,
-                         args=(i, w, problem, configs, epochs, lr, seed, barrier, lock, errors,
+                         args=(i, models, problem, configs, epochs, lr, seed, barrier, lock, errors,
                                timeout)) for i in range(pool)]
-    results = []
+    results = [dict(processes=processes, locked=locked, losses=[], seconds=[])
+               for processes, locked in configs]
     try:
         for proc in procs:
             proc.start()
-        for processes, locked in configs:
-            w.zero_()
-            run = dict(processes=processes, locked=locked, losses=[], seconds=[])
-            for _ in range(epochs):
-                try:
-                    barrier.wait(timeout)
-                    start = time.perf_counter()
-                    barrier.wait(timeout)
-                except threading.BrokenBarrierError:
-                    raise _failure(procs, errors, timeout) from None
-                run["seconds"].append(time.perf_counter() - start)
-                run["losses"].append(problem.loss(w))
+        for _, c in turns(len(configs), epochs):
+            try:
+                barrier.wait(timeout)
+                start = time.perf_counter()
+                barrier.wait(timeout)
+            except threading.BrokenBarrierError:
+                raise _failure(procs, errors, timeout) from None
+            results[c]["seconds"].append(time.perf_counter() - start)
+            results[c]["losses"].append(problem.loss(models[c]))
+        for run in results:
             run["losses"].insert(0, problem.loss(np.zeros(problem.d)))  # where every run starts
             run["updates_per_second"] = problem.n / float(np.median(run["seconds"]))
-            results.append(run)
         return results
     finally:
         barrier.abort()  # wakes any process still waiting
         for proc in procs:
+            if proc.pid is None:
+                continue  # never started: its start raised, and that error goes on up
             proc.join(timeout=2)
             if proc.is_alive():
                 proc.kill()

@@ -57,12 +57,43 @@ def test_hogwild_with_and_without_lock_converges_like_one_process(problem):
     assert (free["processes"], free["locked"]) == (2, False)
 
 
+def test_configurations_take_turns_epoch_by_epoch():
+    assert h.turns(3, 2) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert h.turns(1, 3) == [(0, 0), (1, 0), (2, 0)]
+
+
+def test_each_configuration_trains_its_own_model(problem):
+    runs = h.hogwild(problem, [(1, False), (1, False)], epochs=2, lr=1.0)
+    for c, run in enumerate(runs):  # sequential SGD over configuration c's own epochs
+        w = np.zeros(problem.d)
+        for e in range(2):
+            h.sgd_updates(w, problem, h.epoch_order(problem.n, 0, c, e), lr=1.0)
+        assert run["losses"][-1] == pytest.approx(problem.loss(w), rel=1e-12)
+
+
 def test_a_failing_process_is_named_and_nothing_is_left_behind(problem):
     broken = h.SparseProblem(problem.indices.copy(), problem.values, problem.y, problem.d)
     broken.indices[5, 0] = problem.d + 3  # one sample points past the end of w
     with pytest.raises(WorkerError, match=r"Hogwild process [01] raised IndexError") as info:
         h.hogwild(broken, [(2, False)], epochs=1, timeout=30)
     assert "sgd_updates" in info.value.worker_traceback
+
+
+def test_a_process_that_cannot_start_raises_its_own_error_and_stops_the_others(problem,
+                                                                             monkeypatch):
+    spawn_process = h.mp.get_context("spawn").Process
+    real_start, started = spawn_process.start, []
+
+    def start(self):  # the second process fails to start, as without a main guard
+        started.append(self)
+        if len(started) == 2:
+            raise RuntimeError("cannot start a second process")
+        real_start(self)
+
+    monkeypatch.setattr(spawn_process, "start", start)
+    with pytest.raises(RuntimeError, match="cannot start a second process"):
+        h.hogwild(problem, [(2, False)], epochs=1, timeout=30)
+    assert not started[0].is_alive()
 
 
 @pytest.mark.parametrize("configs, epochs", [([], 1), ([(0, False)], 1), ([(2, "yes")], 1),
