@@ -181,9 +181,9 @@ def judge_doubling(data) -> str:
 
 check_doubling_all_reduce = checked("lesson03.doubling_all_reduce", probe_doubling,
                                     judge_doubling)
-check_doubling_all_reduce.__doc__ = """Check ``all_reduce(tensor)``, recursive doubling: run on
-4 and 2 ranks, every rank must return the sum, having sent log2 p messages of the whole vector,
-to rank XOR 1, XOR 2, ..."""
+check_doubling_all_reduce.__doc__ = """Check ``all_reduce(tensor, group=None)``, recursive doubling
+(called with no group, so on all ranks): run on 4 and 2 ranks, every rank must return the sum,
+having sent log2 p messages of the whole vector, to rank XOR 1, XOR 2, ..."""
 
 
 # -- Exercise 2: where the ring overtakes recursive doubling ------------------------------------

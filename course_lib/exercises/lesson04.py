@@ -163,10 +163,11 @@ def judge_weighted_average(data) -> str:
 
 check_weighted_average = checked("lesson04.weighted_average", probe_weighted_average,
                                  judge_weighted_average)
-check_weighted_average.__doc__ = """Check ``average(model, n_local)``: called on every rank after
-``loss.backward()`` on this rank's ``n_local`` samples (the mean loss over them), it leaves in
-every ``.grad`` the gradient of the mean loss over all ranks' samples. Trains on 2 ranks with
-unequal batches and compares with one process on the global batch."""
+check_weighted_average.__doc__ = """Check ``average(model, n_local, group=None)`` (called with no
+group: all ranks): called on every rank after ``loss.backward()`` on this rank's ``n_local`` samples
+(the mean loss over them), it leaves in every ``.grad`` the gradient of the mean loss over all
+ranks' samples. Trains on 2 ranks with unequal batches and compares with one process on the global
+batch."""
 
 # -- exercise 2: what each of the scaled large batch's epochs was worth ------------------------
 

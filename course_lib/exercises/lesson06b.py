@@ -146,9 +146,9 @@ def judge_push_sum(data) -> str:
 
 
 check_push_sum = checked("lesson06b.push_sum", _probe_push_sum, judge_push_sum)
-check_push_sum.__doc__ = """Check ``push_sum_step(z, out_neighbours, in_neighbours)``: launched
-on 4 ranks of a directed graph for 4 steps, each rank's z after every step equals row i of
-A^t z0 (A: push-sum's column-stochastic matrix)."""
+check_push_sum.__doc__ = """Check ``push_sum_step(z, out_neighbours, in_neighbours, group=None)``
+(called with no group: all ranks): launched on 4 ranks of a directed graph for 4 steps, each rank's
+z after every step equals row i of A^t z0 (A: push-sum's column-stochastic matrix)."""
 
 
 # -- exercise 2: gossip steps from the spectrum --------------------------------------------------

@@ -164,11 +164,11 @@ def _judge_overlapped(data) -> str:
 
 
 check_overlapped = checked("lesson10.overlapped", _probe_overlapped, _judge_overlapped)
-check_overlapped.__doc__ = """Check ``make_overlapped(model, micro_batches)``: on every rank,
-it registers hooks on ``model`` and returns ``wait()``. Each step runs ``micro_batches`` backward
-passes (gradients add up in ``.grad``), then ``wait()``, then the optimizer step. Exactly one
-asynchronous all-reduce per parameter must start inside the last backward, and after ``wait()``
-every ``.grad`` holds the mean over the ranks."""
+check_overlapped.__doc__ = """Check ``make_overlapped(model, micro_batches, group=None)`` (called
+with no group: all ranks): on every rank, it registers hooks on ``model`` and returns ``wait()``.
+Each step runs ``micro_batches`` backward passes (gradients add up in ``.grad``), then ``wait()``,
+then the optimizer step. Exactly one asynchronous all-reduce per parameter must start inside the
+last backward, and after ``wait()`` every ``.grad`` holds the mean over the ranks."""
 
 # -- exercise 2: which messages of a profiled step were exposed ---------------------------------
 

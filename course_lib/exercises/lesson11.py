@@ -165,10 +165,11 @@ def _judge_zero1(data) -> str:
 
 
 check_zero1 = checked("lesson11.zero1", _probe_zero1, _judge_zero1)
-check_zero1.__doc__ = """Check ``make_zero1(params, lr, momentum)``: on every rank, it returns
-``(step, state)``; ``step()`` is called after backward (each ``.grad`` holds this rank's
-gradient) and must leave every rank with the parameters of SGD with momentum on the mean
-gradient; ``state`` is the list of tensors it keeps as optimizer state (its momentum shard)."""
+check_zero1.__doc__ = """Check ``make_zero1(params, lr, momentum, group=None)`` (called with no
+group: all ranks): on every rank, it returns ``(step, state)``; ``step()`` is called after backward
+(each ``.grad`` holds this rank's gradient) and must leave every rank with the parameters of SGD
+with momentum on the mean gradient; ``state`` is the list of tensors it keeps as optimizer state
+(its momentum shard)."""
 
 # -- exercise 2: the overhead per pipeline action -----------------------------------------------
 
