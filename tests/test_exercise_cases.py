@@ -213,14 +213,14 @@ def gather_forge(data):  # the loss's weights doubled: so are the gradients
     data["hidden"]["r"] = 2 * data["hidden"]["r"]
 
 
-def staleness_of_a_visible_setting(m, s, k):
-    return t06.mean_staleness(*((m, s, k) if (m, s, k) in ex06.VISIBLE_SETTINGS else
+def staleness_of_a_visible_setting(m, q, k):
+    return t06.mean_staleness(*((m, q, k) if (m, q, k) in ex06.VISIBLE_SETTINGS else
                                 ex06.VISIBLE_SETTINGS[0]))
 
 
 def staleness_forge(data):
     for row in data["hidden"]:
-        row["m"], row["s"], row["k"] = ex06.VISIBLE_SETTINGS[0]
+        row["m"], row["q"], row["k"] = ex06.VISIBLE_SETTINGS[0]
 
 
 def rates_of_a_visible_cluster(mode, seconds, bound):

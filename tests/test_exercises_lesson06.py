@@ -8,9 +8,9 @@ from course_lib.exercises import common
 from course_lib.exercises import lesson06 as ex
 
 
-def mean_staleness(m, s, k):
+def mean_staleness(m, q, k):
     # while one gradient is computed the others push at their rates: fast 1/c, slow 1/(k c)
-    return (m - s - 1) + s / k, (m - s) * k + (s - 1)
+    return (m - q - 1) + q / k, (m - q) * k + (q - 1)
 
 
 def gradients_per_second(mode, seconds, bound):
@@ -21,27 +21,27 @@ def gradients_per_second(mode, seconds, bound):
 def test_staleness_accepts_the_rates_argument_and_rejects_the_one_straggler_theory():
     assert "correct" in ex.check_mean_staleness(mean_staleness)
     with pytest.raises(common.ExerciseFailed, match="fast workers' staleness, 5, is 37% above"):
-        ex.check_mean_staleness(lambda m, s, k: (m - 1, k * (m - 1)))  # m - 1 for everyone
+        ex.check_mean_staleness(lambda m, q, k: (m - 1, k * (m - 1)))  # m - 1 for everyone
     with pytest.raises(common.ExerciseFailed, match="slow workers' staleness, 12, is 7% below"):
-        ex.check_mean_staleness(lambda m, s, k: (mean_staleness(m, s, k)[0], (m - s) * k))
+        ex.check_mean_staleness(lambda m, q, k: (mean_staleness(m, q, k)[0], (m - q) * k))
     with pytest.raises(common.ExerciseFailed, match="two numbers"):
-        ex.check_mean_staleness(lambda m, s, k: (m - s - 1) + s / k)
+        ex.check_mean_staleness(lambda m, q, k: (m - q - 1) + q / k)
     with pytest.raises(common.ExerciseFailed, match="finite number"):
-        ex.check_mean_staleness(lambda m, s, k: (float("nan"), 1.0))
+        ex.check_mean_staleness(lambda m, q, k: (float("nan"), 1.0))
 
 
 def test_simulated_staleness_is_what_the_rates_argument_predicts_at_the_hidden_extremes():
-    # the whole range of hidden settings (m 4..10, s 1..3, k 2..5) was run once: a right answer
+    # the whole range of hidden settings (m 4..10, q 1..3, k 2..5) was run once: a right answer
     # is at most 2.3% off, at (8, 1, 3) and (10, 1, 4); here those and the corners
-    for m, s, k in [(8, 1, 3.0), (10, 1, 4.0), (4, 2, 2.0), (10, 3, 5.0)]:
-        for predicted, measured in zip(mean_staleness(m, s, k), ex.simulated_staleness(m, s, k),
+    for m, q, k in [(8, 1, 3.0), (10, 1, 4.0), (4, 2, 2.0), (10, 3, 5.0)]:
+        for predicted, measured in zip(mean_staleness(m, q, k), ex.simulated_staleness(m, q, k),
                                        strict=True):
             assert abs(predicted / measured - 1) < ex.STALENESS_TOL / 2
 
 
 def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):
-    def right_on_visible_only(m, s, k):  # hard-coded for the two settings the student sees
-        return mean_staleness(m, s, k) if (m, s, k) in ex.VISIBLE_SETTINGS else (1.0, 1.0)
+    def right_on_visible_only(m, q, k):  # hard-coded for the two settings the student sees
+        return mean_staleness(m, q, k) if (m, q, k) in ex.VISIBLE_SETTINGS else (1.0, 1.0)
 
     assert "correct" in ex.check_mean_staleness(right_on_visible_only)
     monkeypatch.setenv(common.HIDDEN_SEED, "12345")

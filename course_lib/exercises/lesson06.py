@@ -35,7 +35,7 @@ from course_lib.parameter_server import sgd
 
 STALENESS_TOL = 0.05  # relative; the exact rates argument lands within 2.3% of every setting drawn
 GRADIENTS, JITTER = 1000, 0.1  # per simulated run: ~0.1 s; jitter breaks exact ties in time
-VISIBLE_SETTINGS = [(6, 2, 3.0), (4, 1, 8.0)]  # (m, s, k); the second is section 3's straggler
+VISIBLE_SETTINGS = [(6, 2, 3.0), (4, 1, 8.0)]  # (m, q, k); the second is section 3's straggler
 # their simulated runs (a test holds them to simulated_staleness): the student edition, which
 # lacks that, judges the visible settings with them
 VISIBLE_RUNS = {(6, 2, 3.0): (3.655011655011655, 12.950704225352112),
@@ -43,16 +43,16 @@ VISIBLE_RUNS = {(6, 2, 3.0): (3.655011655011655, 12.950704225352112),
 
 
 def _settings(seed) -> dict:
-    """(m workers, the last s of them k times slower): two visible settings, and in a graded run
-    three drawn at random (m 4..10, s 1..3 with two fast workers at least, k 2..5)."""
+    """(m workers, the last q of them k times slower): two visible settings, and in a graded run
+    three drawn at random (m 4..10, q 1..3 with two fast workers at least, k 2..5)."""
     cases = {"visible": VISIBLE_SETTINGS}
     if seed is not None:
         g = torch.Generator().manual_seed(seed)
         hidden = []
         for _ in range(3):
             m = int(torch.randint(4, 11, (), generator=g))
-            s = int(torch.randint(1, min(3, m - 2) + 1, (), generator=g))
-            hidden.append((m, s, float(torch.randint(2, 6, (), generator=g))))
+            q = int(torch.randint(1, min(3, m - 2) + 1, (), generator=g))
+            hidden.append((m, q, float(torch.randint(2, 6, (), generator=g))))
         cases["hidden"] = hidden
     return cases
 
@@ -61,58 +61,58 @@ def _probe_staleness(mean_staleness) -> dict:
     data = {}
     for name, settings in _settings(hidden_seed()).items():
         rows = []
-        for m, s, k in settings:
-            got = mean_staleness(m, s, k)
+        for m, q, k in settings:
+            got = mean_staleness(m, q, k)
             if not (isinstance(got, (tuple, list)) and len(got) == 2):
-                raise ExerciseFailed(f"mean_staleness({m}, {s}, {k:g}) returned {got!r}: return "
+                raise ExerciseFailed(f"mean_staleness({m}, {q}, {k:g}) returned {got!r}: return "
                                      f"two numbers, (fast, slow)")
-            fast, slow = (as_number(v, f"mean_staleness({m}, {s}, {k:g})[{i}]")
+            fast, slow = (as_number(v, f"mean_staleness({m}, {q}, {k:g})[{i}]")
                           for i, v in enumerate(got))
-            rows.append({"m": m, "s": s, "k": k, "fast": fast, "slow": slow})
+            rows.append({"m": m, "q": q, "k": k, "fast": fast, "slow": slow})
         data[name] = rows
     return data
 
 
 @functools.lru_cache(maxsize=16)  # the judge reads each visible run twice
-def simulated_staleness(m: int, s: int, k: float) -> tuple[float, float]:
+def simulated_staleness(m: int, q: int, k: float) -> tuple[float, float]:
     """The run the predictions are checked against: section 6's simulator, asynchronous, m
-    workers of which the last s are k times slower, no message latency. Returns the mean
+    workers of which the last q are k times slower, no message latency. Returns the mean
     staleness of the fast workers' gradients and of the slow workers' gradients. The student
     edition of the library leaves this out: it answers the exercise (its signature is
     ``mean_staleness``'s)."""
     ### BEGIN SOLUTION
-    if not (isinstance(m, int) and 2 <= m <= 16 and isinstance(s, int) and 1 <= s < m
+    if not (isinstance(m, int) and 2 <= m <= 16 and isinstance(q, int) and 1 <= q < m
             and 1 <= k <= 16):
-        raise ExerciseFailed(f"no such setting: m = {m!r}, s = {s!r}, k = {k!r}")
+        raise ExerciseFailed(f"no such setting: m = {m!r}, q = {q!r}, k = {k!r}")
     # staleness depends only on when gradients arrive, not on the data: a tiny problem will do
     problem = ERMProblem(torch.zeros(4 * m, 1, dtype=torch.float64),
                          torch.zeros(4 * m, dtype=torch.float64), 0.0, "least_squares")
-    pad = {w: (k if w > m - s else 1.0) for w in range(1, m + 1)}
+    pad = {w: (k if w > m - q else 1.0) for w in range(1, m + 1)}
     log = simulate_parameter_server(problem, m, sgd(0.0), batch=1, gradients=GRADIENTS, pad=pad,
                                     jitter=JITTER, seed=0)
-    fast = [t for t, w in zip(log["staleness"], log["worker"], strict=True) if w <= m - s]
-    slow = [t for t, w in zip(log["staleness"], log["worker"], strict=True) if w > m - s]
+    fast = [t for t, w in zip(log["staleness"], log["worker"], strict=True) if w <= m - q]
+    slow = [t for t, w in zip(log["staleness"], log["worker"], strict=True) if w > m - q]
     return sum(fast) / len(fast), sum(slow) / len(slow)
     ### END SOLUTION
 
 
-def _run(m, s, k) -> tuple[float, float]:
-    return VISIBLE_RUNS.get((m, s, k)) or simulated_staleness(m, s, k)
+def _run(m, q, k) -> tuple[float, float]:
+    return VISIBLE_RUNS.get((m, q, k)) or simulated_staleness(m, q, k)
 
 
 def _staleness_wrong(rows) -> str | None:
     """What is wrong with these predictions, or None: the setting and how far off, not the run's
     value itself (a hidden setting's message is never shown)."""
     for row in rows:
-        m, s, k = int(row["m"]), int(row["s"]), float(row["k"])
+        m, q, k = int(row["m"]), int(row["q"]), float(row["k"])
         if not all(is_number(row[kind]) for kind in ("fast", "slow")):
-            return f"m = {m}, s = {s}, k = {k:g}: expected two numbers, (fast, slow)"
-        measured = dict(zip(("fast", "slow"), _run(m, s, k), strict=True))
+            return f"m = {m}, q = {q}, k = {k:g}: expected two numbers, (fast, slow)"
+        measured = dict(zip(("fast", "slow"), _run(m, q, k), strict=True))
         for kind in ("fast", "slow"):
             off = float(row[kind]) / measured[kind] - 1
             if not abs(off) <= STALENESS_TOL:
                 other = "slow" if kind == "fast" else "fast"
-                return (f"m = {m} workers, the last {s} of them {k:g}x slower: your {kind} "
+                return (f"m = {m} workers, the last {q} of them {k:g}x slower: your {kind} "
                         f"workers' staleness, {float(row[kind]):g}, is {abs(off):.0%} "
                         f"{'above' if off > 0 else 'below'} the simulated run's mean "
                         f"({STALENESS_TOL:.0%} allowed). Count the gradients pushed while one "
@@ -122,7 +122,7 @@ def _staleness_wrong(rows) -> str | None:
 
 
 def _judge_staleness(data) -> str:
-    own = {name: [{"m": m, "s": s, "k": k} for m, s, k in settings]
+    own = {name: [{"m": m, "q": q, "k": k} for m, q, k in settings]
            for name, settings in _settings(hidden_seed()).items()}
     data = merged(own, data, ("fast", "slow"))  # the settings drawn here, not read
     visible = data["visible"]
@@ -130,17 +130,17 @@ def _judge_staleness(data) -> str:
         raise ExerciseFailed(wrong)
     if "hidden" in data and _staleness_wrong(data["hidden"]):
         raise HiddenTestFailed("a hidden case failed")
-    said = "; ".join(f"m = {r['m']}, s = {r['s']}, k = {r['k']:g}: yours {r['fast']:.2f} and "
+    said = "; ".join(f"m = {r['m']}, q = {r['q']}, k = {r['k']:g}: yours {r['fast']:.2f} and "
                      f"{r['slow']:.2f}, the run's " + " and ".join(
-                         f"{v:.2f}" for v in _run(r["m"], r["s"], r["k"]))
+                         f"{v:.2f}" for v in _run(r["m"], r["q"], r["k"]))
                      for r in visible)
     return (f"correct: fast and slow workers' mean staleness within {STALENESS_TOL:.0%} of the "
             f"runs ({said})")
 
 
 check_mean_staleness = checked("lesson06.mean_staleness", _probe_staleness, _judge_staleness)
-check_mean_staleness.__doc__ = """Check ``mean_staleness(m, s, k)`` -> (fast, slow): the mean
-staleness of a fast and of a slow worker's gradients when the last s of m asynchronous workers are
+check_mean_staleness.__doc__ = """Check ``mean_staleness(m, q, k)`` -> (fast, slow): the mean
+staleness of a fast and of a slow worker's gradients when the last q of m asynchronous workers are
 k times slower, within 5% of simulated runs."""
 
 
