@@ -15,14 +15,15 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-# the exercises' checks that launch the student's function on ranks (lesson 5's check_gather
-# takes an autograd Function, whose apply has no room for a group, and is left out)
+# the exercises' checks that launch the student's function on ranks (check_gather: an autograd
+# Function, whose forward is the rank function)
 RANK_CHECKS = {"check_doubling_all_reduce", "check_weighted_average", "check_push_sum",
-               "check_overlapped", "check_zero1", "check_ef_sign"}
+               "check_overlapped", "check_zero1", "check_ef_sign", "check_gather"}
 
 
 def definitions(path) -> tuple[dict, set]:
-    """A lesson's top-level functions by name, and the names it passes to ``launch``."""
+    """A lesson's top-level functions by name (a class by its ``forward``: an autograd Function),
+    and the names it passes to ``launch`` or a check in ``RANK_CHECKS``."""
     functions, launched = {}, set()
     for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
         if cell["cell_type"] != "code":
@@ -31,6 +32,9 @@ def definitions(path) -> tuple[dict, set]:
         lines = [line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))]
         tree = ast.parse("\n".join(lines))
         functions |= {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+        functions |= {n.name: forward for n in tree.body if isinstance(n, ast.ClassDef)
+                      for forward in n.body
+                      if isinstance(forward, ast.FunctionDef) and forward.name == "forward"}
         launched |= {n.args[0].id for n in ast.walk(tree)
                      if isinstance(n, ast.Call)
                      and getattr(n.func, "id", None) in {"launch"} | RANK_CHECKS

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from course_lib import launch
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-SOLUTIONS = {"my_doubling_all_reduce": "03_collectives",
+SOLUTIONS = {"my_doubling_all_reduce": "03_collectives", "MyGather": "05_model_parallelism",
              "my_weighted_average": "04_data_parallelism", "push_sum_step": "06b_without_a_server",
              "make_overlapped": "10_fast_data_parallelism", "make_zero1": "11_memory_and_sharding"}
 
@@ -21,7 +21,8 @@ SOLUTIONS = {"my_doubling_all_reduce": "03_collectives",
 def solution(name: str) -> str:
     cells = json.loads((NOTEBOOKS / f"{SOLUTIONS[name]}.ipynb").read_text())["cells"]
     found = [src for c in cells if c["cell_type"] == "code"
-             for src in ["".join(c["source"])] if f"def {name}(" in src and "BEGIN SOLUTION" in src]
+             for src in ["".join(c["source"])]
+             if (f"def {name}(" in src or f"class {name}(" in src) and "BEGIN SOLUTION" in src]
     assert len(found) == 1, f"{name}: {len(found)} solution cells"
     return found[0]
 
@@ -53,6 +54,11 @@ def _in_pairs(sources):
     me = dist.get_rank(group)
     vector, x, y = _data(rank)
     out = {"sum": space["my_doubling_all_reduce"](vector.clone(), group=group)}
+
+    width = vector[:2].clone().requires_grad_()  # this rank's 2 output features
+    whole = space["MyGather"].apply(width, group)
+    (whole * torch.arange(1.0, 5.0, dtype=torch.float64)).sum().backward()
+    out["gather"], out["gather_grad"] = whole.detach(), width.grad
 
     layer = _layer()
     _loss(layer, x, y).backward()
@@ -96,6 +102,9 @@ def test_the_distributed_solutions_answer_for_their_own_group_only():
         for r in pair:
             got = ranks[r]
             torch.testing.assert_close(got["sum"], vectors.sum(0))
+            torch.testing.assert_close(got["gather"], vectors[:, :2].reshape(-1))
+            weights = torch.arange(1.0, 5.0, dtype=torch.float64)  # d loss / d gathered output
+            torch.testing.assert_close(got["gather_grad"], weights[2 * (r % 2):2 * (r % 2) + 2])
             torch.testing.assert_close(got["weighted"], grads)
             torch.testing.assert_close(got["push_sum"][:-1] / got["push_sum"][-1], vectors.mean(0))
             torch.testing.assert_close(got["overlapped"], mean)

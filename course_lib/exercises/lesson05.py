@@ -211,7 +211,8 @@ def judge_gather(data) -> str:
 
 
 check_gather = checked("lesson05.gather", probe_gather, judge_gather)
-check_gather.__doc__ = """Check ``gather``, an autograd function: forward all-gathers each
-rank's slice of the output features and concatenates them (rank order, last dimension);
-backward returns this rank's slice of the gradient. Runs a column-parallel linear layer on
-2 ranks and compares with the unsplit layer."""
+check_gather.__doc__ = """Check ``gather``, an autograd function: ``forward(ctx, y_slice,
+group=None)`` all-gathers each rank's slice of the output features and concatenates them (rank
+order, last dimension); backward returns this rank's slice of the gradient. Calls
+``gather.apply(y_slice)`` (no group: all ranks) in a column-parallel linear layer on 2 ranks and
+compares with the unsplit layer."""
