@@ -17,8 +17,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # the exercises' checks that launch the student's function on ranks (check_gather: an autograd
 # Function, whose forward is the rank function)
-RANK_CHECKS = {"check_doubling_all_reduce", "check_weighted_average", "check_push_sum",
-               "check_overlapped", "check_zero1", "check_ef_sign", "check_gather"}
+RANK_CHECKS = {"check_mean_and_max", "check_doubling_all_reduce", "check_weighted_average",
+               "check_push_sum", "check_overlapped", "check_zero1", "check_ef_sign",
+               "check_gather"}
 
 
 def definitions(path) -> tuple[dict, set]:

@@ -10,12 +10,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from course_lib import launch
+from course_lib import device, launch
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-SOLUTIONS = {"my_doubling_all_reduce": "03_collectives", "MyGather": "05_model_parallelism",
-             "my_weighted_average": "04_data_parallelism", "push_sum_step": "06b_without_a_server",
-             "make_overlapped": "10_fast_data_parallelism", "make_zero1": "11_memory_and_sharding"}
+SOLUTIONS = {"mean_and_max": "00_start_here", "my_doubling_all_reduce": "03_collectives",
+             "my_weighted_average": "04_data_parallelism", "MyGather": "05_model_parallelism",
+             "push_sum_step": "06b_without_a_server", "make_overlapped": "10_fast_data_parallelism",
+             "make_zero1": "11_memory_and_sharding"}
 
 
 def solution(name: str) -> str:
@@ -45,7 +46,7 @@ def _loss(layer, x, y):
 
 
 def _in_pairs(sources):
-    space = {"torch": torch, "dist": dist}
+    space = {"torch": torch, "dist": dist, "device": device}
     for source in sources:
         exec(source, space)
     rank = dist.get_rank()
@@ -53,7 +54,8 @@ def _in_pairs(sources):
     group = pairs[rank // 2]
     me = dist.get_rank(group)
     vector, x, y = _data(rank)
-    out = {"sum": space["my_doubling_all_reduce"](vector.clone(), group=group)}
+    out = {"sum": space["my_doubling_all_reduce"](vector.clone(), group=group),
+           "mean_max": space["mean_and_max"](float(vector[0]), group=group)}
 
     width = vector[:2].clone().requires_grad_()  # this rank's 2 output features
     whole = space["MyGather"].apply(width, group)
@@ -102,6 +104,8 @@ def test_the_distributed_solutions_answer_for_their_own_group_only():
         for r in pair:
             got = ranks[r]
             torch.testing.assert_close(got["sum"], vectors.sum(0))
+            torch.testing.assert_close(got["mean_max"], (vectors[:, 0].mean().item(),
+                                                         vectors[:, 0].max().item()))
             torch.testing.assert_close(got["gather"], vectors[:, :2].reshape(-1))
             weights = torch.arange(1.0, 5.0, dtype=torch.float64)  # d loss / d gathered output
             torch.testing.assert_close(got["gather_grad"], weights[2 * (r % 2):2 * (r % 2) + 2])

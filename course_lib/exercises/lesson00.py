@@ -112,8 +112,9 @@ def _judge_mean_and_max(data) -> str:
 
 
 check_mean_and_max = checked("lesson00.mean_and_max", _probe_mean_and_max, _judge_mean_and_max)
-check_mean_and_max.__doc__ = """Check ``mean_and_max(x)``: launched on 2 ranks, rank r called
-with its own number x, every rank returns (the mean, the largest) of all ranks' numbers."""
+check_mean_and_max.__doc__ = """Check ``mean_and_max(x, group=None)``: launched on 2 ranks, rank r
+called with its own number x (and no group: all ranks), every rank returns (the mean, the largest)
+of all ranks' numbers."""
 
 
 # -- exercise 2: predict what each rank holds ----------------------------------------------------
