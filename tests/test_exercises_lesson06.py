@@ -58,13 +58,13 @@ def test_the_visible_runs_are_the_simulators_and_judge_the_student_edition(monke
         torch.testing.assert_close(ex.simulated_staleness(*setting), runs, rtol=1e-12, atol=0)
     assert set(ex.VISIBLE_RUNS) == set(ex.VISIBLE_SETTINGS)
 
-    def stripped(m, s, k):
+    def stripped(m, q, k):
         raise NotImplementedError("not in the student edition: the grader has it")
 
     monkeypatch.setattr(ex, "simulated_staleness", stripped)  # as the student edition has it
     assert ex.check_mean_staleness(mean_staleness).startswith("correct")
     with pytest.raises(common.ExerciseFailed, match="fast workers' staleness, 5, is 37% above"):
-        ex.check_mean_staleness(lambda m, s, k: (m - 1, k * (m - 1)))
+        ex.check_mean_staleness(lambda m, q, k: (m - 1, k * (m - 1)))
 
 
 def test_rates_accept_the_slowest_sets_the_pace_and_explain_ssp_as_async():

@@ -43,9 +43,9 @@ PIECES = [
     ("lesson03", "_costs", "return math.log2(p) * (alpha + beta * n)"),
     # lesson 4, exercise 2 (what each scaled epoch was worth): the interpolated epoch
     ("lesson04", "worth", "out.append(k + (base[k - 1] - target) / (base[k - 1] - base[k]))"),
-    # lesson 6, exercise 1 (staleness with s slow workers): mean_staleness's very signature
+    # lesson 6, exercise 1 (staleness with q slow workers): mean_staleness's very signature
     ("lesson06", "simulated_staleness",
-     "pad = {w: (k if w > m - s else 1.0) for w in range(1, m + 1)}"),
+     "pad = {w: (k if w > m - q else 1.0) for w in range(1, m + 1)}"),
     # lesson 6, exercise 2 (gradients per second in each mode): the simulated run's rate
     ("lesson06", "simulated_rate", 'return len(log["staleness"]) / log["time"][-1]'),
     # lesson 6b, exercise 2 (gossip steps to agree): the largest |eigenvalue| off consensus
@@ -213,7 +213,7 @@ RIGHT_ANSWERS = textwrap.dedent("""
     verdict("lesson04.worth", lesson04.check_epochs_worth, epochs_worth, seeded)
 
     verdict("lesson06.simulated_staleness", lesson06.check_mean_staleness,
-            lambda m, s, k: ((m - s - 1) + s / k, (m - s) * k + (s - 1)))
+            lambda m, q, k: ((m - q - 1) + q / k, (m - q) * k + (q - 1)))
     verdict("lesson06.simulated_rate", lesson06.check_rates,
             lambda mode, c, s: sum(1 / x for x in c) if mode == "async" else len(c) / max(c))
 
