@@ -11,12 +11,13 @@ import torch
 import torch.distributed as dist
 
 from course_lib import device, launch
+from course_lib import low_bits as lb
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SOLUTIONS = {"mean_and_max": "00_start_here", "my_doubling_all_reduce": "03_collectives",
              "my_weighted_average": "04_data_parallelism", "MyGather": "05_model_parallelism",
              "push_sum_step": "06b_without_a_server", "make_overlapped": "10_fast_data_parallelism",
-             "make_zero1": "11_memory_and_sharding"}
+             "make_zero1": "11_memory_and_sharding", "ef_sign_all_reduce": "07b_one_and_four_bits"}
 
 
 def solution(name: str) -> str:
@@ -46,7 +47,7 @@ def _loss(layer, x, y):
 
 
 def _in_pairs(sources):
-    space = {"torch": torch, "dist": dist, "device": device}
+    space = {"torch": torch, "dist": dist, "device": device, "lb": lb}
     for source in sources:
         exec(source, space)
     rank = dist.get_rank()
@@ -61,6 +62,8 @@ def _in_pairs(sources):
     whole = space["MyGather"].apply(width, group)
     (whole * torch.arange(1.0, 5.0, dtype=torch.float64)).sum().backward()
     out["gather"], out["gather_grad"] = whole.detach(), width.grad
+
+    out["ef_sign"] = space["ef_sign_all_reduce"](vector, torch.zeros_like(vector), group=group)
 
     layer = _layer()
     _loss(layer, x, y).backward()
@@ -100,6 +103,8 @@ def test_the_distributed_solutions_answer_for_their_own_group_only():
             _loss(own, xr, yr).backward()
             means.append([p.grad for p in own.parameters()])
         mean = [(a + b) / 2 for a, b in zip(*means, strict=True)]
+        signs = torch.where(vectors >= 0, 1.0, -1.0).double()  # a zero counts as +
+        messages = vectors.abs().mean(1, keepdim=True) * signs  # scale x sign, each rank's
         stepped = [p.detach() - 0.1 * g for p, g in zip(_layer().parameters(), mean, strict=True)]
         for r in pair:
             got = ranks[r]
@@ -113,3 +118,6 @@ def test_the_distributed_solutions_answer_for_their_own_group_only():
             torch.testing.assert_close(got["push_sum"][:-1] / got["push_sum"][-1], vectors.mean(0))
             torch.testing.assert_close(got["overlapped"], mean)
             torch.testing.assert_close(got["zero1"], stepped)
+            sign_mean, residual = got["ef_sign"]
+            torch.testing.assert_close(sign_mean, messages.mean(0))
+            torch.testing.assert_close(residual, vectors[r % 2] - messages[r % 2])
