@@ -37,6 +37,7 @@ from course_lib.erm_simulators import local_gradient
 from course_lib.parameter_server import ServerState, parameter_server, sgd
 from course_lib.runtime.timing import Span
 from course_lib.runtime.torchrun import run_command, run_main
+from course_lib.training import check_whole
 
 
 def staleness_aware_lr(lr: float, staleness: int) -> float:
@@ -49,6 +50,9 @@ def sequential_sgd(problem: ERMProblem, shards, batch: int, lr: float, steps: in
                    seed: int = 0) -> torch.Tensor:
     """Mini-batch SGD on one process, step t using the union of every worker's t-th batch:
     what synchronous training with a parameter server must reproduce. Returns the iterates."""
+    check_whole("steps", steps, least=0)
+    if not len(shards):
+        raise ValueError("shards: give at least one worker's rows (a step averages their batches)")
     w = torch.zeros(problem.d, dtype=problem.X.dtype)
     iterates = [w.clone()]
     for step in range(steps):

@@ -27,7 +27,7 @@ from course_lib.cost_models import all_reduce_bytes
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
 from course_lib.runtime.torchrun import run_command, run_main
-from course_lib.training import check_whole
+from course_lib.training import check_whole, is_whole
 
 
 def _exchange(send_buf, dst, recv_buf, src, group):
@@ -194,6 +194,14 @@ def subgroups(rows):
     group: the others cost it no threads or sockets."""
     me, mine = dist.get_rank(), None
     rows = rows.tolist() if hasattr(rows, "tolist") else [list(row) for row in rows]
+    seen = set()  # checked alike on every rank, before any group: all refuse, none waits
+    for row in rows:
+        if not row or not all(is_whole(r) and 0 <= r < dist.get_world_size() for r in row):
+            raise ValueError(f"row {row} of {rows}: a row lists at least one rank, each a whole "
+                             f"number from 0 to {dist.get_world_size() - 1}")
+        if twice := sorted({r for r in row if r in seen or row.count(r) > 1}):
+            raise ValueError(f"rank(s) {twice} appear twice in {rows}: every rank is in one row")
+        seen.update(row)
     for row in rows:
         group = dist.new_group(row)
         if me in row:

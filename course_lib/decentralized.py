@@ -134,12 +134,16 @@ def decentralized_sgd(problem: ERMProblem, graph: dict, *, steps: int, lr: float
     """
     torch.set_num_threads(1)
     i, n, dev = dist.get_rank(group), dist.get_world_size(group), device(group)
+    graph, steps = check_graph(graph), check_whole("steps", steps, least=0)  # as the simulator
     if len(graph) != n:
         raise ValueError(f"the graph has {len(graph)} nodes but {n} ranks were launched: "
                          f"launch with world_size={len(graph)}")
     W = mixing_matrix(graph, rule)
     local = ERMProblem(problem.X.to(dev), problem.y.to(dev), problem.lam, problem.kind)
-    shard = (shard_rows(problem.n, n, seed) if shards is None else shards)[i].to(dev)
+    shards = shard_rows(problem.n, n, seed) if shards is None else list(shards)
+    if len(shards) != n:
+        raise ValueError(f"{len(shards)} shards for a graph of {n} nodes: give one per node")
+    shard = shards[i].to(dev)
     x = (torch.zeros(problem.d, dtype=problem.X.dtype) if x0 is None else x0[i].clone()).to(dev)
     iterates, times = [x.clone()], []
     dist.barrier(group=group)
@@ -197,6 +201,7 @@ def local_sgd(problem: ERMProblem, *, local_steps: int, rounds: int, lr: float, 
     """
     torch.set_num_threads(1)
     rank, m, dev = dist.get_rank(group), dist.get_world_size(group), device(group)
+    check_whole("local_steps", local_steps), check_whole("rounds", rounds, least=0)
     local = ERMProblem(problem.X.to(dev), problem.y.to(dev), problem.lam, problem.kind)
     shard = shard_rows(problem.n, m, seed)[rank].to(dev)
     w = torch.zeros(problem.d, dtype=problem.X.dtype, device=dev)

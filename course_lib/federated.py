@@ -7,20 +7,19 @@ a fraction C of them per round, E local epochs of mini-batches of B rows (B = No
 local dataset, "B = infinity"), learning rate lr. FedSGD is FedAvg with E = 1, B = infinity.
 
 The lecture's steps, one function each: :func:`sample_clients` (the server picks C K clients),
-``client_update`` (a client's local SGD, from :mod:`course_lib.local_training`),
-:func:`fedavg_round` (every chosen client trains; their models averaged, weighted by their data)
-and :func:`federated` (rounds of that, each ending with the server's step). What the clients do
-is a :class:`LocalTraining`, how the server runs the rounds a :class:`Federation`. Remedies for
-heterogeneity: FedProx (a squared proximal term, and stragglers' partial work kept), SCAFFOLD
-(:class:`ControlVariates`), and server steps ``server(w, update, state) -> new model``, update
-being the round's aggregated update (here the weighted average minus w) -- :func:`fedavg_server`,
-:func:`fedavgm_server`, :func:`fedadam_server` (Hsu et al. 2019; Reddi et al. 2021), from
-:mod:`course_lib.fl_remedies`. Lesson 9's simulator takes the same server steps.
+``client_update`` (a client's local SGD, :mod:`course_lib.local_training`), :func:`fedavg_round`
+(the chosen clients train; their models averaged, weighted by their data), :func:`federated`
+(rounds of that, each ending with the server's step). What the clients do is a
+:class:`LocalTraining`, how the server runs the rounds a :class:`Federation`. Remedies for
+heterogeneity: FedProx (a proximal term; stragglers' partial work kept), SCAFFOLD
+(:class:`ControlVariates`), and server steps ``server(w, update, state) -> new model`` on the
+round's update (the weighted average minus w): :func:`fedavg_server`, :func:`fedavgm_server`,
+:func:`fedadam_server` (Hsu et al. 2019; Reddi et al. 2021; :mod:`course_lib.fl_remedies`).
 
-The model is ``models.FlatMLP``: one flat float64 vector, so averaging, control variates and
-server optimisers are vector arithmetic. The same code runs in one process or, called on every
-rank of ``group``, with rank r hosting the clients k with k % p == r, its tensors on the rank's
-device, and the server's sums all-reduced: the same result for the same seed.
+The model is ``models.FlatMLP``, one flat float64 vector: averaging, control variates and server
+optimisers are vector arithmetic. The same code runs in one process or on every rank of
+``group`` (rank r hosts the clients k with k % p == r, on its device; the server's sums are
+all-reduced): the same result for the same seed.
 
 Lesson 8's check, FedAvg on ranks against FedAvg in one process (K = 50 clients holding label
 shards of the digits, C = 0.2, E = 5, B = 10)::
@@ -33,6 +32,7 @@ from __future__ import annotations
 
 import numbers
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -78,9 +78,7 @@ class Federation:
 
     def __post_init__(self):
         for name in ("rounds", "seed"):
-            if isinstance(value := getattr(self, name), bool) or \
-                    not isinstance(value, numbers.Integral) or value < 0:
-                raise ValueError(f"{name} must be a whole number >= 0, got {value!r}")
+            check_whole(name, getattr(self, name), least=0)
         for name in ("fraction", "stragglers"):
             if isinstance(getattr(self, name), bool | str):
                 raise ValueError(f"{name} must be a number, got {getattr(self, name)!r}")
@@ -107,16 +105,14 @@ def sample_clients(clients: int, fraction: float, seed: int, round_) -> list[int
 
 
 def fedavg_round(w, clients: Clients, chosen, local: LocalTraining, *, seed, round_,
-                 budgets=None,
-                 control: ControlVariates | None = None, model=DIGITS_MLP, group=None,
-                 batched: bool = True):
+                 budgets=None, control: ControlVariates | None = None, model=DIGITS_MLP,
+                 group=None, batched: bool = True):
     """One round of FedAvg: each client k in ``chosen`` trains from w on its rows (at most
-    ``budgets[k]`` steps when given); returns the average of their
-    models weighted by their number of rows -- FedAvg's new global model -- or None if nobody
-    reported (every chosen client dropped). On ranks, this rank trains the clients k % p == its
-    rank, one after the other, and the weighted sums are all-reduced; in one process
-    (``batched``) all clients train at once (``local_training.train_clients``: the same models,
-    faster)."""
+    ``budgets[k]`` steps when given); returns the average of their models weighted by their
+    number of rows -- FedAvg's new global model -- or None if nobody reported (every chosen
+    client dropped). On ranks, this rank trains the clients k % p == its rank, one after the
+    other, and the weighted sums are all-reduced; in one process (``batched``) all clients train
+    at once (``local_training.train_clients``: the same models, faster)."""
     rank, p = rank_and_size(group)
     dev = device(group)
     w = w.to(dev)
@@ -235,6 +231,10 @@ def hierarchical(split, parts, edges, local: LocalTraining, *, cloud_rounds: int
                         for m in edges):
         raise ValueError(f"every edge lists one or more of the clients 0 to {len(parts) - 1}, "
                          f"got edges={edges!r}")
+    listed = Counter(int(k) for m in edges for k in m)
+    if twice := sorted(k for k, n in listed.items() if n > 1):
+        raise ValueError(f"client(s) {twice} appear more than once in edges={edges!r}: a client "
+                         f"reports to one edge")
     clients, w, d = Clients.of(split, parts), model.init(seed), model.num_parameters
     log = dict(accuracy=[model.accuracy(w, split.x_test, split.y_test)], edge_to_cloud=0,
                client_to_edge=0)

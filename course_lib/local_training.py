@@ -83,6 +83,8 @@ class Clients:
 
 
 def _at_least_one(value) -> bool:
+    if isinstance(value, bool):  # True is 1 to Python, not a count
+        return False
     try:
         return operator.index(value) >= 1
     except TypeError:

@@ -42,6 +42,7 @@ def train(split, precision: str, *, epochs: int = 3, lr: float = 0.1, batch: int
     Returns the training ``losses`` per step (unscaled), the ``scale`` per step, the
     ``skipped`` steps and the test ``accuracy`` before training and after every epoch.
     """
+    check_whole("epochs", epochs, least=0)
     if check_whole("batch", batch) > len(split.y_train):
         raise ValueError(f"batch {batch} is larger than the {len(split.y_train)} training rows: "
                          f"short batches are dropped, so no step would be taken")
@@ -83,13 +84,15 @@ def train(split, precision: str, *, epochs: int = 3, lr: float = 0.1, batch: int
 def gradient_values(model, x, y) -> dict:
     """The gradients of one batch, as fp32 vectors: of the ``weights`` (what the optimiser
     receives; a frozen parameter has none) and of the ``activations`` (what flows backwards
-    through each ReLU's output; empty where the model has no ReLU)."""
+    through each ReLU's output, at any depth of the model; empty where no gradient reaches a
+    ReLU)."""
     activations = []
 
     def keep_gradient(module, inputs, output):  # a forward hook must return None
-        output.register_hook(activations.append)
+        if output.requires_grad:  # below frozen layers only: no gradient flows there
+            output.register_hook(activations.append)
 
-    hooks = [m.register_forward_hook(keep_gradient) for m in model
+    hooks = [m.register_forward_hook(keep_gradient) for m in model.modules()
              if isinstance(m, torch.nn.ReLU)]
     try:
         model.zero_grad()

@@ -30,6 +30,7 @@ from course_lib.training import (  # noqa: F401  (ov.loss_fn)
     gradient_counts,
     loss_fn,
     step_loop,
+    trainable,
     used_by_some_ranks_only,
 )
 
@@ -48,7 +49,7 @@ class PerParameterAllReduce:
 
     def __init__(self, model, group=None, find_unused: bool = False):
         self.group, self.world_size = group, dist.get_world_size(group)
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.names, self.params = trainable(model)
         self.find_unused = find_unused
         self.pending = []
         self.handles = [p.register_post_accumulate_grad_hook(self._ready) for p in self.params]
@@ -67,7 +68,8 @@ class PerParameterAllReduce:
             counts = gradient_counts(self.params, self.group)
             missing = used_by_some_ranks_only(counts, self.world_size)
         if missing:  # the other ranks may have sent them: say so rather than hang or diverge
-            raise RuntimeError(f"rank {dist.get_rank(self.group)}: parameters {missing} got no "
+            raise RuntimeError(f"rank {dist.get_rank(self.group)}: parameters "
+                               f"{[self.names[i] for i in missing]} got no "
                                f"gradient in this backward pass (here or on some ranks), so "
                                f"their all-reduces do not pair up; use every parameter in the "
                                f"loss, freeze it (requires_grad=False) or, if no rank uses it, "
@@ -141,7 +143,7 @@ class BucketedAllReduce:
 
     def __init__(self, model, bucket_mb: float = 25.0, group=None, find_unused: bool = False):
         self.group, self.world_size = group, dist.get_world_size(group)
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.names, self.params = trainable(model)
         self.find_unused = find_unused
         self.buckets = assign_buckets(self.params, bucket_mb)
         self.bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket}
@@ -163,7 +165,8 @@ class BucketedAllReduce:
             # buckets that never filled, in bucket order
             counts = gradient_counts(self.params, self.group)
             if bad := used_by_some_ranks_only(counts, self.world_size):
-                raise RuntimeError(f"rank {dist.get_rank(self.group)}: parameters {bad} got a "
+                raise RuntimeError(f"rank {dist.get_rank(self.group)}: parameters "
+                                   f"{[self.names[i] for i in bad]} got a "
                                    f"gradient on some ranks only; every rank must use the same "
                                    f"parameters")
             for b in unsent:
@@ -177,8 +180,10 @@ class BucketedAllReduce:
         self.pending.clear()
         self.ready = [0] * len(self.buckets)
         if unsent:
+            empty = [self.names[i] for i in sorted(i for b in unsent for i in self.buckets[b])
+                     if self.params[i].grad is None]  # in the order of model.parameters()
             raise RuntimeError(f"rank {dist.get_rank(self.group)}: buckets {unsent} never filled: "
-                               f"some of their parameters got no gradient in this backward pass; "
+                               f"parameters {empty} got no gradient in this backward pass; "
                                f"use every parameter in the loss, freeze it or, if no rank uses "
                                f"it, pass find_unused=True")
 

@@ -3,11 +3,9 @@
 Course article: model parallelism (split the model, not the data); GPipe (Huang et al. 2019)
 and 1F1B / PipeDream-Flush (Narayanan et al. 2021). A model is cut into p consecutive stages,
 one per rank of ``group``; a batch is cut into m micro-batches. Stage s receives activations
-from s - 1 and sends its outputs to s + 1; in the backward pass gradients flow the other way.
-Idle time (the "bubble") is (p - 1) / (m + p - 1) of the total for both schedules
-(``cost_models.bubble_fraction``; ``cost_models.pipeline_timeline`` models a run); 1F1B keeps
-at most p micro-batches of activations alive instead of m.
-
+(any shape) from s - 1 and sends its outputs to s + 1; gradients flow back. Idle time (the
+"bubble") is (p - 1) / (m + p - 1) of the total for both schedules (``bubble_fraction``;
+``cost_models.pipeline_timeline`` models a run); 1F1B keeps p micro-batches' activations, not m.
 A schedule is a list of ("forward", i) and ("backward", i) actions per stage; a :class:`Stage`
 carries them out on its rank, each action one receive, one computation and one send.
 
@@ -20,6 +18,7 @@ their measured bubble and the formula (each forward padded to 10 ms, each backwa
 
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
@@ -37,6 +36,7 @@ from course_lib.pipelining import run_torch_pipeline  # noqa: F401  (pp.run_torc
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import Span, Timeline, synchronize, to_spans
 from course_lib.runtime.torchrun import run_command, run_main
+from course_lib.training import is_whole
 
 # -- a model cut into stages ----------------------------------------------------------------------
 
@@ -62,11 +62,18 @@ def reference_gradients(pieces, x, y):
                          for p in model.parameters()]
 
 
-def _output_width(pieces, x) -> int:
-    """Width of the activation ``pieces`` send on: their last linear layer's outputs (the layers
-    between keep the width), or the input's when none has one."""
-    linear = [m for piece in pieces for m in piece if isinstance(m, torch.nn.Linear)]
-    return linear[-1].out_features if linear else x.shape[-1]
+def activation_shape(pieces, micro_batch) -> tuple[torch.Size, torch.dtype]:
+    """Shape and dtype of what ``pieces`` (the stages before one) send for ``micro_batch``, from
+    a copy run on the meta device (shapes without data: the pieces and their statistics stay as
+    they were). Refused, with the layer's error, where the copy cannot run or returns no tensor."""
+    ghost = copy.deepcopy(torch.nn.Sequential(*pieces)).to("meta")
+    try:
+        with torch.no_grad():
+            out = ghost(torch.empty(micro_batch.shape, dtype=micro_batch.dtype, device="meta"))
+        return out.shape, out.dtype
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError) as error:
+        raise ValueError(f"cannot find the shape of the one tensor stage {len(pieces)} receives: "
+                         f"the stages before it fail on the meta device ({error})") from error
 
 
 # -- one stage on its rank -------------------------------------------------------------------------
@@ -96,14 +103,15 @@ class Stage:
         self.index, self.stages = dist.get_rank(group), dist.get_world_size(group)
         if len(pieces) != self.stages:
             raise ValueError(f"{len(pieces)} pieces for {self.stages} ranks: one piece per rank")
-        if not 1 <= micro_batches <= len(x):
-            raise ValueError(f"micro_batches must be between 1 and the batch size {len(x)}, got "
-                             f"{micro_batches}: a micro-batch needs at least one example")
+        if not is_whole(micro_batches) or not 1 <= micro_batches <= len(x):
+            raise ValueError(f"micro_batches must be a whole number between 1 and the batch size "
+                             f"{len(x)}, got {micro_batches!r}: a micro-batch needs an example")
         self.module = pieces[self.index].to(self.dev)
         self.module.zero_grad()
         self.first, self.last = self.index == 0, self.index == self.stages - 1
-        self.in_width = None if self.first else _output_width(pieces[:self.index], x)
         self.xs = x.to(self.dev).tensor_split(micro_batches)
+        self.before = pieces[:self.index]  # what runs before this stage: its input's shape
+        self.in_shapes = {}  # micro-batch length -> (shape, dtype) of the activation received
         self.ys = y.to(self.dev).tensor_split(micro_batches)
         self.batch, self.hold = len(x), (forward_seconds, backward_seconds)
         self.saved = {}  # micro-batch -> (input, output): activations kept for the backward pass
@@ -150,8 +158,11 @@ class Stage:
         self.live -= 1
 
     def _activation_buffer(self, i):
-        return torch.empty(len(self.xs[i]), self.in_width, dtype=self.xs[i].dtype,
-                           device=self.dev)
+        n = len(self.xs[i])  # micro-batches differ by at most one row: two shapes at most
+        if n not in self.in_shapes:
+            self.in_shapes[n] = activation_shape(self.before, self.xs[i])
+        shape, dtype = self.in_shapes[n]
+        return torch.empty(shape, dtype=dtype, device=self.dev)
 
     def _receive(self, key, buffer, peer):
         """Wait for a message (its receive may already be posted, with a send); "idle" span."""
@@ -225,15 +236,12 @@ def run_pipeline(pieces, x, y, micro_batches: int, schedule: str = "1F1B", *,
 
 
 def _first_computation(results) -> float:
-    return min(start for r in results for kind, start, _ in r["timeline"].records
-               if kind != "idle")
+    return min(start for r in results for kind, start, _ in r["timeline"].records if kind != "idle")
 
 
 def measured_bubble(results) -> float:
-    """Idle fraction of a measured run: over all stages, the share of the pipeline's span in
-    which a stage was not computing. The span runs from the first computation (stage 0's first
-    forward) to the last: a rank that reached the loop early and waited for the others to
-    start is not part of the pipeline's bubble."""
+    """Idle fraction of a measured run: over all stages, the share of the pipeline's span (first
+    computation to last: waiting for the others to start is not bubble) spent not computing."""
     t1 = max(end for r in results for kind, _, end in r["timeline"].records if kind != "idle")
     busy = sum(r["timeline"].busy() for r in results)
     return 1.0 - busy / (len(results) * (t1 - _first_computation(results)))
@@ -249,8 +257,7 @@ def pipeline_spans(results) -> list[Span]:
 
 
 def lesson_setup(stages: int):
-    """Lesson 5's MLP (64 -> 32 -> 32 -> 32 -> 10, tanh, float64) cut into ``stages`` pieces,
-    and its batch of 32 random inputs and labels."""
+    """Lesson 5's MLP (64-32-32-32-10, tanh, float64) in ``stages`` pieces; 32 examples."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(32, 64, generator=g, dtype=torch.float64)
     y = torch.randint(0, 10, (32,), generator=g)
@@ -260,8 +267,8 @@ def lesson_setup(stages: int):
 
 def both_schedules(micro_batches: int = 4, forward_ms: float = 10, backward_ms: float = 20,
                    group=None) -> dict:
-    """Run on every rank of ``group`` (stage = rank): both schedules on the lesson's MLP, each
-    after one untimed round. Returns {schedule: :meth:`Stage.result`}."""
+    """On every rank of ``group`` (stage = rank): {schedule: :meth:`Stage.result`} of both on the
+    lesson's MLP, each after one untimed round."""
     pieces, x, y = lesson_setup(dist.get_world_size(group))
     return {name: run_pipeline(pieces, x, y, micro_batches, name, warmup_rounds=1, group=group,
                                forward_seconds=forward_ms / 1e3,

@@ -150,8 +150,7 @@ def rank_plans(model: Transformer, cluster: Cluster, per_layer=activation_bytes_
         out.append(Ranked(plan, mem, step_time(model, cluster, plan, overlap),
                           mem["total"] <= cluster.memory, collectives(model, plan),
                           micro_batch_size(model, plan)))
-    out.sort(key=lambda r: (not r.fits, to_three_figures(r.time["total"]), r.collectives,
-                            -r.micro_batch, r.memory["total"]))
+    out.sort(key=rank_key)
     plain = {r.plan.recomputation: r for r in reversed(out)
              if r.fits and r.plan.tp == r.plan.pp == r.plan.cp == 1 and r.plan.zero == 0}
     for r in out:
@@ -176,6 +175,13 @@ def size(n_bytes: float) -> str:
     return f"{n_bytes / 2**30:.1f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.2f} MiB"
 
 
+def rank_key(r: Ranked) -> tuple:
+    """How plans are ranked: those that fit first, then the step time to three figures; ties go
+    to fewer collectives a step, then larger micro-batches, then less memory per GPU."""
+    return (not r.fits, to_three_figures(r.time["total"]), r.collectives, -r.micro_batch,
+            r.memory["total"])
+
+
 def why(best: Ranked, other: Ranked) -> str:
     """Why ``other`` ranks below ``best``: it does not fit, the tie-break, or the term that
     costs it most."""
@@ -185,8 +191,7 @@ def why(best: Ranked, other: Ranked) -> str:
                             f"{type(ranked).__name__}: rank it with rank_plans first")
     if other is best:
         return f"{other.plan}: the best plan itself"
-    if other.fits and (not best.fits or to_three_figures(other.time["total"])
-                       < to_three_figures(best.time["total"])):
+    if other.fits and rank_key(other) < rank_key(best):
         raise ValueError(f"why(best, other): {other.plan} ranks above {best.plan}; give the "
                          f"better plan first")
     if not other.fits:
@@ -199,9 +204,11 @@ def why(best: Ranked, other: Ranked) -> str:
         elif other.micro_batch != best.micro_batch:
             tie = (f"micro-batches of {other.micro_batch:g} sequences against "
                    f"{best.micro_batch:g}")
-        else:
+        elif other.memory["total"] != best.memory["total"]:
             tie = (f"{size(other.memory['total'])} per GPU against "
                    f"{size(best.memory['total'])}")
+        else:
+            tie = "equal on every count the ranking uses: the first listed ranks first"
         return f"{other.plan}: as fast as the best (to three figures), but {tie}"
     worst = max(TERMS, key=lambda k: other.time[k] - best.time[k])
     extra = other.time[worst] - best.time[worst]

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from course_lib.models import feed_forward
 from course_lib.runtime.devices import device
 from course_lib.runtime.torchrun import run_command, run_main
-from course_lib.training import check_split
+from course_lib.training import check_split, is_whole
 
 
 class _F(torch.autograd.Function):
@@ -87,28 +87,43 @@ def row_parallel(x, weight, bias, counter: dict, group=None):
     """A linear layer split by its inputs (rows of B): this rank's input units (``weight``:
     its columns of the layer's weight) give a partial output, g sums the partial outputs over
     ``group``, and the bias (whole on every rank) is added once, after g."""
-    return g_operator(x @ weight.T, counter, group) + bias
+    out = g_operator(x @ weight.T, counter, group)
+    return out if bias is None else out + bias
 
 
 def new_counter() -> dict:
     return {"forward": 0, "backward": 0}
 
 
+def check_rank(rank: int, world_size: int) -> None:
+    """Refuse, naming both, a rank that is not one of ``world_size`` ranks."""
+    if not (is_whole(world_size) and is_whole(rank) and 0 <= rank < world_size):
+        raise ValueError(f"need world_size >= 1 and rank in 0..world_size - 1, got rank {rank!r} "
+                         f"of {world_size!r}")
+
+
+def part(tensor, index):
+    """A new parameter holding ``tensor[index]``, frozen where ``tensor`` is; None stays None."""
+    if tensor is None:
+        return None
+    return torch.nn.Parameter(tensor.detach()[index].clone(), requires_grad=tensor.requires_grad)
+
+
 def shard_mlp(model, rank: int, world_size: int) -> dict:
     """This rank's pieces of the unsplit MLP: a block of fc1's rows (columns of A) with its bias
     slice, the matching block of fc2's columns (rows of B), and fc2's bias (added once)."""
     hidden = model.fc1.out_features
-    if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int)
-            and 0 <= rank < world_size):
-        raise ValueError(f"need world_size >= 1 and rank in 0..world_size - 1, got rank {rank!r} "
-                         f"of {world_size!r}")
+    check_rank(rank, world_size)
     if hidden % world_size:
         raise ValueError(f"{hidden} hidden units do not split evenly over {world_size} ranks")
     rows = slice(rank * hidden // world_size, (rank + 1) * hidden // world_size)
-    take = lambda t: torch.nn.Parameter(t.detach()[rows].clone())  # noqa: E731
-    return dict(w1=take(model.fc1.weight), b1=take(model.fc1.bias),
-                w2=torch.nn.Parameter(model.fc2.weight.detach()[:, rows].clone()),
-                b2=torch.nn.Parameter(model.fc2.bias.detach().clone()))
+    return dict(w1=part(model.fc1.weight, rows), b1=part(model.fc1.bias, rows),
+                w2=part(model.fc2.weight, (slice(None), rows)), b2=part(model.fc2.bias, ...))
+
+
+def shard_gradients(shard: dict) -> dict:
+    """The gradient of each piece of a shard: None for a frozen or missing one, as in torch."""
+    return {k: None if p is None else p.grad for k, p in shard.items()}
 
 
 def megatron_mlp(x, shard: dict, counter: dict, group=None):
@@ -137,6 +152,7 @@ class ParallelBlock(torch.nn.Module):
         super().__init__()
         self.attend = attend
         d = block.norm1.normalized_shape[0]
+        check_rank(rank, tp)
         if block.heads % tp:
             raise ValueError(f"{block.heads} heads do not split evenly over {tp} ranks")
         self.group, self.heads = group, block.heads // tp
@@ -144,9 +160,9 @@ class ParallelBlock(torch.nn.Module):
         self.norm1, self.norm2 = block.norm1, block.norm2
         mine = slice(rank * d // tp, (rank + 1) * d // tp)  # this rank's heads' features
         rows = torch.cat([torch.arange(k * d + mine.start, k * d + mine.stop) for k in range(3)])
-        keep = lambda t: torch.nn.Parameter(t.detach().clone())  # noqa: E731
-        self.qkv_w, self.qkv_b = keep(block.qkv.weight[rows]), keep(block.qkv.bias[rows])
-        self.proj_w, self.proj_b = keep(block.proj.weight[:, mine]), keep(block.proj.bias)
+        self.qkv_w, self.qkv_b = part(block.qkv.weight, rows), part(block.qkv.bias, rows)
+        self.proj_w, self.proj_b = part(block.proj.weight, (slice(None), mine)), part(
+            block.proj.bias, ...)
         self.experts = block.mlp
         if self.experts is not None and tp > 1:
             raise ValueError("tensor parallelism splits a dense MLP: a block of experts is not "
@@ -180,8 +196,7 @@ def run_megatron_mlp(model, x, target, group=None) -> dict:
     x = x.to(dev, copy=True).requires_grad_(True)
     out = megatron_mlp(x, shard, counter, group)
     torch.nn.functional.mse_loss(out, target.to(dev)).backward()
-    return dict(out=out.detach(), x_grad=x.grad, counter=counter,
-                grads={k: p.grad for k, p in shard.items()})
+    return dict(out=out.detach(), x_grad=x.grad, counter=counter, grads=shard_gradients(shard))
 
 
 def run_dtensor_mlp(model, x, group=None) -> dict:
@@ -232,11 +247,12 @@ def run_hybrid_data_tensor(model, x, target, mesh=None) -> dict:
     out = megatron_mlp(mine, shard, counter, tp_group)
     loss = torch.nn.functional.mse_loss(out, target.to(dev).tensor_split(data)[dp_rank])
     loss.backward()
-    for p in shard.values():  # data parallelism: average the replicas' gradients
-        dist.all_reduce(p.grad, group=dp_group)
-        p.grad /= data
+    for grad in shard_gradients(shard).values():  # data parallelism: average the replicas'
+        if grad is not None:
+            dist.all_reduce(grad, group=dp_group)
+            grad /= data
     return dict(dp_rank=dp_rank, tp_rank=tp_rank, out=out.detach(), counter=counter,
-                grads={k: p.grad for k, p in shard.items()})
+                grads=shard_gradients(shard))
 
 
 # -- lesson 5's Megatron MLP, as a command ---------------------------------------------------------

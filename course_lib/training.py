@@ -113,21 +113,29 @@ def used_by_some_ranks_only(counts, world_size: int) -> list[int]:
     return [i for i, n in enumerate(counts) if 0 < n < world_size]
 
 
+def trainable(model) -> tuple[list[str], list]:
+    """The names and the parameters that ``model`` trains (``requires_grad``), in the order of
+    ``model.parameters()``: errors name a parameter as ``named_parameters`` does."""
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    return [name for name, _ in named], [p for _, p in named]
+
+
 def parameters_to_average(model, group=None, find_unused: bool = False) -> list:
     """The parameters whose gradients the ranks average after ``backward()``: the trainable
     ones. One without a gradient is refused by index, unless ``find_unused``: then the ranks
     first count who has which gradient (:func:`gradient_counts`); one that no rank used is left
     out (it keeps ``.grad = None``, as on one process), one that some ranks used is refused."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    names, params = trainable(model)
     if not params:
         return []
     if find_unused:
         counts = gradient_counts(params, group)
         if bad := used_by_some_ranks_only(counts, dist.get_world_size(group)):
-            raise RuntimeError(f"rank {rank_and_size(group)[0]}: parameters {bad} got a gradient "
+            raise RuntimeError(f"rank {rank_and_size(group)[0]}: parameters "
+                               f"{[names[i] for i in bad]} got a gradient "
                                f"on some ranks only; every rank must use the same parameters")
         return [p for p, n in zip(params, counts.tolist(), strict=True) if n > 0]
-    if missing := [i for i, p in enumerate(params) if p.grad is None]:
+    if missing := [name for name, p in zip(names, params, strict=True) if p.grad is None]:
         raise RuntimeError(f"rank {rank_and_size(group)[0]}: parameters {missing} got no gradient "
                            f"in this backward pass; use every parameter in the loss, freeze it "
                            f"(requires_grad=False) or pass find_unused=True")

@@ -60,7 +60,7 @@ class ShardedAdam:
     shard each parameter's piece is its own tensor for Adam, with its group's options."""
 
     def __init__(self, params, stage: int = 1, group=None, **adam):
-        if stage not in (1, 2):
+        if isinstance(stage, bool) or stage not in (1, 2):
             raise ValueError(f"stage must be 1 or 2 (stage 3 shards the parameters too: FSDP), "
                              f"got {stage}")
         groups = list(params)
@@ -148,7 +148,7 @@ def train(model_fn, x, y, global_batch: int, steps: int, lr: float = 1e-2, stage
     optimizer state on every rank; stages 1 and 2 use :class:`ShardedAdam`, which averages the
     gradients itself. Returns the final ``params``, this rank's ``losses`` and the bytes of
     optimizer state it held, ``optimizer_bytes`` (train_gpt's ``state["optimizer"]``)."""
-    if stage not in STAGES:
+    if isinstance(stage, bool) or stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES}, got {stage}")
     check_split(global_batch, dist.get_world_size(group))
     model = model_fn().to(device(group))

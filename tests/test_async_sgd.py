@@ -33,6 +33,10 @@ def test_sequential_sgd_with_one_worker_and_the_whole_shard_is_gradient_descent(
     for _ in range(3):
         w = w - 0.1 * problem.gradient(w)
     torch.testing.assert_close(iterates[-1], w)
+    with pytest.raises(ValueError, match="steps must be a whole number of at least 0, got -1"):
+        a.sequential_sgd(problem, shards, batch=8, lr=0.1, steps=-1)
+    with pytest.raises(ValueError, match="shards: give at least one worker's rows"):
+        a.sequential_sgd(problem, [], batch=8, lr=0.1, steps=2)
 
 
 def test_unknown_mode_and_missing_bound_are_clear_errors(problem):

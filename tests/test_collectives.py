@@ -174,3 +174,23 @@ def test_subgroups_give_each_rank_its_row_and_name_a_rank_left_out():
     assert [r[:2] for r in results] == [(2.0, 2), (4.0, 2), (2.0, 2), (4.0, 2)]
     assert results[0][2] == "rank 0 is in no row of [[1, 2, 3]]"
     assert [r[2] for r in results[1:]] == ["", "", ""]
+
+
+def _refusals_of_subgroups():
+    said = []
+    for rows in ([[0, 1], [1]], [[0, 0], [1]], [[0], [1], []], [[0], [1, 2]], [[0], [1.0]]):
+        try:
+            C.subgroups(rows)
+        except ValueError as why:
+            said.append(str(why))
+    return said
+
+
+def test_subgroups_refuse_a_rank_in_two_rows_an_empty_row_or_a_rank_outside_the_world():
+    # a rank in two rows would leave the ranks waiting in groups that do not pair up
+    said = launch(_refusals_of_subgroups, world_size=2, timeout=60)
+    assert said[0] == said[1] and len(said[0]) == 5, said
+    assert said[0][0] == "rank(s) [1] appear twice in [[0, 1], [1]]: every rank is in one row"
+    assert said[0][1].startswith("rank(s) [0] appear twice")
+    for message in said[0][2:]:
+        assert "a row lists at least one rank, each a whole number from 0 to 1" in message

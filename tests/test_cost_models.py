@@ -27,7 +27,8 @@ def test_amdahl_and_gustafson():
 def test_fit_amdahl_recovers_f_and_refuses_nonsense():
     p = [1, 2, 4, 8]
     assert M.fit_amdahl(p, M.amdahl_speedup(p, 0.8)) == pytest.approx(0.8)
-    assert M.fit_amdahl([1], [1.0]) == pytest.approx(1.0)  # one process: nothing to fit
+    with pytest.raises(ValueError, match="Amdahl's f needs a run on more than one process"):
+        M.fit_amdahl([1, 1], [1.0, 1.0])  # one process: every f fits
     with pytest.raises(ValueError):
         M.fit_amdahl([1, 2], [1.0])
 
@@ -35,7 +36,8 @@ def test_fit_amdahl_recovers_f_and_refuses_nonsense():
 def test_fit_gustafson_recovers_f():
     p = [1, 2, 4, 8]
     assert M.fit_gustafson(p, M.gustafson_speedup(p, 0.6)) == pytest.approx(0.6)
-    assert M.fit_gustafson([1], [1.0]) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="Gustafson's f needs a run on more than one process"):
+        M.fit_gustafson([1], [1.0])
     with pytest.raises(ValueError):
         M.fit_gustafson([1, 2], [1.0])
 

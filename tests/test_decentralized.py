@@ -117,6 +117,37 @@ def test_wrong_number_of_ranks_for_the_graph_is_a_clear_error(problem):
         launch(dec.decentralized_sgd, 2, args=(problem, RING_4), kwargs=dict(steps=1, lr=0.1))
 
 
+def workers_refusals(problem, group=None):
+    """On each rank: the error each bad argument of the workers' functions gives."""
+    said = []
+    for fn, kwargs in ((dec.decentralized_sgd, dict(graph={0: [1], 1: [0]}, steps=-2, lr=0.1)),
+                       (dec.decentralized_sgd, dict(graph={0: [1], 1: [0]}, steps=2.5, lr=0.1)),
+                       (dec.decentralized_sgd, dict(graph={0: [1], 1: [0]}, steps=1, lr=0.1,
+                                                    shards=shard_rows(problem.n, 3))),
+                       (dec.local_sgd, dict(local_steps=-3, rounds=1, lr=0.1, batch=8)),
+                       (dec.local_sgd, dict(local_steps=1, rounds=1.5, lr=0.1, batch=8))):
+        try:
+            fn(problem, group=group, **kwargs)
+        except ValueError as error:
+            said.append(str(error))
+    return said
+
+
+def test_the_workers_take_a_graph_from_tensors_and_refuse_bad_sizes_as_the_simulator(problem):
+    adjacency = torch.tensor([[0, 1, 1], [1, 0, 1], [1, 1, 0]])
+    graph = {i: adjacency[i].nonzero().flatten() for i in range(3)}  # tensors, as check_graph
+    results = launch(dec.decentralized_sgd, 3, args=(problem, graph),
+                     kwargs=dict(steps=3, lr=0.1, x0=_start(3, problem.d)))
+    want = dec.simulate_decentralized(problem, graph, steps=3, lr=0.1, x0=_start(3, problem.d))
+    torch.testing.assert_close(dec.gather_iterates(results), want)
+    said = launch(workers_refusals, 2, args=(problem,))[0]
+    assert [m.split(",")[0] for m in said] == [
+        "steps must be a whole number of at least 0", "steps must be a whole number of at least 0",
+        "3 shards for a graph of 2 nodes: give one per node",
+        "local_steps must be a whole number of at least 1",
+        "rounds must be a whole number of at least 0"]
+
+
 def test_local_sgd_with_one_local_step_is_synchronous_sgd(problem):
     results = launch(dec.local_sgd, 2, args=(problem,),
                      kwargs=dict(local_steps=1, rounds=8, lr=0.1, batch=8))

@@ -168,6 +168,8 @@ def test_a_federation_that_cannot_train_is_refused_naming_why(digits, shards):
                                      ([[0, 1], []], 0.5, "every edge lists"),
                                      ([], 0.5, "every edge lists"),
                                      ([[0, 1.5]], 0.5, "every edge lists"),
+                                     ([[0, 1], [1, 2]], 0.5, r"client\(s\) \[1\] appear more "
+                                                             r"than once in edges"),
                                      ([[0, 1]], 5.0, r"fraction C must be in \(0, 1\]")):
         with pytest.raises(ValueError, match=problem):
             fl.hierarchical(digits, shards, edges, local, cloud_rounds=1, edge_rounds=1,
@@ -186,7 +188,7 @@ def test_numpy_edges_and_counts_work_and_impossible_ones_are_refused(digits, sha
     with pytest.raises(ValueError, match="parts must hold at least one client"):
         fl.fedsgd_step(digits, [], None, 0.1)
     for seed in (-1, 1.5, True):
-        with pytest.raises(ValueError, match="seed must be a whole number >= 0"):
+        with pytest.raises(ValueError, match="seed must be a whole number of at least 0"):
             fl.Federation(2, seed=seed)
     assert fl.Federation(np.int64(2), seed=np.int64(1)).rounds == 2
 

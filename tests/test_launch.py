@@ -74,6 +74,12 @@ def test_environment_is_set_as_torchrun_sets_it():
     assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"] != "0"
 
 
+def test_a_worker_can_fork_data_loader_workers_and_multiprocessing_children():
+    # as in one process: the watchdog thread holds no lock a forked child needs
+    expected = (list(range(9)), sum(range(9)))
+    assert launch(workers.data_loader_and_fork_sums, 2, args=(9,), timeout=90) == [expected] * 2
+
+
 def test_one_worker_is_a_world_of_one():
     assert launch(workers.rank_and_size, world_size=1) == [(0, 1)]
 

@@ -72,6 +72,16 @@ def test_no_clients_and_empty_clients():
         train_clients(w, [empty], LocalTraining(), [[0]])
 
 
+@pytest.mark.parametrize("bad, said", [(dict(epochs=0), "epochs E must be a whole number >= 1"),
+                                       (dict(epochs=True), "epochs E must be"),
+                                       (dict(epochs=1.5), "epochs E must be"),
+                                       (dict(batch=False), "batch B must be"),
+                                       (dict(lr=-0.1), "lr and mu must be zero or more")])
+def test_impossible_local_training_is_refused_by_name(bad, said):
+    with pytest.raises(ValueError, match=said):
+        LocalTraining(**bad)
+
+
 def test_mini_batches_are_each_epochs_fresh_order_cut_into_batches():
     table = mini_batches(23, LocalTraining(epochs=3, batch=10), seed=[4, 1])
     assert table.shape == (9, 10)  # 3 batches per epoch: 10, 10 and 3 rows

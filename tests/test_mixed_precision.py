@@ -61,11 +61,39 @@ def test_gradient_values_are_the_weight_and_activation_gradients(digits):
     assert mp.gradient_values(tanh, x, y)["activations"].numel() == 0  # no ReLU to watch
 
 
+class Nested(torch.nn.Module):  # not a Sequential, and its ReLU one level down
+    def __init__(self, frozen_first=False):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU())
+        self.head = torch.nn.Linear(16, 10)
+        self.body[0].requires_grad_(not frozen_first)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+def test_gradient_values_find_relus_at_any_depth_and_skip_those_below_frozen_layers(digits):
+    x, y = digits.x_train[:8], digits.y_train[:8]
+    torch.manual_seed(0)
+    nested = mp.gradient_values(Nested(), x, y)
+    assert nested["activations"].numel() == 8 * 16
+    frozen = Nested(frozen_first=True)  # no gradient reaches its ReLU: torch gives the head's
+    values = mp.gradient_values(frozen, x, y)
+    assert values["activations"].numel() == 0
+    frozen.zero_grad()
+    torch.nn.functional.cross_entropy(frozen(x), y).backward()
+    torch.testing.assert_close(values["weights"], torch.cat([frozen.head.weight.grad.flatten(),
+                                                             frozen.head.bias.grad]))
+
+
 def test_training_that_would_take_no_step_or_divide_by_zero_is_refused(digits):
     with pytest.raises(ValueError, match=r"batch 100000 is larger than the \d+ training rows"):
         mp.train(digits, "fp32", epochs=1, batch=100_000)
     with pytest.raises(ValueError, match="batch must be a whole number of at least 1, got 0"):
         mp.train(digits, "fp32", epochs=1, batch=0)
+    for epochs in (-1, 1.5):
+        with pytest.raises(ValueError, match="epochs must be a whole number of at least 0"):
+            mp.train(digits, "fp32", epochs=epochs)
     for factor in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="loss_factor must be positive and finite"):
             mp.train(digits, "fp32", epochs=1, loss_factor=factor)

@@ -129,6 +129,32 @@ def test_frozen_parameters_and_a_stage_without_weights_match_one_process(batch):
         launch(pp.run_torch_pipeline, 2, args=(one, x, y, 4, "gpipe"))
 
 
+class Scaled(torch.nn.Module):  # multiplies by a number read from the data: no meta shape
+    def forward(self, x):
+        return x * x.sum().item()
+
+
+def test_activations_of_any_shape_cross_stages_and_the_shape_comes_from_the_layers(batch):
+    from course_lib.models import digits_cnn
+    g = torch.Generator().manual_seed(1)
+    images, labels = torch.randn(12, 1, 8, 8, generator=g), torch.randint(0, 10, (12,), generator=g)
+    torch.manual_seed(0)
+    cnn = pp.split_into_stages(digits_cnn(width=2), 2)  # stage 1 receives a 4-D activation
+    pooled = [torch.nn.Sequential(torch.nn.Linear(64, 8, dtype=torch.float64),
+                                  torch.nn.MaxPool1d(2)),  # last Linear says 8; 4 are sent
+              torch.nn.Sequential(torch.nn.Linear(4, 10, dtype=torch.float64))]
+    x, y = batch
+    for pieces, inputs, targets in ((cnn, images, labels), (pooled, x, y)):
+        assert pp.activation_shape(pieces[:1], inputs[:5])[0][0] == 5
+        loss, grads = pp.reference_gradients(pieces, inputs, targets)
+        results = launch(pp.run_pipeline, 2, args=(pieces, inputs, targets, 3, "1F1B"))
+        assert results[1]["loss"] == pytest.approx(loss, abs=1e-6)
+        for got, want in zip(results[0]["grads"] + results[1]["grads"], grads, strict=True):
+            torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match="cannot find the shape of the one tensor stage 1 .*meta"):
+        pp.activation_shape([torch.nn.Sequential(Scaled())], x)
+
+
 def test_measured_bubble_and_spans_from_a_timeline():
     results = [{"stage": 0, "timeline": Timeline(0, [("forward", 0.0, 1.0), ("idle", 1.0, 3.0),
                                                      ("backward", 3.0, 4.0)])},
@@ -200,10 +226,12 @@ def test_uneven_micro_batches_are_weighted_by_size_and_exact(batch, micro_batche
 def test_micro_batch_counts_that_cannot_work_are_refused_clearly(batch):
     from course_lib import WorkerError
     x, y = batch
-    with pytest.raises(WorkerError, match="micro_batches must be between 1 and the batch size"):
+    with pytest.raises(WorkerError, match="micro_batches must be a whole number between 1 and"):
         launch(pp.run_pipeline, 2, args=(mlp_stages(2), x, y, 17))
-    with pytest.raises(WorkerError, match="micro_batches must be between 1"):
+    with pytest.raises(WorkerError, match="micro_batches must be a whole number between 1"):
         launch(pp.run_pipeline, 2, args=(mlp_stages(2), x, y, 0))
+    with pytest.raises(WorkerError, match="whole number between 1 and the batch size 16, got 2.0"):
+        launch(pp.run_pipeline, 2, args=(mlp_stages(2), x, y, 2.0))
     with pytest.raises(WorkerError, match="does not divide into 3 equal parts"):
         launch(pp.run_torch_pipeline, 2, args=(mlp_stages(2), x, y, 3))
     with pytest.raises(WorkerError, match="micro_batches must be a whole number of at least 1"):

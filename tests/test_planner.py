@@ -723,6 +723,13 @@ def test_why_wants_the_better_plan_first_and_with_plan_takes_stages_as_a_list():
     fits = [r for r in ranked if r.fits]
     with pytest.raises(ValueError, match="give the better plan first"):
         P.why(fits[-1], fits[0])
+    tiny = P.rank_plans(P.Transformer(layers=4, hidden=64, heads=4, seq=32, vocab=100,
+                                      global_batch=8), P.Cluster(2, 1, 80e9, 1e15, 1e11, 1e10))
+    tied = next(r for r in tiny[1:] if P.rank_key(r)[:2] == P.rank_key(tiny[0])[:2])
+    assert "as fast as the best" in P.why(tiny[0], tied)
+    with pytest.raises(ValueError, match="give the better plan first"):
+        P.why(tied, tiny[0])  # a tie in time, but the ranking puts tiny[0] first
+    assert sorted(tiny, key=P.rank_key) == tiny
     uneven = P.rank_plans(replace(GPT_7B, layers=30), NODE)  # pp 4: stages of 7 and 8 layers
     stages = next(r for r in uneven if r.plan.stages).plan.stages
     assert P.with_plan(uneven, stages=list(stages)) == P.with_plan(uneven, stages=stages) != []

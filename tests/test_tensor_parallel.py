@@ -59,6 +59,31 @@ def test_shard_mlp_needs_an_even_split():
             tp.shard_mlp(feed_forward(d_hidden=64), rank, world_size)
 
 
+def test_frozen_and_missing_biases_behave_as_in_the_unsplit_mlp(problem):
+    _, x, target = problem
+    frozen = feed_forward()
+    frozen.fc1.bias.requires_grad_(False)  # no gradient in torch: none in any shard either
+    bare = feed_forward()
+    bare.fc1, bare.fc2 = (torch.nn.Linear(16, 64, bias=False, dtype=torch.float64),
+                          torch.nn.Linear(64, 16, bias=False, dtype=torch.float64))
+    for model in (frozen, bare):
+        out, x_grad, full = reference(model, x, target)
+        for rank, r in enumerate(launch(tp.run_megatron_mlp, 2, args=(model, x, target))):
+            torch.testing.assert_close(r["out"], out)
+            torch.testing.assert_close(r["x_grad"], x_grad)
+            rows = slice(rank * 32, (rank + 1) * 32)
+            torch.testing.assert_close(r["grads"]["w1"], full.fc1.weight.grad[rows])
+            torch.testing.assert_close(r["grads"]["w2"], full.fc2.weight.grad[:, rows])
+            assert r["grads"]["b1"] is None and (r["grads"]["b2"] is None) == (model is bare)
+
+
+@pytest.mark.parametrize("rank, tp_size", [(0, 0), (0, -2), (5, 2), (0, 2.0), (True, 2)])
+def test_a_parallel_block_refuses_a_rank_outside_its_group(rank, tp_size):
+    from course_lib.models import Block
+    with pytest.raises(ValueError, match="rank in 0..world_size - 1"):
+        tp.ParallelBlock(Block(16, 4), rank, tp_size)
+
+
 def test_counter_starts_at_zero():
     assert tp.new_counter() == {"forward": 0, "backward": 0}
 

@@ -75,6 +75,8 @@ def test_shards_of_no_ranks_or_of_a_rank_outside_them_are_refused():
 def test_a_stage_that_is_not_1_or_2_is_refused():
     with pytest.raises(WorkerError, match="ValueError: stage must be 1 or 2 .*stage 3"):
         launch(lambda: Z.ShardedAdam(model_fn().parameters(), stage=3), 1)
+    with pytest.raises(WorkerError, match="ValueError: stage must be 1 or 2 .*got True"):
+        launch(lambda: Z.ShardedAdam(model_fn().parameters(), stage=True), 1)  # True is not 1
 
 
 def test_an_uneven_global_batch_is_refused(digits):

@@ -90,3 +90,19 @@ def return_unpicklable():
 def has_module(name):
     import sys
     return name in sys.modules
+
+
+def data_loader_and_fork_sums(n):
+    """A DataLoader with two worker processes, then a child of multiprocessing's "fork": both
+    fork this rank while its threads (the launcher's watchdog among them) run."""
+    import multiprocessing
+
+    from torch.utils.data import DataLoader
+
+    loaded = sorted(int(x) for batch in DataLoader(list(range(n)), batch_size=2, num_workers=2)
+                    for x in batch)
+    queue = multiprocessing.get_context("fork").SimpleQueue()
+    child = multiprocessing.get_context("fork").Process(target=queue.put, args=(sum(loaded),))
+    child.start()
+    child.join(60)
+    return loaded, queue.get() if child.exitcode == 0 else child.exitcode

@@ -71,7 +71,8 @@ def fit_amdahl(p, speedups) -> float:
         raise ValueError(f"speedups must be above 0, got {s.tolist()}")
     x = 1.0 - 1.0 / check_processes(p)
     if not np.any(x > 0):
-        return 1.0  # one process only: nothing to fit
+        raise ValueError("fitting Amdahl's f needs a run on more than one process: on one, "
+                         "every f gives the speedup 1")
     return float(np.clip(np.dot(x, 1.0 - 1.0 / s) / np.dot(x, x), 0.0, 1.0))
 
 
@@ -84,7 +85,8 @@ def fit_gustafson(p, speedups) -> float:
         raise ValueError(f"speedups must be above 0, got {s.tolist()}")
     x = check_processes(p) - 1.0
     if not np.any(x > 0):
-        return 1.0  # one process only: nothing to fit
+        raise ValueError("fitting Gustafson's f needs a run on more than one process: on one, "
+                         "every f gives the speedup 1")
     return float(np.clip(np.dot(x, s - 1.0) / np.dot(x, x), 0.0, 1.0))
 
 

@@ -19,10 +19,14 @@ import traceback
 from pathlib import Path
 
 
-def _exit_when_parent_dies():
-    """Our stdin is a pipe the launcher holds open; EOF means the launcher is gone (a restarted
-    kernel, a killed notebook), so no worker outlives it."""
-    sys.stdin.buffer.read()
+def _exit_when_parent_dies(fd: int):
+    """``fd`` is our stdin, a pipe the launcher holds open; EOF means the launcher is gone (a
+    restarted kernel, a killed notebook), so no worker outlives it. It reads the raw descriptor,
+    not ``sys.stdin``: a thread blocked in ``sys.stdin.buffer.read()`` holds that buffer's lock,
+    and a child forked meanwhile (a DataLoader worker, ``multiprocessing``'s "fork") would hang
+    when it closes its copy of ``sys.stdin``."""
+    while os.read(fd, 4096):
+        pass
     os._exit(70)
 
 
@@ -76,7 +80,9 @@ def main(jobdir: str, rank: int) -> None:
     jobdir = Path(jobdir)
     title = f"course_lib worker: rank {rank} of {os.environ.get('WORLD_SIZE', '?')}"
     set_title(title)  # forked or new, a worker shows what it is, not the fork server's title
-    threading.Thread(target=_exit_when_parent_dies, daemon=True).start()
+    watched = os.dup(sys.stdin.fileno())  # our own copy: a child's closing stdin leaves it open
+    os.set_inheritable(watched, False)
+    threading.Thread(target=_exit_when_parent_dies, args=(watched,), daemon=True).start()
     if hasattr(signal, "SIGUSR1"):  # the launcher asks "where are you?" before a timeout kill
         stack_file = open(jobdir / f"stack-{rank}.txt", "w")
         faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
