@@ -176,7 +176,8 @@ def main(argv=None):
     args, results = run_command(
         sync_and_async, "Lesson 6: one parameter server, synchronous and asynchronous",
         (("--gradients", int, 80), ("--batch", int, 16), ("--lr", float, 0.5),
-         ("--compute-ms", float, 5.0), ("--slowdown", float, 4.0), ("--seed", int, 0)),
+         ("--compute-ms", float, 5.0), ("--slowdown", float, 4.0, {"least": 1}),
+         ("--seed", int, 0)),
         argv, world_size=3)
     if results is not None:  # the launcher, or rank 0 under torchrun
         problem, m, log = breast_cancer_problem(), len(results) - 1, results[0]["async"]

@@ -280,9 +280,9 @@ def fedavg_on_ranks(rounds: int = 5, fraction: float = 0.2, epochs: int = 5, bat
 def main(argv=None):
     args, results = run_command(
         fedavg_on_ranks, "Lesson 8: FedAvg with the clients on ranks, against one process",
-        (("--rounds", int, 5), ("--fraction", float, 0.2), ("--epochs", int, 5),
-         ("--batch", int, 10), ("--lr", float, 0.1), ("--clients", int, 50), ("--seed", int, 0)),
-        argv)
+        (("--rounds", int, 5), ("--fraction", float, 0.2, {"above": True, "most": 1}),
+         ("--epochs", int, 5), ("--batch", int, 10), ("--lr", float, 0.1), ("--clients", int, 50),
+         ("--seed", int, 0)), argv)
     if results is not None:  # the launcher, or rank 0 under torchrun
         digits, parts = lesson_setup(args.clients)
         one = federated(digits, parts, LocalTraining(args.epochs, args.batch, args.lr),

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.runtime.devices import device, uses_gpus
-from course_lib.runtime.torchrun import experiment_parser, run_experiment, run_main
+from course_lib.runtime.torchrun import check_backend, experiment_parser, run_experiment, run_main
 
 
 def carrier(group=None) -> str:
@@ -48,7 +48,9 @@ def expected_sum(world_size: int) -> float:
 
 
 def main(argv=None):
-    args = experiment_parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = experiment_parser(__doc__.splitlines()[0])
+    args = parser.parse_args(argv)
+    check_backend(parser, args.backend, args.world_size)
     results = run_experiment(hello_all_reduce, world_size=args.world_size,
                              backend=args.backend, timeout=args.timeout)
     if results is not None:  # the launcher, or rank 0 under torchrun

@@ -147,6 +147,24 @@ def test_the_grading_benchmark_times_sliced_and_whole_runs_and_a_class(tmp_path,
     assert "median per lesson" in printed and "submissions per hour" in printed
 
 
+@pytest.mark.parametrize("module, argv, said", [
+    ("launch", ["--repeats", "0"], "argument --repeats: must be above 0, got 0"),
+    ("launch", ["--warmup", "-1"], "argument --warmup: must be at least 0, got -1"),
+    ("speed", ["--repeats", "0"], "argument --repeats: must be above 0"),
+    ("threads", ["--steps", "-2"], "argument --steps: must be above 0"),
+    ("emulation", ["--slower", "nan"], "argument --slower: must be above 0"),
+    ("overlap", ["--steps", "0"], "argument --steps: must be above 0"),
+    ("overlap", ["--emulated", "--backend", "nccl"], "--emulated runs on CPU ranks"),
+    ("grading", ["--lessons", "99"], "no lesson 99 in"),
+    ("grading", ["--class-lesson", "x"], "no lesson x in")])
+def test_benchmarks_refuse_impossible_counts_and_unknown_lessons_before_any_work(module, argv,
+                                                                               said, capsys):
+    import importlib
+    with pytest.raises(SystemExit) as stopped:
+        importlib.import_module(f"course_lib.benchmarks.{module}").main(argv)
+    assert stopped.value.code == 2 and said in capsys.readouterr().err
+
+
 def test_long_sequences_benchmark_times_the_ring_both_ways_and_the_experts_all_to_alls(capsys):
     from course_lib.benchmarks import long_sequences as ls
     from course_lib.experts import capacity

@@ -117,6 +117,21 @@ def test_a_command_runs_across_two_torchrun_nodes_on_loopback():
     assert_same_result(launched[module], result(printed))
 
 
+@pytest.mark.parametrize("module, argv, said", [
+    ("parameter_server", ["--iterations", "-5"], "argument --iterations: must be at least 1"),
+    ("federated", ["--fraction", "1.5"], "argument --fraction: must be above 0 and at most 1"),
+    ("async_sgd", ["--slowdown", "0.5"], "argument --slowdown: must be at least 1, got 0.5"),
+    ("pipeline", ["--forward-ms", "inf"], "argument --forward-ms: must be at least 0"),
+    ("collectives", ["--numel", "2.5"], "argument --numel: '2.5' is not a whole number"),
+    ("data_parallel", ["--samples", "10"], ": 10 rows over 2 ranks give each 5"),  # a rank's
+    ("parameter_server", ["--world-size", "1"], "a server and at least one worker")])
+def test_a_lessons_options_are_checked_and_refused_as_usage_errors(module, argv, said, capsys):
+    import importlib
+    with pytest.raises(SystemExit) as stopped:
+        importlib.import_module(f"course_lib.{module}").main(argv)
+    assert stopped.value.code == 2 and said in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("module", ["course_lib.cost_models", "course_lib.plots"])
 def test_a_module_without_a_command_says_so_and_exits_2(module):
     done = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True,

@@ -845,6 +845,54 @@ def test_two_students_reports_never_overwrite_each_other(tmp_path):
         assert "Traceback" not in done.stderr
 
 
+def test_release_writes_only_a_new_folder_or_an_earlier_release(tmp_path):
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    _tiny_lesson(lessons / "tiny.ipynb")
+    for target in (ROOT, ROOT / "notebooks", LIBRARY / "x", lessons, lessons / "out", tmp_path):
+        with pytest.raises(ValueError, match="would overwrite the course or its lessons"):
+            editions.check_release_target(lessons, target)  # only checks: nothing is written
+    mine = tmp_path / "mine" / "course_lib" / "mine.py"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("a student's own file")
+    with pytest.raises(ValueError, match="holds files that are not a student edition"):
+        editions.release(lessons, tmp_path / "mine")
+    assert mine.read_text() == "a student's own file"
+    for _ in range(2):  # a new folder, then the same release again
+        assert editions.release(lessons, tmp_path / "ed") == [tmp_path / "ed/notebooks/tiny.ipynb"]
+    with pytest.raises(FileNotFoundError, match="no such folder of lessons"):
+        editions.release(tmp_path / "nosuch", tmp_path / "ed2")
+    with pytest.raises(ValueError, match="holds no lessons"):
+        editions.release(tmp_path / "mine", tmp_path / "ed2")
+    run = [sys.executable, "-m", "course_lib.exercises"]
+    for args in (["release", str(lessons), str(lessons)], ["mark", str(tmp_path / "nosuch")],
+                 ["gradebook", str(tmp_path / "nosuch")]):
+        done = subprocess.run([*run, *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and f"{args[0]}: not done: " in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    assert sorted(p.name for p in lessons.iterdir()) == ["tiny.ipynb"]
+
+
+def test_a_mistyped_source_never_zeroes_a_gradebook_or_grades_against_nothing(tmp_path):
+    from course_lib.exercises import gradebook
+    out = tmp_path / "reports"
+    out.mkdir()
+    (out / "gradebook.csv").write_text("the class's grades")
+    with pytest.raises(FileNotFoundError, match="nosuch: no such folder of lessons"):
+        gradebook.write_gradebook(out, tmp_path / "nosuch")
+    assert (out / "gradebook.csv").read_text() == "the class's grades"
+    (tmp_path / "alice").mkdir()
+    with pytest.raises(FileNotFoundError, match="no such folder of lessons"):
+        gradebook.grade_class(tmp_path, tmp_path / "nosuch", out)
+    with pytest.raises(FileNotFoundError, match="no such folder of lessons"):
+        subs.grade_all(tmp_path / "alice", tmp_path / "nosuch", out)
+    run = [sys.executable, "-m", "course_lib.exercises", "grade", str(tmp_path / "alice")]
+    for option, value in (("--jobs", "0"), ("--shard", "3/2"), ("--cell-timeout", "-1"),
+                          ("--timeout", "0")):
+        done = subprocess.run([*run, option, value], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and f"error: {option} must be" in done.stderr, done.stderr
+
+
 def test_a_missing_or_empty_folder_is_an_error_not_a_zero(tmp_path):
     lessons = tmp_path / "lessons"
     lessons.mkdir()

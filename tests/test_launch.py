@@ -30,6 +30,7 @@ WARM_ONLY = {
     "test_unpicklable_result_is_a_worker_error", "test_sys_exit_in_fn_is_reported_as_an_error",
     "test_endless_loop_raises_launch_timeout",  # the stuck collective covers cold timeouts
     "test_threads_below_one_or_not_a_whole_number_is_refused",
+    "test_a_barrier_only_one_rank_calls_is_a_launch_timeout_not_the_launchers_barrier",
 }
 
 
@@ -299,6 +300,13 @@ def test_rank_stuck_in_a_collective_raises_launch_timeout_naming_ranks(tmp_path,
     assert "Where rank 0 was" in str(err)
     assert "finished" not in str(err).split(".")[0]  # nobody had finished: not said
     assert pids_alive(read_pids(tmp_path)) == []
+
+
+def test_a_barrier_only_one_rank_calls_is_a_launch_timeout_not_the_launchers_barrier(tmp_path):
+    # the launcher's closing wait is not a collective: rank 0's barrier finds no partner there
+    with pytest.raises(LaunchTimeout) as info:
+        launch(workers.stuck_in_collective, 2, args=(str(tmp_path), "barrier"), timeout=6)
+    assert info.value.ranks == [0, 1] and "rank 0 still in fn; rank 1 returned" in str(info.value)
 
 
 def test_endless_loop_raises_launch_timeout(tmp_path, start):

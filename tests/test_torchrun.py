@@ -69,7 +69,7 @@ def test_experiment_parser_has_the_shared_options():
     (["--timeout", "-1"], "argument --timeout: must be above 0, got -1"),
     (["--timeout", "soon"], "argument --timeout: 'soon' is not a number"),
     (["--world-size", "0"], "argument --world-size: must be above 0, got 0"),
-    (["--world-size", "1.5"], "argument --world-size: '1.5' is not a number")])
+    (["--world-size", "1.5"], "argument --world-size: '1.5' is not a whole number")])
 def test_a_time_limit_or_world_size_of_zero_or_less_is_a_usage_error(capsys, argv, message):
     with pytest.raises(SystemExit) as stopped:
         cluster.experiment_parser("test").parse_args(argv)

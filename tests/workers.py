@@ -63,11 +63,12 @@ def exit_on_rank_1(pid_dir, how):
     time.sleep(120)
 
 
-def stuck_in_collective(pid_dir):
-    """Rank 0 waits in an all-reduce that rank 1 never calls: rank 1 returns at once."""
+def stuck_in_collective(pid_dir, op="all_reduce"):
+    """Rank 0 waits in an all-reduce (or a barrier) that rank 1 never calls: rank 1 returns at
+    once."""
     record_pid(pid_dir)
     if dist.get_rank() == 0:
-        dist.all_reduce(torch.ones(1))
+        dist.barrier() if op == "barrier" else dist.all_reduce(torch.ones(1))
 
 
 def endless_loop(pid_dir):

@@ -27,6 +27,7 @@ from course_lib.runtime import device, launch
 from course_lib.runtime.devices import usable_cores
 from course_lib.runtime.emulation import EmulatedDevice, rate_for, reachable_ratio
 from course_lib.runtime.timing import median_of_slowest
+from course_lib.runtime.torchrun import positive
 from course_lib.training import check_whole
 
 MIB = 2**20
@@ -115,8 +116,8 @@ def emulated_strong_scaling(model_fn, x, y, workers=(1, 2, 3, 4), ratio: float |
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--repeats", type=positive(int), default=5)
+    parser.add_argument("--steps", type=positive(int), default=10)
     args = parser.parse_args(argv)
     bw = ring_vs_gloo(repeats=args.repeats)
     print(f"all-reduce of 16 MiB on 2 ranks, bus bandwidth (median of {args.repeats}): "

@@ -25,6 +25,7 @@ import torch
 from course_lib.benchmarks.threads import busy_process
 from course_lib.runtime.emulation import EmulatedDevice
 from course_lib.runtime.timing import Timing, measure
+from course_lib.runtime.torchrun import positive
 
 
 def matrix_products(a: torch.Tensor, n: int = 20) -> torch.Tensor:
@@ -102,8 +103,8 @@ def format_paced(result: dict) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--slower", type=float, default=4.0)
+    parser.add_argument("--repeats", type=positive(int), default=9)
+    parser.add_argument("--slower", type=positive(float), default=4.0)
     parser.add_argument("--busy", action="store_true", help="beside a busy process")
     args = parser.parse_args(argv)
     start = time.perf_counter()

@@ -22,6 +22,7 @@ import torch
 from course_lib.benchmarks.gpu_cases import CASES
 from course_lib.runtime.devices import gpu_count
 from course_lib.runtime.launching import launch
+from course_lib.runtime.torchrun import positive
 
 
 def all_on_gpu(value) -> bool:
@@ -55,7 +56,7 @@ def run_case(fn, on_gpu: bool = True):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-sizes", type=int, nargs="*", default=None)
-    parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--timeout", type=positive(float), default=300)
     args = parser.parse_args(argv)
     gpus = gpu_count()
     if gpus == 0:

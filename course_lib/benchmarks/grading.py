@@ -18,6 +18,7 @@ from pathlib import Path
 
 from course_lib.exercises import gradebook
 from course_lib.exercises.grading import grade
+from course_lib.runtime.torchrun import positive
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -57,13 +58,17 @@ def class_rate(lesson: Path, students: int, jobs: int, cell_timeout: float = 300
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lessons", nargs="*", default=None,
-                        help="lesson numbers, as 06 or 06b (all: none)")
-    parser.add_argument("--students", type=int, default=4)
+    parser.add_argument("--lessons", nargs="+", default=None,
+                        help="lesson numbers, as 06 or 06b (default: every lesson)")
+    parser.add_argument("--students", type=positive(int), default=4)
     parser.add_argument("--class-lesson", default="03")
     parser.add_argument("--notebooks", type=Path, default=NOTEBOOKS)
     args = parser.parse_args(argv)
     every = sorted(args.notebooks.glob("[0-9]*.ipynb"))
+    known = [p.name.split("_")[0] for p in every]
+    for asked in [*(args.lessons or []), args.class_lesson]:
+        if asked not in known:
+            parser.error(f"no lesson {asked} in {args.notebooks} (lessons: {', '.join(known)})")
     lessons = [p for p in every if args.lessons is None or p.name.split("_")[0] in args.lessons]
     rows = per_lesson(lessons)
     print(f"{'lesson':32s} {'sliced':>8s} {'whole':>8s} {'same verdicts':>14s}  ran (sliced)")
@@ -74,9 +79,9 @@ def main(argv=None) -> dict:
         sliced = sorted(r["sliced"] for r in rows)
         print(f"median per lesson: sliced {sliced[len(sliced) // 2]:.1f} s, whole "
               f"{sorted(r['whole'] for r in rows)[len(rows) // 2]:.1f} s")
-    lesson = next((p for p in every if p.name.startswith(args.class_lesson)), None)
+    lesson = every[known.index(args.class_lesson)]
     rates = {}
-    if lesson is not None and args.students > 0:
+    if args.students > 0:
         for jobs in (1, 2):
             rates[jobs] = class_rate(lesson, args.students, jobs)
             print(f"a class of {args.students} x {lesson.stem}, --jobs {jobs}: "

@@ -27,6 +27,7 @@ from course_lib.report import progress
 from course_lib.runtime.devices import loopback_interface
 from course_lib.runtime.launching import LOOPBACK, launch
 from course_lib.runtime.timing import Timing, measure_interleaved
+from course_lib.runtime.torchrun import number, positive
 
 
 def one_all_reduce() -> float:
@@ -111,9 +112,9 @@ def format_comparison(timings: dict[str, Timing], reference: str = "torchrun") -
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--repeats", type=positive(int), default=5)
+    parser.add_argument("--warmup", type=number(int, 0), default=1)
+    parser.add_argument("--world-size", type=positive(int), default=2)
     parser.add_argument("--torchrun-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.torchrun_worker:

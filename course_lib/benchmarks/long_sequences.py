@@ -33,6 +33,7 @@ from course_lib.experts import ExpertParallel, MixtureOfExperts, capacity
 from course_lib.runtime.devices import device
 from course_lib.runtime.emulation import EmulatedDevice, check_cpu_rank, flops_of, paced_step
 from course_lib.runtime.launching import launch
+from course_lib.runtime.torchrun import positive
 from course_lib.training import check_whole
 
 
@@ -207,8 +208,8 @@ def report(result: dict) -> str:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=15)
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("--repeats", type=positive(int), default=15)
     parser.add_argument("--busy", action="store_true", help="beside a busy process")
     args = parser.parse_args(argv)
     check_whole("--repeats", args.repeats)

@@ -38,7 +38,7 @@ from course_lib.runtime.emulation import (
     reachable_ratio,
 )
 from course_lib.runtime.timing import synchronize
-from course_lib.runtime.torchrun import experiment_parser, run_experiment
+from course_lib.runtime.torchrun import check_backend, experiment_parser, positive, run_experiment
 from course_lib.training import check_whole
 
 MAIN = (("after backward", None), ("per parameter", None), ("buckets", 1.0), ("DDP", 1.0))
@@ -265,16 +265,19 @@ def summarise(runs) -> dict:
 
 def main(argv=None):
     parser = experiment_parser(__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--steps", type=positive(int), default=15)
     parser.add_argument("--emulated", action="store_true",
                         help="on an emulated device, reference_system()'s ratio or less")
     args = parser.parse_args(argv)
+    if args.emulated and args.backend == "nccl":
+        parser.error("--emulated runs on CPU ranks (gloo): the device is emulated, not a GPU")
+    check_backend(parser, args.backend, args.world_size)
     kwargs = dict(steps=args.steps)
     if args.emulated:
         system = reference_system()
         kwargs |= EMULATED | dict(ratio=system["ratio"], stands_for=system["name"])
-    runs = run_experiment(run, world_size=2, kwargs=kwargs,  # emulated: CPU ranks
-                          backend="gloo" if args.emulated else "auto")
+    runs = run_experiment(run, world_size=args.world_size, kwargs=kwargs, timeout=args.timeout,
+                          backend="gloo" if args.emulated else args.backend)
     if runs is None:  # torchrun: rank 0 prints
         return None
     s = summarise(runs)
@@ -290,7 +293,8 @@ def main(argv=None):
         if name in s["measured"]:
             extra = (f"; hidden under backward: measured {s['measured'][name]:.0%}, model "
                      f"{s['predicted'][name]:.0%}")
-        print(f"  {name:22s} {t * 1e3:6.1f} ms  ({t / med['after backward']:.2f} x (a)){extra}")
+        print(f"  {name:22s} {t * 1e3:6.1f} ms  ({t / med['after backward']:.2f} x (a), the step "
+              f"after backward){extra}")
     best = min(med[k] for k in med if k != "none" and not k.startswith("after"))
     print(f"best overlapped step / (a): {best / med['after backward']:.2f} (target <= 0.8)")
     return s

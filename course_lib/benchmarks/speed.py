@@ -22,6 +22,7 @@ from course_lib import partitions as pt
 from course_lib.benchmarks.launch import compare_launchers, format_comparison
 from course_lib.data import load_digits
 from course_lib.runtime.timing import Timing, measure_interleaved
+from course_lib.runtime.torchrun import positive
 
 CLIENTS, LOCAL = 50, fl.LocalTraining(epochs=5, batch=10, lr=0.1)
 
@@ -51,8 +52,8 @@ def format_rounds(timings: dict[str, Timing]) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=positive(int), default=5)
+    parser.add_argument("--rounds", type=positive(int), default=5)
     args = parser.parse_args(argv)
     print(f"Launching 2 ranks, one all-reduce: 1 warm-up and {args.repeats} timed runs each")
     launches = compare_launchers(2, args.repeats, warmup=1)

@@ -27,6 +27,7 @@ from course_lib.models import digits_cnn
 from course_lib.report import progress
 from course_lib.runtime.devices import usable_cores
 from course_lib.runtime.timing import Timing, measure
+from course_lib.runtime.torchrun import positive
 
 
 def small_steps(steps: int = 20) -> None:
@@ -87,9 +88,9 @@ def format_threads(timings: dict[tuple, Timing]) -> str:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=20)
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("--repeats", type=positive(int), default=3)
+    parser.add_argument("--steps", type=positive(int), default=20)
     args = parser.parse_args(argv)
     timings = compare_threads(repeats=args.repeats, steps=args.steps)
     print(f"{args.steps} SGD steps of the digits CNN, median of {args.repeats} runs")

@@ -122,11 +122,30 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, lab_args = split_student_args(argv) if argv[:1] == ["student"] else (argv, [])
     args = parser.parse_args(ours)
+    if args.command == "grade":  # checked in either mode: a class or one student's folder
+        index, _, count = args.shard.partition("/")
+        if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+            g.error(f"--shard must be i/n with 0 <= i < n (e.g. 0/4), got {args.shard!r}")
+        for name, value in (("--jobs", args.jobs), ("--cell-timeout", args.cell_timeout),
+                            ("--timeout", args.timeout)):
+            if not value > 0:
+                g.error(f"{name} must be above 0, got {value:g}")
+    try:
+        run(args, lab_args)
+    except (sandbox.SandboxUnavailable, FileNotFoundError, ValueError) as why:
+        said = "not graded" if args.command == "grade" else f"{args.command}: not done"
+        print(f"{said}: {why}", file=sys.stderr)  # what to do, no traceback
+        return 2
+    return 0
+
+
+def run(args, lab_args) -> None:
+    """Carry out the parsed command."""
     if args.command == "student":
         open_student_edition(args.target, args.notebooks, start=not args.no_start,
                              lab_args=lab_args)
     elif args.command == "mark":
-        for path in sorted(args.notebooks.glob("*.ipynb")):
+        for path in editions.lessons_in(args.notebooks):
             nb = nbformat.read(path, as_version=4)
             nbformat.write(editions.mark(nb), path)
             print(f"{path}: {len(editions.exercises(nb))} graded exercises")
@@ -135,23 +154,17 @@ def main(argv=None) -> int:
             print(f"wrote {path}")
     elif args.command == "gradebook":
         print(f"wrote {gradebook.write_gradebook(args.out, args.source)}")
+    elif args.submissions.exists() and roster.layout(args.submissions) != "one student":
+        index, _, count = args.shard.partition("/")
+        gradebook.grade_class(args.submissions, args.source, args.out, jobs=args.jobs,
+                              shard=(int(index), int(count)), cell_timeout=args.cell_timeout,
+                              timeout=args.timeout, sandboxed=not args.no_sandbox,
+                              whole=args.whole)
+        print(f"gradebook: {args.out / 'gradebook.csv'}")
     else:
-        limits = dict(cell_timeout=args.cell_timeout, timeout=args.timeout,
-                      sandboxed=not args.no_sandbox, whole=args.whole)
-        try:
-            if args.submissions.exists() and roster.layout(args.submissions) != "one student":
-                index, _, count = args.shard.partition("/")
-                if not (index.isdigit() and count.isdigit()):
-                    raise ValueError(f"--shard must be i/n (e.g. 0/4), got {args.shard!r}")
-                gradebook.grade_class(args.submissions, args.source, args.out, jobs=args.jobs,
-                                      shard=(int(index), int(count)), **limits)
-                print(f"gradebook: {args.out / 'gradebook.csv'}")
-            else:
-                submissions.grade_all(args.submissions, args.source, args.out, **limits)
-        except (sandbox.SandboxUnavailable, FileNotFoundError, ValueError) as why:
-            print(f"not graded: {why}", file=sys.stderr)  # what to do, no traceback
-            return 2
-    return 0
+        submissions.grade_all(args.submissions, args.source, args.out,
+                              cell_timeout=args.cell_timeout, timeout=args.timeout,
+                              sandboxed=not args.no_sandbox, whole=args.whole)
 
 
 if __name__ == "__main__":

@@ -239,17 +239,51 @@ def student_pyproject(ours: Path) -> str:
     return STUDENT_PYPROJECT.format(dependencies=found.group(1) if found else "[]")
 
 
-def release(source: Path, target: Path) -> list[Path]:
-    """Write the student edition of the lessons in ``source`` (a ``notebooks`` folder beside
-    ``course_lib`` and ``data``) into ``target``: ``target/notebooks``, ``target/course_lib``,
-    ``target/data``, and a ``pyproject.toml`` that pip installs the edition's library with.
-    Returns the notebooks written."""
+def lessons_in(source: Path) -> list[Path]:
+    """The lessons (``*.ipynb``) of the folder ``source``; refused, naming it, where it is not a
+    folder or holds none (a mistyped ``--source`` must not grade against nothing)."""
+    source = Path(source)
+    if not source.is_dir():
+        raise FileNotFoundError(f"{source}: no such folder of lessons")
+    if not (lessons := sorted(source.glob("*.ipynb"))):
+        raise ValueError(f"{source} holds no lessons (*.ipynb): give the instructor's notebooks "
+                         f"folder")
+    return lessons
+
+
+def check_release_target(source: Path, target: Path) -> Path:
+    """``target`` resolved, if a release may write there: never the course's own folders or the
+    lessons' folder, and only a new or empty folder or an earlier release (its ``course_lib``
+    carries the edition's marker), since a release replaces ``target/course_lib``."""
     import course_lib
 
-    source, target = Path(source), Path(target)
+    root = Path(course_lib.__file__).resolve().parent.parent
+    source, target = Path(source).resolve(), Path(target).resolve()
+    mine = [root / part for part in ("notebooks", "course_lib", ".git")] + [source]
+    if target == root or root.is_relative_to(target) or source.is_relative_to(target) or any(
+            target.is_relative_to(folder) for folder in mine):
+        raise ValueError(f"{target} would overwrite the course or its lessons: release into a "
+                         f"folder of its own (e.g. student-edition)")
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"{target} is a file, not a folder")
+    earlier = (target / "course_lib" / EDITION_MARKER).is_file()
+    if target.is_dir() and any(target.iterdir()) and not earlier:
+        raise ValueError(f"{target} holds files that are not a student edition: a release "
+                         f"replaces its course_lib, so choose a new or empty folder")
+    return target
+
+
+def release(source: Path, target: Path) -> list[Path]:
+    """Write the student edition of the lessons in ``source`` (a ``notebooks`` folder beside
+    ``course_lib`` and ``data``) into ``target`` (checked by :func:`check_release_target`):
+    ``target/notebooks``, ``target/course_lib``, ``target/data``, and a ``pyproject.toml`` that
+    pip installs the edition's library with. Returns the notebooks written."""
+    import course_lib
+
+    lessons, target = lessons_in(source), check_release_target(source, target)
     (target / "notebooks").mkdir(parents=True, exist_ok=True)
     written = []
-    for path in sorted(source.glob("*.ipynb")):
+    for path in lessons:
         nb = nbformat.read(path, as_version=4)
         nbformat.write(student_version(nb), target / "notebooks" / path.name)
         written.append(target / "notebooks" / path.name)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import nbformat
 
-from course_lib.exercises import roster
+from course_lib.exercises import editions, roster
 from course_lib.exercises.editions import exercises
 from course_lib.exercises.submissions import grade_one, not_graded, sha256_of
 
@@ -72,6 +72,7 @@ def grade_class(submissions: Path, source: Path, out: Path, *, jobs: int = 1,
     if not (isinstance(jobs, int) and jobs >= 1):
         raise ValueError(f"jobs must be a whole number of at least 1, got {jobs!r}")
     out = Path(out)
+    editions.lessons_in(source)  # before any file is unpacked or graded
     by_student = collections.defaultdict(list)
     for entry in roster.entries(submissions, out / "unpacked"):
         by_student[entry.student].append(entry)
@@ -129,6 +130,9 @@ def _reports(out: Path) -> dict[str, dict[str, dict]]:
 def write_gradebook(out: Path, source: Path) -> Path:
     """Write ``gradebook.csv``, ``gradebook-moodle.csv`` and ``exercises.csv`` into ``out``
     from every student's reports there. Returns the gradebook's path."""
+    if not Path(out).is_dir():
+        raise FileNotFoundError(f"{out}: no such folder of reports")
+    editions.lessons_in(source)  # a mistyped --source would zero every student
     out, lessons, by_student = Path(out), columns(source), _reports(out)
     submitted = {lesson for reports in by_student.values() for lesson, report in reports.items()
                  if report.get("status") == "graded"}

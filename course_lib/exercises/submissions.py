@@ -19,6 +19,7 @@ from pathlib import Path
 import nbformat
 
 import course_lib
+from course_lib.exercises.editions import lessons_in
 from course_lib.exercises.grading import grade, summary
 from course_lib.exercises.roster import safe_name
 
@@ -81,6 +82,7 @@ def grade_all(submissions: Path, source: Path, out: Path, **limits) -> list[dict
     that isn't valid JSON -- is reported (``<name>.error.txt``, and a report with its reason)
     and the rest are graded. A missing or empty ``submissions`` is an error, not a zero."""
     submissions, out = Path(submissions), Path(out)
+    lessons_in(source)  # a mistyped --source would report every file as "no lesson"
     if not submissions.exists():
         raise FileNotFoundError(f"{submissions}: no such file or folder of submissions")
     paths = [submissions] if not submissions.is_dir() else sorted(submissions.iterdir())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.runtime.devices import choose_backend, loopback_interface, worker_threads
+from course_lib.runtime.errors import WorkerError
 from course_lib.runtime.launching import launch
 from course_lib.runtime.worker import to_cpu
 
@@ -108,19 +110,30 @@ def run_main(main) -> None:
         os._exit(0)
 
 
-def positive(kind):
-    """An option's type: a ``kind`` (int or float) above zero, or the parser's usage error."""
+def number(kind, least: float = 0, most: float = math.inf, *, above: bool = False):
+    """An option's type: a finite ``kind`` (int or float) of at least ``least`` (above it, with
+    ``above``) and at most ``most``; anything else is the parser's usage error, naming it."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+            raise argparse.ArgumentTypeError(f"{text!r} is not a "
+                                             f"{'whole number' if kind is int else 'number'}"
+                                             ) from None
+        low = value > least if above else value >= least
+        if not (low and value <= most and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(
+                f"must be {'above' if above else 'at least'} {least:g}"
+                + (f" and at most {most:g}" if most < math.inf else "") + f", got {text}")
         return value
 
     parse.__name__ = kind.__name__
     return parse
+
+
+def positive(kind):
+    """An option's type: a ``kind`` (int or float) above zero, or the parser's usage error."""
+    return number(kind, 0, above=True)
 
 
 def experiment_parser(description: str) -> argparse.ArgumentParser:
@@ -148,16 +161,30 @@ def run_command(fn, description: str, options, argv=None, *, world_size: int = 2
     """An experiment's command line: :func:`experiment_parser`'s options plus ``options`` --
     ``(flag, type, default)`` each, or ``(flag, type, default, more)`` with ``more`` a dict for
     ``add_argument`` (``help``, ``choices``), passed to ``fn`` as keyword arguments named after
-    the flag (``--local-batch`` -> ``local_batch``) -- then :func:`run_experiment`. Returns the
-    parsed arguments and the results (``None`` on ranks other than 0 under torchrun)."""
+    the flag (``--local-batch`` -> ``local_batch``) -- then :func:`run_experiment`. A whole
+    number must be at least 1 (a ``--seed`` 0), a float at least 0, unless ``more`` says
+    ``least``, ``most`` or ``above`` (:func:`number`); a ValueError an experiment raises for its
+    arguments is the parser's usage error too. Returns the parsed arguments and the results
+    (``None`` on ranks other than 0 under torchrun)."""
     parser = experiment_parser(description)
     parser.set_defaults(world_size=world_size)
     for flag, kind, default, *more in options:
-        parser.add_argument(flag, type=kind, default=default, **(more[0] if more else {}))
+        more = dict(more[0]) if more else {}
+        if kind in (int, float):
+            least = more.pop("least", 0 if kind is float or flag == "--seed" else 1)
+            kind = number(kind, least, more.pop("most", math.inf), above=more.pop("above", False))
+        parser.add_argument(flag, type=kind, default=default, **more)
     args = parser.parse_args(argv)
     check_backend(parser, args.backend, args.world_size)
     names = [option[0].lstrip("-").replace("-", "_") for option in options]
     kwargs = {name: getattr(args, name) for name in names}
-    return args, run_experiment(fn, world_size=args.world_size, kwargs=kwargs,
-                                backend=args.backend, timeout=args.timeout)
+    try:
+        return args, run_experiment(fn, world_size=args.world_size, kwargs=kwargs,
+                                    backend=args.backend, timeout=args.timeout)
+    except WorkerError as error:  # a rank refused the arguments: say so as a usage error
+        if error.exc_type != "ValueError":
+            raise
+        parser.error(f"rank {error.rank}: {error.exc_message}")
+    except ValueError as why:  # under torchrun, this rank's own refusal
+        parser.error(str(why))
 

@@ -115,8 +115,12 @@ def main(jobdir: str, rank: int) -> None:
             raise TypeError(f"fn returned a {type(result).__name__} that can't be sent back to "
                             f"the launcher ({err}); return plain data or tensors") from err
         _write(jobdir / f"result-{rank}.pkl", payload)
-        if dist.is_initialized():  # fn may have torn it down itself
-            dist.barrier()
+        # wait for every rank to return from fn, through the store, not a collective: a rank
+        # left in a barrier of fn's own must not pair with ours (it waits, and the launcher's
+        # timeout names it), and fn may have torn the group down itself
+        store.set(f"returned/{rank}", "1")
+        store.wait([f"returned/{r}" for r in range(world_size)])
+        if dist.is_initialized():
             dist.destroy_process_group()
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the launcher
         if isinstance(exc, SystemExit):
