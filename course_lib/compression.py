@@ -84,7 +84,10 @@ class TopK:
 
 
 def orthonormalize(p: torch.Tensor) -> torch.Tensor:
-    """Orthonormal columns spanning those of ``p`` (reduced QR)."""
+    """Orthonormal columns spanning those of ``p`` (reduced QR; in float32 for a 16-bit ``p``,
+    which torch's QR does not take, then back in ``p``'s dtype)."""
+    if p.dtype in (torch.float16, torch.bfloat16):
+        return torch.linalg.qr(p.float()).Q.to(p.dtype)
     return torch.linalg.qr(p).Q
 
 
@@ -102,8 +105,9 @@ class PowerSGD:
 
     def all_reduce(self, grads, group=None):
         world_size = dist.get_world_size(group)
-        mats = {i: g.reshape(g.shape[0], -1) for i, g in enumerate(grads) if g.ndim >= 2}
-        vecs = [i for i, g in enumerate(grads) if g.ndim < 2]
+        mats = {i: g.reshape(g.shape[0], -1) for i, g in enumerate(grads)
+                if g.ndim >= 2 and g.numel()}  # an empty matrix goes as it is, as a vector
+        vecs = [i for i, g in enumerate(grads) if i not in mats]
         for i, m in mats.items():
             if i not in self.q:  # the same random start on every rank (same seed)
                 gen = torch.Generator().manual_seed(self.seed * 7919 + i)
@@ -119,10 +123,10 @@ class PowerSGD:
         pieces = split_like(rest / world_size, qs + [grads[i] for i in vecs])
         out = list(grads)
         for i, p, q in zip(mats, ps, pieces, strict=False):  # pieces: the Qs, then vectors
-            self.q[i] = q
+            self.q[i] = q = q.to(p.dtype)  # (one message of several dtypes takes the widest)
             out[i] = (p @ q.T).view_as(grads[i])
         for i, v in zip(vecs, pieces[len(qs):], strict=True):
-            out[i] = v
+            out[i] = v.to(grads[i].dtype)
         sent = [o if i in mats else grads[i] for i, o in enumerate(out)]  # the decoded matrices
         n_bytes = (flat_p.numel() + rest.numel()) * flat_p.element_size()
         return out, n_bytes, sent

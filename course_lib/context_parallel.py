@@ -234,12 +234,13 @@ class RingAttention(torch.autograd.Function):
                 dq += d_score @ kb * scale
                 block[2] += d_score.transpose(-2, -1) @ q * scale
                 block[3] += prob.transpose(-2, -1) @ d_out
-            # p passes: the block, with the gradients of its keys and values, comes home
-            sent = block
-            reqs, block = _pass_on(sent, ctx.group)
-            _wait(reqs)
-            ctx.counts["messages"] += 1
-            ctx.counts["bytes"] += block.numel() * block.element_size()
+            # p passes: the block, with the gradients of its keys and values, comes home (on
+            # one rank it is home already: nothing to send to itself)
+            if p > 1:
+                reqs, block = _pass_on(block, ctx.group)
+                _wait(reqs)
+                ctx.counts["messages"] += 1
+                ctx.counts["bytes"] += block.numel() * block.element_size()
         return dq, block[2], block[3], None, None, None, None, None, None
 
 

@@ -13,7 +13,6 @@ server or a collective. Each node computes on its rank's device.
 
 from __future__ import annotations
 
-import operator
 import time
 
 import torch
@@ -24,6 +23,7 @@ from course_lib.erm import ERMProblem
 from course_lib.erm_simulators import (  # noqa: F401  (consensus_distance: for the lessons)
     DISCONNECTED_GRAPH,
     SEVEN_NODE_GRAPH,
+    check_graph,
     consensus_distance,
     local_gradient,
 )
@@ -39,32 +39,6 @@ GRAPHS = {"disconnected": DISCONNECTED_GRAPH, "seven-node (lecture)": SEVEN_NODE
 
 
 # -- the graph's mixing matrix ---------------------------------------------------------------------
-
-
-def check_graph(graph: dict) -> dict:
-    """A graph is {node: [neighbours]} over nodes 0..n-1, undirected, without self-loops.
-    Returns it with every node a Python int (neighbours from numpy or a tensor's nonzero())."""
-    def node(j):
-        if isinstance(j, bool) or not hasattr(j, "__index__"):
-            raise ValueError(f"a node is a whole number 0..n-1, got {j!r}")
-        return operator.index(j)
-
-    graph = {node(i): [node(j) for j in neighbours] for i, neighbours in dict(graph).items()}
-    nodes = sorted(graph)
-    if not nodes or nodes != list(range(len(nodes))):
-        raise ValueError(f"nodes must be 0..n-1, at least one, got {nodes}")
-    for i, neighbours in graph.items():
-        if len(set(neighbours)) < len(neighbours):
-            twice = sorted({j for j in neighbours if list(neighbours).count(j) > 1})
-            raise ValueError(f"node {i} lists neighbour(s) {twice} more than once: an edge is "
-                             f"listed once (a ring of 2 nodes is {{0: [1], 1: [0]}})")
-        for j in neighbours:
-            if j == i or j not in graph:
-                raise ValueError(f"node {i} lists neighbour {j}: not another node of the graph")
-            if i not in graph[j]:
-                raise ValueError(f"edge {i}-{j} is one-way: node {j} must list {i} too "
-                                 f"(messages go both ways)")
-    return graph
 
 
 def mixing_matrix(graph: dict, rule: str = "metropolis") -> torch.Tensor:

@@ -12,6 +12,7 @@ what makes sweeps cheap. The real, multi-process versions come in lessons 6 and 
 from __future__ import annotations
 
 import numbers
+import operator
 
 import torch
 
@@ -63,25 +64,42 @@ def fedavg_losses(problem: ERMProblem, client_rows, q: int, lr: float, rounds: i
     return losses
 
 
+def check_graph(graph: dict) -> dict:
+    """A graph is {node: [neighbours]} over nodes 0..n-1, undirected, without self-loops.
+    Returns it with every node a Python int (neighbours from numpy or a tensor's nonzero())."""
+    def node(j):
+        if isinstance(j, bool) or not hasattr(j, "__index__"):
+            raise ValueError(f"a node is a whole number 0..n-1, got {j!r}")
+        return operator.index(j)
+
+    graph = {node(i): [node(j) for j in neighbours] for i, neighbours in dict(graph).items()}
+    nodes = sorted(graph)
+    if not nodes or nodes != list(range(len(nodes))):
+        raise ValueError(f"nodes must be 0..n-1, at least one, got {nodes}")
+    for i, neighbours in graph.items():
+        if len(set(neighbours)) < len(neighbours):
+            twice = sorted({j for j in neighbours if list(neighbours).count(j) > 1})
+            raise ValueError(f"node {i} lists neighbour(s) {twice} more than once: an edge is "
+                             f"listed once (a ring of 2 nodes is {{0: [1], 1: [0]}})")
+        for j in neighbours:
+            if j == i or j not in graph:
+                raise ValueError(f"node {i} lists neighbour {j}: not another node of the graph")
+            if i not in graph[j]:
+                raise ValueError(f"edge {i}-{j} is one-way: node {j} must list {i} too "
+                                 f"(messages go both ways)")
+    return graph
+
+
 def decentralized_step(problem: ERMProblem, params, client_rows, graph, lr: float):
     """One step of decentralized gradient descent on a graph (no server).
 
     Node i averages its own parameters with its neighbours' (equal weights over {i} and its
     neighbours), then steps along its own local gradient taken at its current parameters.
     """
-    params, client_rows = list(params), list(client_rows)
-    if len(params) != len(client_rows):
-        raise ValueError(f"one parameter vector per node: {len(params)} params for "
-                         f"{len(client_rows)} nodes' client_rows")
-    for i in range(len(params)):
-        try:
-            bad = [j for j in graph[i]
-                   if not (isinstance(j, numbers.Integral) and 0 <= j < len(params))]
-        except (KeyError, IndexError):
-            bad = ["(node missing)"]
-        if bad:
-            raise ValueError(f"graph must give node {i}'s neighbours among nodes "
-                             f"0..{len(params) - 1}, got {bad}")
+    params, client_rows, graph = list(params), list(client_rows), check_graph(graph)
+    if not len(params) == len(client_rows) == len(graph):
+        raise ValueError(f"one parameter vector and one set of rows per node: {len(params)} "
+                         f"params and {len(client_rows)} client_rows for {len(graph)} nodes")
     new = []
     for i, rows in enumerate(client_rows):
         group = [i, *graph[i]]

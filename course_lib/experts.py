@@ -241,18 +241,17 @@ def average_expert_gradients(params, ep: int, replicas=None) -> None:
     tokens it served of their losses' gradients; data parallelism wants the mean over all data
     ranks: divide by ep, then average over ``replicas``, the ranks that hold the same experts
     (None: no other)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    for g in grads:
+    for g in [p.grad for p in params if p.grad is not None]:
         g.div_(ep)
     if replicas is not None and dist.get_world_size(replicas) > 1:
         all_reduce_as_one_bucket(params, replicas)
 
 
 def run_expert_parallel(moe: MixtureOfExperts, x, d_out, group=None) -> dict:
-    """On each rank: route this rank's share of the tokens ``x`` (an equal split) through
-    ``moe`` with its experts spread over the ranks, and backpropagate the share of ``d_out``.
-    Returns the output, the gradients of this rank's experts and of the router (summed over the
-    ranks, as data parallelism would), the stats and what was sent."""
+    """On each rank: route this rank's equal share of the tokens ``x`` through ``moe``, its
+    experts spread over the ranks, and backpropagate the share of ``d_out``. Returns the output,
+    the gradients of this rank's experts and the router's (summed over the ranks, as data
+    parallelism would; None where frozen), the stats and what was sent."""
     ep, rank = dist.get_world_size(group), dist.get_rank(group)
     if len(x) % ep:
         raise ValueError(f"{len(x)} tokens do not split evenly over {ep} ranks")
@@ -261,11 +260,13 @@ def run_expert_parallel(moe: MixtureOfExperts, x, d_out, group=None) -> dict:
     mine = slice(rank * n, (rank + 1) * n)
     y, aux = layer(x[mine].to(device(group)))
     y.backward(d_out[mine].to(device(group)))
-    router_grad = layer.router.weight.grad.clone()
-    dist.all_reduce(router_grad, group=group)
+    router_grad = layer.router.weight.grad  # None where frozen (alike on every rank)
+    if router_grad is not None:
+        dist.all_reduce(router_grad := router_grad.clone(), group=group)
+    cpu = lambda t: None if t is None else t.cpu()  # noqa: E731
     return {"out": y.detach().cpu(), "aux": aux.item(), "stats": layer.stats, "sent": layer.sent,
-            "expert_grads": [[p.grad.cpu() for p in e.parameters()] for e in layer.experts],
-            "router_grad": router_grad.cpu()}
+            "expert_grads": [[cpu(p.grad) for p in e.parameters()] for e in layer.experts],
+            "router_grad": cpu(router_grad)}
 
 
 def train_with_experts(x, y, *, balance: float, steps: int = 60, seed: int = 0,

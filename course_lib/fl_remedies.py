@@ -11,6 +11,8 @@ uses them (and re-exports these names).
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 import torch.distributed as dist
 
@@ -49,6 +51,9 @@ class ControlVariates:
     c_k, held where the client's data is. A client corrects every local gradient by c - c_k."""
 
     def __init__(self, d: int, clients: int, device=None):
+        if isinstance(clients, bool) or not isinstance(clients, numbers.Integral) or clients < 1:
+            raise ValueError(f"clients (K, the server's divisor) must be a whole number of at "
+                             f"least 1, got {clients!r}")
         self.c = torch.zeros(d, dtype=torch.float64, device=device)
         self.c_k, self.clients, self.delta = {}, clients, torch.zeros_like(self.c)
 
@@ -57,6 +62,9 @@ class ControlVariates:
 
     def update(self, k, w, v, steps: int, lr: float) -> None:
         """Option II of the paper: c_k+ = c_k - c + (w - v) / (steps lr)."""
+        if not (steps >= 1 and lr > 0):
+            raise ValueError(f"SCAFFOLD's option II divides by steps x lr: a client needs at "
+                             f"least one step and lr above 0, got steps={steps!r}, lr={lr!r}")
         old = self.c_k.get(k, torch.zeros_like(self.c))
         self.c_k[k] = old - self.c + (w - v) / (steps * lr)
         self.delta += self.c_k[k] - old

@@ -55,8 +55,9 @@ class DelayedScaling:
     def cast(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` cast to FP8 with the history's scale and back (x's value as FP8 holds it, in
         x's floating dtype; the arithmetic in float64, so a tiny tensor's large scale is
-        exact); then ``x``'s own amax joins the history, unless it is NaN or inf (a NaN stays a
-        NaN in the cast)."""
+        exact); then ``x``'s own amax joins the history, unless it is NaN or inf. A finite value
+        past the format's largest saturates to it; NaN and inf stay as they are, so that an
+        overflow still reaches a loss scaler's check."""
         amax = x.detach().abs().max().item() if x.numel() else 0.0
         finite = math.isfinite(amax)
         if not self.amaxes and finite:
@@ -67,7 +68,8 @@ class DelayedScaling:
         codes = scaled.clamp(-self.largest, self.largest).to(self.dtype)
         if finite:
             self.amaxes = (self.amaxes + [amax])[-self.history:]
-        return (codes.double() / s).to(x.dtype if x.is_floating_point() else torch.float32)
+        out = (codes.double() / s).to(x.dtype if x.is_floating_point() else torch.float32)
+        return out if finite else torch.where(torch.isfinite(x), out, x.detach().to(out.dtype))
 
 
 class _FP8Product(torch.autograd.Function):

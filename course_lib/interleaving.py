@@ -27,7 +27,7 @@ import torch.distributed as dist
 from course_lib.cost_models.laws import check_sizes
 from course_lib.runtime.devices import device
 from course_lib.runtime.timing import synchronize
-from course_lib.training import check_whole
+from course_lib.training import check_whole, is_whole
 
 SCHEDULES = ("interleaved 1F1B", "interleaved zero bubble", "ZBV zero bubble")
 ONE_PIECE = ("GPipe", "1F1B")  # lesson 5's schedules, torch's: one piece (stage) per rank
@@ -67,6 +67,13 @@ def _schedule_class(schedule: str):
             "ZBV zero bubble": ScheduleZBVZeroBubble}[schedule]
 
 
+def check_micro_batches(batch: int, micro_batches: int) -> None:
+    """Refuse, naming both, micro-batches that are not a whole number dividing the batch."""
+    if not is_whole(micro_batches) or micro_batches < 1 or batch % micro_batches:
+        raise ValueError(f"a batch of {batch} does not divide into {micro_batches!r} equal "
+                         f"micro-batches; choose a whole divisor of {batch}")
+
+
 def build(pieces, micro_batches: int, schedule: str = "interleaved 1F1B", group=None):
     """This rank's part of a pipeline over ``pieces`` (p v consecutive parts of a model):
     its ``PipelineStage`` objects and the schedule that drives them (loss: cross-entropy,
@@ -104,14 +111,13 @@ def run(pieces, x, y, micro_batches: int, schedule: str = "interleaved 1F1B",
     """One training step of ``pieces`` on every rank of ``group``, following ``schedule`` over
     ``micro_batches`` equal parts of (x, y). Returns this rank's piece indices, their gradients
     and (where the last piece lives) the micro-batches' losses."""
-    if len(x) % micro_batches:
-        raise ValueError(f"a batch of {len(x)} does not divide into {micro_batches} equal "
-                         f"micro-batches; choose a divisor of {len(x)}")
+    check_micro_batches(len(x), micro_batches)
     runner, mine, modules = build(pieces, micro_batches, schedule, group)
     for m in modules:
         m.zero_grad()
     losses = step(runner, mine, len(pieces), x, y, group)
-    return dict(pieces=mine, grads=[[q.grad.detach().clone() for q in m.parameters()]
+    return dict(pieces=mine, grads=[[None if q.grad is None else q.grad.detach().clone()
+                                     for q in m.parameters()]  # None: frozen, as in torch
                                     for m in modules], micro_losses=losses)
 
 
@@ -146,7 +152,7 @@ class Padded(torch.nn.Module):
         super().__init__()
         self.piece, self.forward_seconds = piece, forward_seconds
         self.backward_seconds, self.weight_seconds = backward_seconds, weight_seconds
-        dtype = next(piece.parameters()).dtype
+        dtype = next(piece.parameters(), torch.empty(())).dtype  # a piece without weights
         self.one = torch.nn.Parameter(torch.ones((), dtype=dtype))  # its gradient is not used
 
     def forward(self, x):
@@ -165,9 +171,8 @@ def measure_bubble(pieces, x, y, micro_batches: int, schedule: str = "interleave
     untimed step). Each rank's work per step is known -- micro_batches x its pieces x (forward
     + backward + weight) -- so the idle fraction of a step is 1 - work / wall time. Returns the wall
     times and this rank's work."""
-    if len(x) % micro_batches:
-        raise ValueError(f"a batch of {len(x)} does not divide into {micro_batches} equal "
-                         f"micro-batches; choose a divisor of {len(x)}")
+    check_micro_batches(len(x), micro_batches)
+    check_whole("repeats", repeats)
     padded = [Padded(piece, forward_seconds, backward_seconds, weight_seconds)
               for piece in pieces]
     p = dist.get_world_size(group)

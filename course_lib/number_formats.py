@@ -84,4 +84,6 @@ def update_is_lost(w: float, dw: float, dtype) -> bool:
     |w| / |dw| reaches 2048 to 4096, by where w lies between two powers of two and the update's
     direction (Micikevicius et al. quote 2048: at a power of two, moving up)."""
     w_t = torch.tensor(w, dtype=dtype)
+    if w_t.element_size() == 1:  # FP8: torch has no addition; add exactly, round once
+        return bool((w_t.double() + torch.tensor(dw, dtype=dtype).double()).to(dtype) == w_t)
     return bool((w_t + torch.tensor(dw, dtype=dtype)) == w_t)

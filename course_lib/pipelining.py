@@ -33,6 +33,8 @@ def run_torch_pipeline(pieces, x, y, micro_batches: int, schedule: str = "1F1B",
                          f"not divide into {micro_batches} equal parts; choose a divisor of "
                          f"{len(x)} (run_pipeline weights unequal micro-batches itself)")
     stage, stages, dev = dist.get_rank(group), dist.get_world_size(group), device(group)
+    if len(pieces) != stages:
+        raise ValueError(f"{len(pieces)} pieces for {stages} ranks: one piece per rank")
     module = pieces[stage].to(dev)
     module.zero_grad()
     pipe_stage = PipelineStage(module, stage, stages, dev, group=group)

@@ -58,8 +58,12 @@ def quantize(x: torch.Tensor, scale: float, *, stochastic: bool = True,
 def shared_scale(x: torch.Tensor, group=None) -> float:
     """Run on every rank of ``group``: the scale all ranks use, max over ranks of max |x| / 127.
     Refused on every rank together where any rank's x has inf or NaN entries."""
+    if not x.is_floating_point():
+        raise ValueError(f"int8 codes quantise floating-point gradients, got {x.dtype}: cast "
+                         f"x first (its sum would be truncated back to {x.dtype})")
     finite = bool(torch.isfinite(x).all())
-    amax = (x.abs().max() if finite else torch.tensor(math.inf)).reshape(1).double()
+    largest = x.abs().max() if x.numel() else torch.tensor(0.0)  # an empty x: nothing to scale
+    amax = (largest if finite else torch.tensor(math.inf)).reshape(1).double().to(x.device)
     dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
     if amax.item() == math.inf:
         raise ValueError("a rank's x has inf or NaN entries: int8 codes need finite ones")
@@ -107,6 +111,8 @@ def compressed_all_reduce(x: torch.Tensor, method: str, seed: int = 0, group=Non
     """Run on every rank of ``group``: sum ``x`` over ranks by one of ``METHODS``; returns the
     ``sum`` and the ``bytes_sent`` by one rank (the ring formula for the fp all-reduces, counted
     for int8)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}: use one of {METHODS}")
     if method.startswith("int8"):
         out = quantized_all_reduce(x, stochastic=method.endswith("stochastic"), seed=seed,
                                    group=group)

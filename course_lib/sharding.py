@@ -45,8 +45,9 @@ def fsdp_parameter_bytes(model_fn, group=None, example=None) -> dict:
     local = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
     model(example.to(dev)).sum().backward()
     n = dist.get_world_size(group)
-    # each gradient is sharded like its parameter: at most ceil(numel / N) entries here
-    grads_sharded = all(p.grad.to_local().numel() <= -(-p.numel() // n)
+    # each gradient is sharded like its parameter: FSDP2 cuts dim 0, ceil(rows / N) rows here
+    grads_sharded = all(p.grad.to_local().shape == p.to_local().shape
+                        and p.to_local().shape[0] <= -(-p.shape[0] // n)
                         for p in model.parameters() if p.grad is not None)  # None: frozen
     return dict(rank=dist.get_rank(group), local_bytes=local, total_bytes=total,
                 grads_sharded=grads_sharded)

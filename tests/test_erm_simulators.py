@@ -84,12 +84,16 @@ def test_a_client_or_worker_without_rows_is_refused_not_averaged_into_nan():
 def test_decentralized_step_refuses_a_neighbour_or_a_node_that_is_not_there(problem):
     rows = shard_rows(problem.n, 3)
     params = [torch.zeros(problem.d, dtype=torch.float64) for _ in range(3)]
-    for graph in ({0: [1], 1: [-1], 2: [1]}, {0: [1], 1: [3], 2: [1]}, {0: [1], 1: [0]}):
-        # a neighbour -1 used to be node 2, silently
-        with pytest.raises(ValueError, match="graph must give node"):
+    for graph, said in (({0: [1], 1: [0, -1], 2: [1]}, "node 1 lists neighbour -1"),  # was node 2
+                        ({0: [1], 1: [0, 3], 2: [1]}, "node 1 lists neighbour 3"),
+                        ({0: [0, 1], 1: [0], 2: []}, "node 0 lists neighbour 0"),  # itself: twice
+                        ({0: [1, 1], 1: [0], 2: []}, "node 0 lists neighbour"),
+                        ({0: [True], 1: [0], 2: []}, "a node is a whole number"),
+                        ({0: [1], 1: [0]}, "3 params and 3 client_rows for 2 nodes")):
+        with pytest.raises(ValueError, match=said):
             sim.decentralized_step(problem, params, rows, graph, lr=0.1)
     ring = {i: [(i - 1) % 3, (i + 1) % 3] for i in range(3)}
-    with pytest.raises(ValueError, match="one parameter vector per node: 2 params for 3"):
+    with pytest.raises(ValueError, match="2 params and 3 client_rows for 3 nodes"):
         sim.decentralized_step(problem, params[:2], rows, ring, lr=0.1)  # node 2 was dropped
     assert len(sim.decentralized_step(problem, params, rows, ring, lr=0.1)) == 3
 
