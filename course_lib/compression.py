@@ -195,7 +195,11 @@ def compressor(name: str, seed: int = 0):
     if name == "dense":
         return Dense()
     if name.startswith("top-k ") and name.endswith("%"):
-        return TopK(float(name[6:-1]) / 100)
+        try:
+            return TopK(float(name[6:-1]) / 100)
+        except ValueError:  # not a number (a number out of range: TopK names it)
+            if name[6:-1].replace(".", "", 1).isdigit():
+                raise
     if name.startswith("PowerSGD rank ") and name.removeprefix("PowerSGD rank ").isdigit():
         return PowerSGD(int(name.removeprefix("PowerSGD rank ")), seed)
     raise ValueError(f"unknown compressor {name!r}: 'dense', 'top-k 1%', 'PowerSGD rank 2'")

@@ -130,6 +130,8 @@ def shard_rows(n: int, p: int, seed: int | None = None) -> list[torch.Tensor]:
     if not all(map(is_whole, (n, p))) or not 1 <= p <= n:
         raise ValueError(f"need whole numbers 1 <= p <= n to give every worker rows, got p={p!r}, "
                          f"n={n!r}")
+    if seed is not None and not is_whole(seed):
+        raise ValueError(f"seed must be None (rows in order) or a whole number, got {seed!r}")
     order = (torch.arange(n) if seed is None
              else torch.randperm(n, generator=torch.Generator().manual_seed(seed)))
     return list(order.tensor_split(p))

@@ -58,6 +58,8 @@ def fedavg_round(problem: ERMProblem, w, client_rows, q: int, lr: float):
 def fedavg_losses(problem: ERMProblem, client_rows, q: int, lr: float, rounds: int) -> list:
     """The objective after each of ``rounds`` rounds of :func:`fedavg_round` from w = 0."""
     w, losses = torch.zeros(problem.d, dtype=torch.float64), []
+    if isinstance(rounds, bool) or not isinstance(rounds, numbers.Integral) or rounds < 0:
+        raise ValueError(f"rounds must be a whole number of at least 0, got {rounds!r}")
     for _ in range(rounds):
         w = fedavg_round(problem, w, client_rows, q, lr)
         losses.append(problem.loss(w))

@@ -58,7 +58,7 @@ def route(logits, k: int):
 
 def capacity(tokens: int, experts: int, k: int, factor: float) -> int:
     """Tokens one expert takes from a batch of ``tokens``: ceil(factor x tokens x k / E)."""
-    if not (isinstance(factor, numbers.Real) and 0 < factor < math.inf):
+    if isinstance(factor, bool) or not (isinstance(factor, numbers.Real) and 0 < factor < math.inf):
         raise ValueError(f"the capacity factor must be positive and finite, got {factor!r}")
     counts = (tokens, experts, k)
     whole = all(map(is_whole, counts))
@@ -277,8 +277,8 @@ def train_with_experts(x, y, *, balance: float, steps: int = 60, seed: int = 0,
     ``steps`` batches of ``batch`` rows on the cross-entropy plus ``balance`` x the balancing
     loss (no capacity limit: nothing dropped). Returns each step's tokens per expert
     (``loads``: steps x experts) and ``losses`` (the cross-entropy)."""
-    if steps < 1 or batch < 1:
-        raise ValueError(f"steps and batch must be positive, got {steps} and {batch}")
+    if not (is_whole(steps) and is_whole(batch) and steps >= 1 and batch >= 1):
+        raise ValueError(f"steps and batch must be whole numbers from 1, got {steps!r}, {batch!r}")
     torch.manual_seed(seed)
     first, last = torch.nn.Linear(x.shape[1], width), torch.nn.Linear(width, int(y.max()) + 1)
     moe = MixtureOfExperts(width, 2 * width, num_experts, k, capacity_factor=float(num_experts),

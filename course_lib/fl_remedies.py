@@ -36,7 +36,10 @@ def fedavgm_server(lr: float = 1.0, momentum: float = 0.9):
 
 
 def fedadam_server(lr: float = 0.01, betas=(0.9, 0.99), tau: float = 1e-3):
-    """FedAdam: Adam on the round's update Delta (tau plays Adam's epsilon)."""
+    """FedAdam: Adam on the round's update Delta (tau plays Adam's epsilon). As torch's Adam,
+    each beta lies in [0, 1)."""
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ValueError(f"betas must be two numbers in [0, 1), as Adam's, got {betas!r}")
 
     def step(w, update, state):
         state["m"] = betas[0] * state.get("m", torch.zeros_like(w)) + (1 - betas[0]) * update

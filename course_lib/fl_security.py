@@ -28,7 +28,7 @@ import torch
 
 from course_lib import federated as fl
 from course_lib.models import DIGITS_MLP
-from course_lib.training import check_whole
+from course_lib.training import check_whole, is_whole
 
 # -- privacy: what a gradient reveals --------------------------------------------------------------
 
@@ -115,18 +115,19 @@ def clip_and_noise(update: torch.Tensor, clip: float, noise: float, generator=No
 def pair_mask(i: int, j: int, d: int, seed: int = 0, scale: float = 1e3) -> torch.Tensor:
     """The mask m_ij of the pair of clients i < j: drawn from a generator both of them can seed
     (in a real protocol: from a key they agreed on), so either can reproduce it."""
-    if not 0 <= i < j:
-        raise ValueError(f"pair_mask(i, j) is the mask of clients 0 <= i < j, got i={i}, j={j}")
+    if not (all(map(is_whole, (i, j, d, seed))) and 0 <= i < j and d >= 0 and seed >= 0):
+        raise ValueError(f"pair_mask(i, j) is the mask of clients 0 <= i < j, d >= 0 long, whole "
+                         f"numbers with a seed >= 0, got i={i!r}, j={j!r}, d={d!r}, seed={seed!r}")
     key = np.random.SeedSequence([seed, i, j]).generate_state(1)[0]  # distinct for every pair
     g = torch.Generator().manual_seed(int(key))
     return torch.randn(d, generator=g, dtype=torch.float64) * scale
 
 
 def pairwise_masks(clients: int, d: int, seed: int = 0, scale: float = 1e3) -> torch.Tensor:
-    """One mask per client such that the masks sum to zero: client i adds m_ij
-    (:func:`pair_mask`) for every j > i and subtracts m_ji for every j < i. Returns a
-    (clients x d) tensor."""
-    masks = torch.zeros(clients, d, dtype=torch.float64)
+    """One mask per client such that the masks sum to zero: client i adds m_ij (:func:`pair_mask`)
+    for every j > i and subtracts m_ji for every j < i. Returns a (clients x d) tensor."""
+    masks = torch.zeros(check_whole("clients", clients), check_whole("d", d, 0),
+                        dtype=torch.float64)
     for i in range(clients):
         for j in range(i + 1, clients):
             m = pair_mask(i, j, d, seed, scale)

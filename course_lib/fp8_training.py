@@ -20,6 +20,7 @@ checkpointing casts again with a newer scale: do not combine the two here.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -34,7 +35,7 @@ class DelayedScaling:
     def __init__(self, dtype=E4M3, history: int = 16, margin: int = 0, scaled: bool = True):
         if dtype not in (E4M3, E5M2):
             raise ValueError(f"dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
-        if isinstance(history, bool) or not isinstance(history, int) or history < 1:
+        if isinstance(history, bool) or not isinstance(history, numbers.Integral) or history < 1:
             raise ValueError(f"history must be a positive whole number of steps, got {history!r}")
         if isinstance(margin, bool) or not isinstance(margin, int) or not 0 <= margin <= 32:
             raise ValueError(f"margin must be a whole number from 0 to 32 (halvings of the "

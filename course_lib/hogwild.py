@@ -18,6 +18,7 @@ epoch and evaluate the model.
 from __future__ import annotations
 
 import math
+import numbers
 import queue
 import threading
 import time
@@ -119,11 +120,14 @@ def _worker(index, models, problem, configs, epochs, lr, seed, barrier, lock, er
 def _check_configs(configs, epochs):
     if not configs:
         raise ValueError("configs is empty: pass a list of (processes, locked) pairs")
+    def whole(n):  # numpy's integers too; True and False are not counts
+        return isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1
+
     for processes, locked in configs:
-        if not isinstance(processes, int) or processes < 1 or not isinstance(locked, bool):
+        if not whole(processes) or not isinstance(locked, bool):
             raise ValueError(f"each config is (processes >= 1, locked True/False), got "
                              f"{(processes, locked)!r}")
-    if not isinstance(epochs, int) or epochs < 1:
+    if not whole(epochs):
         raise ValueError(f"epochs must be a positive int, got {epochs!r}")
 
 

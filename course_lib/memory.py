@@ -13,6 +13,8 @@ blocks).
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from course_lib.training import loss_fn
@@ -47,11 +49,13 @@ def measure_step(model, x, y, lr: float = 1e-3, precision: str = "fp32") -> dict
     float32 master copies, which are optimizer state; tensor by tensor, each step copies the
     gradient up and the updated master down. A first step runs untracked, so that Adam's state
     exists, as in training; gradients stay allocated between steps (as DDP's buckets keep
-    them). Adam's step counts (a float32 per tensor) count as optimizer state."""
+    them). Adam's step counts (a float32 per tensor) count as optimizer state. The steps run on a
+    copy: ``model`` is left as it was (its weights, their dtype)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    model = copy.deepcopy(model)
     params = list(model.parameters())
     if frozen := [name for name, p in model.named_parameters() if not p.requires_grad]:
         raise ValueError(f"torch's MemTracker hooks every parameter's gradient, so it cannot "

@@ -8,6 +8,8 @@ say which (sender, receiver) messages bring w down to every rank and the gradien
 
 from __future__ import annotations
 
+from course_lib.training import check_whole, is_whole
+
 TOPOLOGIES = ("star", "tree")
 
 
@@ -20,6 +22,7 @@ def broadcast_schedule(p: int, topology: str) -> list[list[tuple[int, int]]]:
     """
     if topology not in TOPOLOGIES:
         raise ValueError(f"unknown topology {topology!r}: use one of {TOPOLOGIES}")
+    check_whole("p (ranks)", p)
     if topology == "star":
         return [[(0, r)] for r in range(1, p)]
     rounds, reach = [], 1
@@ -38,6 +41,7 @@ def reduce_schedule(p: int, topology: str) -> list[list[tuple[int, int]]]:
 def words_per_iteration(p: int, d: int, topology: str) -> dict:
     """Words (numbers) one synchronous iteration moves, from the schedules: in total, through
     the server's link, and along the critical path (rounds that happen one after another)."""
+    check_whole("d (words of w)", d, least=0)
     rounds = broadcast_schedule(p, topology) + reduce_schedule(p, topology)
     messages = [msg for round_ in rounds for msg in round_]
     return dict(total=len(messages) * d,
@@ -47,6 +51,8 @@ def words_per_iteration(p: int, d: int, topology: str) -> dict:
 
 def tree_links(rank: int, p: int, topology: str) -> tuple[int | None, list[int]]:
     """This rank's parent (None for the server) and children, in broadcast order."""
+    if not (is_whole(rank) and 0 <= rank < check_whole("p (ranks)", p)):
+        raise ValueError(f"rank must be one of the p = {p} ranks, 0 to {p - 1}, got {rank!r}")
     messages = [msg for round_ in broadcast_schedule(p, topology) for msg in round_]
     parent = next((src for src, dst in messages if dst == rank), None)
     return parent, [dst for src, dst in messages if src == rank]

@@ -91,11 +91,9 @@ class Stage:
 
     The batch (x, y) is cut into ``micro_batches`` parts (sizes differing by at most one; each
     micro-batch's loss weighted by its size, so their sum is the batch's mean loss exactly).
-    :meth:`forward` and :meth:`backward` carry out one action of a schedule;
-    ``forward_seconds`` / ``backward_seconds`` pad every step to a fixed duration before its
-    result is sent on (the real arithmetic still runs), so that stage times are steady even on
-    shared cores.
-    """
+    :meth:`forward` and :meth:`backward` carry out one action of a schedule; ``forward_seconds``
+    / ``backward_seconds`` pad every step to a fixed duration before its result is sent on (the
+    real arithmetic still runs): steady stage times even on shared cores."""
 
     def __init__(self, pieces, x, y, micro_batches: int, *, forward_seconds: float = 0.0,
                  backward_seconds: float = 0.0, group=None):

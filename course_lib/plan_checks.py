@@ -14,6 +14,9 @@ a plan with one, in the same words.
 
 from __future__ import annotations
 
+import numbers
+
+from course_lib.model_shapes import check_positive
 from course_lib.plans import Plan
 
 # the fields of a Plan that train_gpt reads (the others must keep their defaults)
@@ -141,6 +144,7 @@ def check_plan(world_size: int, plan: Plan | None = None, *, global_batch: int, 
                heads: int, seq: int | None = None, experts: int = 0, **fields) -> Plan:
     """Refuse, with what to change, a plan (or its fields) that train_gpt cannot run exactly on
     ``world_size`` ranks; return the plan."""
+    check_positive("train_gpt", global_batch=global_batch, layers=layers, heads=heads)
     plan = plan_of(plan, **fields)
     dp, tp, pp, cp = plan.dp, plan.tp, plan.pp, plan.cp
     if missing := not_supported(plan):
@@ -164,10 +168,13 @@ def check_plan(world_size: int, plan: Plan | None = None, *, global_batch: int, 
 
 def check_run(steps: int, global_batch: int) -> None:
     """Refuse a run with nothing to do: at least one step, of at least one sequence."""
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
-    if global_batch < 1:
-        raise ValueError(f"the global batch must hold at least one sequence, got {global_batch}")
+    whole = [isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in (steps,
+                                                                                  global_batch)]
+    if not (whole[0] and steps >= 1):
+        raise ValueError(f"steps must be at least 1, got {steps!r} (a whole number)")
+    if not (whole[1] and global_batch >= 1):
+        raise ValueError(f"the global batch must hold at least one sequence, got "
+                         f"{global_batch!r} (a whole number)")
 
 
 def check_precision(precision: str, dtype):

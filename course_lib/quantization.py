@@ -28,6 +28,7 @@ from course_lib.cost_models import all_reduce_bytes, quantized_sum_error_bound
 from course_lib.report import times_as
 from course_lib.runtime.devices import device
 from course_lib.runtime.torchrun import run_command, run_main
+from course_lib.training import is_whole
 
 INT8_LEVELS = 127  # codes -127..127: symmetric, so 0 is exact
 METHODS = ("fp32", "bf16", "fp16", "int8 stochastic", "int8 nearest")
@@ -132,6 +133,9 @@ def to_fp8(x: torch.Tensor, dtype, scaled: bool = True) -> tuple[torch.Tensor, f
     """Cast to an fp8 format; with ``scaled``, first multiply by max(format) / max |x| so the
     tensor's largest entry lands on the format's largest value (an all-zero tensor keeps scale 1:
     its codes are zeros). Returns (codes, scale)."""
+    if not (dtype.is_floating_point and torch.finfo(dtype).bits == 8):
+        raise ValueError(f"dtype must be an fp8 format (torch.float8_e4m3fn, torch.float8_e5m2), "
+                         f"got {dtype}")
     largest = x.abs().max().item() if x.numel() else 0.0
     if scaled and not math.isfinite(largest):
         raise ValueError("x has inf or NaN entries: a per-tensor scale needs a finite max |x|")
@@ -171,7 +175,11 @@ def sum_one_gradient(rows: int = 128, seed: int = 0, group=None) -> dict:
     from course_lib.mixed_precision import gradient_values
     from course_lib.models import digits_mlp
 
-    digits, rank = load_digits(), dist.get_rank(group)
+    digits, rank, p = load_digits(), dist.get_rank(group), dist.get_world_size(group)
+    if not (is_whole(rows) and 1 <= rows * p <= len(digits.y_train)):
+        raise ValueError(f"rows per rank must be a whole number from 1 to "
+                         f"{len(digits.y_train) // p} ({len(digits.y_train)} training digits over "
+                         f"{p} ranks), got {rows!r}")
     mine = torch.arange(rank * rows, (rank + 1) * rows)
     gradient = gradient_values(digits_mlp(seed=seed), digits.x_train[mine],
                                digits.y_train[mine])["weights"].to(device(group))

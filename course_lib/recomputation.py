@@ -15,7 +15,7 @@ import time
 import torch
 
 from course_lib.memory import SavedBytes
-from course_lib.training import loss_fn
+from course_lib.training import check_whole, loss_fn
 
 
 def _check_sizes(**sizes) -> None:
@@ -56,7 +56,7 @@ def peak_activation_bytes(tokens: int, d_model: int, layers: int, heads: int, vo
     with checkpointing, the kept inputs plus one block's activations while backward recomputes
     it (Chen et al. 2016: with sqrt(L) segments, O(sqrt(L)) memory for one extra forward)."""
     kept = activation_bytes(tokens, d_model, layers, heads, vocab, checkpointing, element_size)
-    if not checkpointing:
+    if not checkpointing or not layers:  # no block: nothing to recompute
         return kept
     return kept + tokens * block_activation_floats(d_model, heads) * element_size
 
@@ -106,6 +106,7 @@ def peak_step_memory(model, x, y) -> dict:
 
 def step_seconds(model, x, y, repeats: int = 5, warmup: int = 1) -> list[float]:
     """Seconds of forward + backward, ``repeats`` times after ``warmup``."""
+    check_whole("repeats", repeats), check_whole("warmup", warmup, least=0)
     times = []
     for i in range(warmup + repeats):
         model.zero_grad(set_to_none=True)

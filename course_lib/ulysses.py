@@ -41,6 +41,9 @@ def ulysses_attention(q, k, v, *, causal: bool = False, group=None, counts: dict
     all-to-all gives it every token of heads / p heads, it attends, and an all-to-all gives each
     rank its tokens back. Needs the heads to divide among the ranks. Differentiable."""
     p = dist.get_world_size(group)
+    if q.dim() != 3:  # a batch dimension would be read as the heads
+        raise ValueError(f"Ulysses takes (heads, tokens, d) tensors, got shape {tuple(q.shape)}: "
+                         f"fold a batch into the heads first")
     if q.shape[0] % p:
         raise ValueError(f"Ulysses splits the heads: {q.shape[0]} heads do not divide among "
                          f"{p} ranks")

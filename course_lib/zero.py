@@ -31,9 +31,6 @@ from course_lib.runtime.devices import device
 from course_lib.runtime.torchrun import run_command, run_main
 from course_lib.training import check_split, is_whole, step_loop
 
-# torch 2.13's name; before it (2.11 on a GPU machine, say) the same collective's older name
-all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
 STAGES = (0, 1, 2)
 
 
@@ -120,7 +117,7 @@ class ShardedAdam:
         for _, at, leaf in self.pieces:
             shard[at:at + leaf.numel()] = leaf
         full = torch.empty(self.world_size * self.size, dtype=shard.dtype, device=shard.device)
-        all_gather_single(full, shard, group=self.group)
+        dist.all_gather_single(full, shard, group=self.group)
         offset = 0
         for p, n in zip(self.params, got, strict=True):  # every rank: every updated parameter
             if n > 0:

@@ -146,3 +146,56 @@ def test_a_lost_update_is_judged_in_every_format_of_the_table():
     assert update_is_lost(1.0, 2.0 ** -12, FORMATS["fp16"])
     assert not update_is_lost(1.0, 2.0 ** -10, FORMATS["fp16"])
 
+
+
+def test_sizes_that_mean_nothing_are_refused_by_name():
+    import numpy as np
+
+    from course_lib import message_trees as mt
+    from course_lib.data import shard_rows
+    from course_lib.erm import diabetes_problem
+    from course_lib.erm_simulators import fedavg_losses
+    from course_lib.fl_remedies import fedadam_server
+    from course_lib.fp8_training import DelayedScaling
+    from course_lib.recomputation import peak_activation_bytes, step_seconds
+    for call, said in ((lambda: mt.broadcast_schedule(0, "star"), "p .ranks. must be a whole"),
+                       (lambda: mt.words_per_iteration(3, -5, "star"), "d .words of w. must be"),
+                       (lambda: mt.tree_links(7, 3, "tree"), "rank must be one of the p = 3"),
+                       (lambda: fedadam_server(betas=(1.5, 0.9)), r"betas must be two numbers"),
+                       (lambda: shard_rows(10, 2, seed=2.5), "seed must be None .* or a whole"),
+                       (lambda: fedavg_losses(diabetes_problem(), shard_rows(442, 2), 1, 0.1, -1),
+                        "rounds must be a whole number of at least 0"),
+                       (lambda: cm.compressor("top-k abc%"), "unknown compressor 'top-k abc%'"),
+                       (lambda: qz.to_fp8(torch.ones(2), torch.int8), "must be an fp8 format"),
+                       (lambda: step_seconds(torch.nn.Linear(2, 2), torch.ones(1, 2),
+                                             torch.tensor([0]), repeats=0), "repeats must be")):
+        with pytest.raises(ValueError, match=said):
+            call()
+    assert DelayedScaling(history=np.int64(4)).history == 4  # numpy's whole numbers count
+    no_blocks = [peak_activation_bytes(8, 16, 0, 4, 100, ckpt) for ckpt in (True, False)]
+    assert no_blocks[0] == no_blocks[1]  # no block to recompute: nothing more at the peak
+
+
+def ulysses_on_a_batch(group=None):
+    from course_lib.ulysses import ulysses_attention
+    x = torch.zeros(2, 4, 8, 4)  # (batch, heads, tokens, d): the batch would be read as heads
+    try:
+        ulysses_attention(x, x, x, group=group)
+    except ValueError as why:
+        return str(why)
+
+
+def test_ulysses_refuses_a_batch_dimension_and_a_gradient_of_more_rows_than_the_digits():
+    assert launch(ulysses_on_a_batch, 2)[0].startswith("Ulysses takes (heads, tokens, d) tensors")
+    with pytest.raises(WorkerError, match="rows per rank must be a whole number from 1 to"):
+        launch(qz.sum_one_gradient, 2, kwargs=dict(rows=1000))
+
+
+def test_secure_aggregation_masks_refuse_negative_or_fractional_sizes():
+    from course_lib import fl_security as sec
+    for args in ((0, 1, -1), (0, 1.5, 3), (1, 0, 3)):
+        with pytest.raises(ValueError, match=r"pair_mask\(i, j\) is the mask of clients"):
+            sec.pair_mask(*args)
+    with pytest.raises(ValueError, match="clients must be a whole number of at least 1"):
+        sec.pairwise_masks(-1, 4)
+    assert sec.pairwise_masks(3, 4).sum(dim=0).abs().max() < 1e-9  # they cancel

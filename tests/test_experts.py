@@ -126,8 +126,11 @@ def test_training_records_every_steps_load_and_the_balancing_loss_evens_it():
     busiest = [(r["loads"][-10:].max(dim=1).values / 64).mean() for r in (plain, balanced)]
     assert busiest[1] < busiest[0]
     assert plain["losses"][-1] < plain["losses"][0]
-    with pytest.raises(ValueError, match="steps and batch must be positive"):
-        ex.train_with_experts(x, y, balance=0.0, steps=0)
+    for steps in (0, 2.5, True):
+        with pytest.raises(ValueError, match="steps and batch must be whole numbers from 1"):
+            ex.train_with_experts(x, y, balance=0.0, steps=steps)
+    with pytest.raises(ValueError, match="capacity factor must be positive"):
+        ex.capacity(8, 4, 2, True)
 
 
 def test_a_gpt_with_experts_routes_each_token_alone_and_refuses_impossible_mixtures():

@@ -245,7 +245,7 @@ def test_a_broken_update_is_left_out_by_the_robust_rules_not_chosen(broken):
 def test_every_pair_has_its_own_mask_and_shapes_must_match():
     d = 4
     assert not torch.equal(sec.pair_mask(0, 1011, d), sec.pair_mask(1, 2, d))  # they were equal
-    with pytest.raises(ValueError, match="mask of clients 0 <= i < j, got i=1, j=0"):
+    with pytest.raises(ValueError, match="mask of clients 0 <= i < j.*, got i=1, j=0"):
         sec.pair_mask(1, 0, d)
     assert sec.pairwise_masks(5, d).sum(dim=0).abs().max() < 1e-9  # the masks still cancel
     with pytest.raises(ValueError, match="shapes differ"):

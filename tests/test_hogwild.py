@@ -97,7 +97,8 @@ def test_a_process_that_cannot_start_raises_its_own_error_and_stops_the_others(p
 
 
 @pytest.mark.parametrize("configs, epochs", [([], 1), ([(0, False)], 1), ([(2, "yes")], 1),
-                                             ([(1, False)], 0)])
+                                             ([(1, False)], 0), ([(True, False)], 1),
+                                             ([(1, False)], True)])
 def test_bad_configurations_are_rejected_before_any_process_starts(problem, configs, epochs):
     with pytest.raises(ValueError):
         h.hogwild(problem, configs, epochs=epochs)

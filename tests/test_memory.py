@@ -42,8 +42,10 @@ def test_a_measured_mixed_precision_step_halves_weights_and_gradients():
     x, y = text_batch(stdlib_text(20_000), 3, 16, torch.Generator().manual_seed(0))
     model = tiny_gpt(d_model=32, layers=2, heads=4, context=16)
     counted = M.state_bytes(model, "mixed")
+    before = [p.detach().clone() for p in model.parameters()]
     measured = M.measure_step(model, x, y, precision="mixed")
-    assert next(model.parameters()).dtype == torch.bfloat16
+    for p, was in zip(model.parameters(), before, strict=True):  # it measured on a copy
+        assert p.dtype == torch.float32 and torch.equal(p, was)
     assert measured["params"] == counted["params"] and measured["grads"] == counted["grads"]
     # masters and moments; the tracker also counts a little of Adam's working memory here
     assert counted["optimizer"] <= measured["optimizer"] <= 1.05 * counted["optimizer"]

@@ -50,6 +50,12 @@ def test_a_run_with_nothing_to_do_is_refused():
         C.check_run(0, 4)
     with pytest.raises(ValueError, match="at least one sequence, got 0"):
         C.check_run(3, 0)
+    for steps in (2.5, True):
+        with pytest.raises(ValueError, match=f"steps must be at least 1, got {steps!r} .a whole"):
+            C.check_run(steps, 4)
+    for shape in (dict(SHAPE, global_batch=-4), dict(SHAPE, heads=0), dict(SHAPE, layers=2.0)):
+        with pytest.raises(ValueError, match=r"train_gpt\.\w+ must be a positive whole number"):
+            C.check_plan(2, Plan(dp=2, tp=1, pp=1), **shape)
 
 
 RULES = dict(layers=6, heads=4, global_batch=12)

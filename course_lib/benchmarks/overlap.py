@@ -2,13 +2,12 @@
 
 DDP paper (Li et al., VLDB 2020), section 3.2. Prints, asserts nothing:
 
-    python -m course_lib.benchmarks.overlap [--steps 15] [--emulated]
-    torchrun --nproc-per-node 2 -m course_lib.benchmarks.overlap
+    python -m course_lib.benchmarks.overlap [--steps 15] [--emulated]  # or under torchrun
 
-On two ranks (one thread each) training lesson 10's small GPT on the standard library's source:
-the median step time of each synchronisation (a) after backward, (b) per parameter, (c) buckets,
-DDP, and the bucket sweep; the ratio of (b) and (c) to (a); the share of communication hidden
-under backward, measured from a ``torch.profiler`` trace, next to the alpha-beta model's.
+On two ranks (one thread each), lesson 10's small GPT on the standard library's source: each
+synchronisation's median step, (a) after backward, (b) per parameter, (c) buckets, DDP, the bucket
+sweep, and their ratios to (a); the share of communication hidden under backward, measured from
+a ``torch.profiler`` trace, next to the alpha-beta model's.
 """
 
 from __future__ import annotations
@@ -256,8 +255,7 @@ def summarise(runs) -> dict:
         emulated["lag"] = max(r["lag"] / r["device_seconds"] for r in runs)
         emulated["unmodelled"] = max(r["unmodelled"] / r["device_seconds"] for r in runs)
     return dict(times=times, medians={k: statistics.median(v) for k, v in times.items()},
-                emulated=emulated,
-                spans=spans, alpha=alpha, beta=beta, message_sizes=sizes,
+                emulated=emulated, spans=spans, alpha=alpha, beta=beta, message_sizes=sizes,
                 copy_per_byte=max(r["copy_per_byte"] for r in runs),
                 message_seconds=seconds, predicted=predicted, measured=measured,
                 ready=ready, gradient_bytes=n_bytes, backward=backward)
@@ -288,13 +286,11 @@ def main(argv=None):
               f"late by {s['emulated']['lag']:.1%} of its time")
     print(f"alpha {s['alpha'] * 1e6:.0f} us, beta {1 / s['beta'] / 1e9:.2f} GB/s (fitted); "
           f"gradients {sum(s['gradient_bytes']) / 1e6:.2f} MB")
+    print("(a): the step with one all-reduce after backward")
     for name, t in med.items():
-        extra = ""
-        if name in s["measured"]:
-            extra = (f"; hidden under backward: measured {s['measured'][name]:.0%}, model "
-                     f"{s['predicted'][name]:.0%}")
-        print(f"  {name:22s} {t * 1e3:6.1f} ms  ({t / med['after backward']:.2f} x (a), the step "
-              f"after backward){extra}")
+        extra = (f"; hidden under backward: measured {s['measured'][name]:.0%}, model "
+                 f"{s['predicted'][name]:.0%}") if name in s["measured"] else ""
+        print(f"  {name:22s} {t * 1e3:6.1f} ms  ({t / med['after backward']:.2f} x (a)){extra}")
     best = min(med[k] for k in med if k != "none" and not k.startswith("after"))
     print(f"best overlapped step / (a): {best / med['after backward']:.2f} (target <= 0.8)")
     return s
