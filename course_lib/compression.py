@@ -27,8 +27,8 @@ from course_lib.training import check_whole, step_loop
 
 
 def flatten(tensors):
-    """Every tensor's numbers, one after the other, in one vector."""
-    return torch.cat([t.reshape(-1) for t in tensors])
+    """Every tensor's numbers, one after the other, in one vector (empty for no tensor)."""
+    return torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
 
 
 def split_like(flat, like):
@@ -114,12 +114,14 @@ class PowerSGD:
                 self.q[i] = torch.randn(m.shape[1], min(self.rank, *m.shape), generator=gen,
                                         dtype=m.dtype).to(m.device)
         ps = [m @ self.q[i] for i, m in mats.items()]
-        flat_p = flatten(ps)
-        dist.all_reduce(flat_p, group=group)
+        flat_p = flatten(ps)  # empty where no gradient is a matrix: nothing to send
+        if flat_p.numel():
+            dist.all_reduce(flat_p, group=group)
         ps = [orthonormalize(p) for p in split_like(flat_p / world_size, ps)]
         qs = [m.T @ p for m, p in zip(mats.values(), ps, strict=True)]
         rest = flatten(qs + [grads[i] for i in vecs])
-        dist.all_reduce(rest, group=group)
+        if rest.numel():
+            dist.all_reduce(rest, group=group)
         pieces = split_like(rest / world_size, qs + [grads[i] for i in vecs])
         out = list(grads)
         for i, p, q in zip(mats, ps, pieces, strict=False):  # pieces: the Qs, then vectors
@@ -128,7 +130,7 @@ class PowerSGD:
         for i, v in zip(vecs, pieces[len(qs):], strict=True):
             out[i] = v.to(grads[i].dtype)
         sent = [o if i in mats else grads[i] for i, o in enumerate(out)]  # the decoded matrices
-        n_bytes = (flat_p.numel() + rest.numel()) * flat_p.element_size()
+        n_bytes = flat_p.numel() * flat_p.element_size() + rest.numel() * rest.element_size()
         return out, n_bytes, sent
 
 
@@ -196,10 +198,11 @@ def compressor(name: str, seed: int = 0):
         return Dense()
     if name.startswith("top-k ") and name.endswith("%"):
         try:
-            return TopK(float(name[6:-1]) / 100)
-        except ValueError:  # not a number (a number out of range: TopK names it)
-            if name[6:-1].replace(".", "", 1).isdigit():
-                raise
+            percent = float(name[6:-1])
+        except ValueError:  # not a number: the message below names the forms
+            percent = None
+        if percent is not None:
+            return TopK(percent / 100)  # out of range: TopK says so
     if name.startswith("PowerSGD rank ") and name.removeprefix("PowerSGD rank ").isdigit():
         return PowerSGD(int(name.removeprefix("PowerSGD rank ")), seed)
     raise ValueError(f"unknown compressor {name!r}: 'dense', 'top-k 1%', 'PowerSGD rank 2'")

@@ -37,7 +37,8 @@ class DelayedScaling:
             raise ValueError(f"dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
         if isinstance(history, bool) or not isinstance(history, numbers.Integral) or history < 1:
             raise ValueError(f"history must be a positive whole number of steps, got {history!r}")
-        if isinstance(margin, bool) or not isinstance(margin, int) or not 0 <= margin <= 32:
+        if isinstance(margin, bool) or not isinstance(margin, numbers.Integral) or not (
+                0 <= margin <= 32):
             raise ValueError(f"margin must be a whole number from 0 to 32 (halvings of the "
                              f"scale), got {margin!r}")
         self.dtype, self.history, self.margin, self.scaled = dtype, history, margin, scaled
@@ -65,7 +66,7 @@ class DelayedScaling:
             self.amaxes.append(amax)
         s = self.scale()
         scaled = x.detach().double() * s
-        self.saturated += int((scaled.abs() > self.largest).sum())
+        self.saturated += int(((scaled.abs() > self.largest) & scaled.isfinite()).sum())
         codes = scaled.clamp(-self.largest, self.largest).to(self.dtype)
         if finite:
             self.amaxes = (self.amaxes + [amax])[-self.history:]

@@ -50,7 +50,8 @@ def measure_step(model, x, y, lr: float = 1e-3, precision: str = "fp32") -> dict
     gradient up and the updated master down. A first step runs untracked, so that Adam's state
     exists, as in training; gradients stay allocated between steps (as DDP's buckets keep
     them). Adam's step counts (a float32 per tensor) count as optimizer state. The steps run on a
-    copy: ``model`` is left as it was (its weights, their dtype)."""
+    copy: ``model`` is left as it was (its weights, their dtype), and both are in memory while it
+    measures (a model that ``copy.deepcopy`` cannot copy is refused by it)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     if precision not in PRECISIONS:

@@ -180,8 +180,9 @@ class BucketedAllReduce:
         self.pending.clear()
         self.ready = [0] * len(self.buckets)
         if unsent:
-            empty = [self.names[i] for i in sorted(i for b in unsent for i in self.buckets[b])
-                     if self.params[i].grad is None]  # in the order of model.parameters()
+            unfilled = sorted(i for b in unsent for i in self.buckets[b])  # as .parameters()
+            empty = [self.names[i] for i in unfilled if self.params[i].grad is None] or [
+                self.names[i] for i in unfilled]  # an old .grad kept (not set to None): all
             raise RuntimeError(f"rank {dist.get_rank(self.group)}: buckets {unsent} never filled: "
                                f"parameters {empty} got no gradient in this backward pass; "
                                f"use every parameter in the loss, freeze it or, if no rank uses "

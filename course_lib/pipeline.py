@@ -18,7 +18,6 @@ their measured bubble and the formula (each forward padded to 10 ms, each backwa
 
 from __future__ import annotations
 
-import copy
 import time
 
 import torch
@@ -63,13 +62,16 @@ def reference_gradients(pieces, x, y):
 
 
 def activation_shape(pieces, micro_batch) -> tuple[torch.Size, torch.dtype]:
-    """Shape and dtype of what ``pieces`` (the stages before one) send for ``micro_batch``, from
-    a copy run on the meta device (shapes without data: the pieces and their statistics stay as
-    they were). Refused, with the layer's error, where the copy cannot run or returns no tensor."""
-    ghost = copy.deepcopy(torch.nn.Sequential(*pieces)).to("meta")
+    """Shape and dtype of what ``pieces`` (the stages before one) send for ``micro_batch``: they
+    run on meta tensors (shapes without data: no weight is copied, no statistic changes).
+    Refused, with the layer's error, where they cannot run so or return no tensor."""
+    model = torch.nn.Sequential(*pieces)
+    ghosts = {name: torch.empty_like(t, device="meta") for name, t in
+              [*model.named_parameters(), *model.named_buffers()]}
     try:
         with torch.no_grad():
-            out = ghost(torch.empty(micro_batch.shape, dtype=micro_batch.dtype, device="meta"))
+            out = torch.func.functional_call(model, ghosts, torch.empty(
+                micro_batch.shape, dtype=micro_batch.dtype, device="meta"))
         return out.shape, out.dtype
     except (RuntimeError, NotImplementedError, TypeError, AttributeError) as error:
         raise ValueError(f"cannot find the shape of the one tensor stage {len(pieces)} receives: "
@@ -108,8 +110,9 @@ class Stage:
         self.module.zero_grad()
         self.first, self.last = self.index == 0, self.index == self.stages - 1
         self.xs = x.to(self.dev).tensor_split(micro_batches)
-        self.before = pieces[:self.index]  # what runs before this stage: its input's shape
-        self.in_shapes = {}  # micro-batch length -> (shape, dtype) of the activation received
+        self.in_shapes = {} if self.first else {  # micro-batch length -> what it receives
+            n: activation_shape(pieces[:self.index], xs)  # two lengths at most
+            for n, xs in {len(xs): xs for xs in self.xs}.items()}
         self.ys = y.to(self.dev).tensor_split(micro_batches)
         self.batch, self.hold = len(x), (forward_seconds, backward_seconds)
         self.saved = {}  # micro-batch -> (input, output): activations kept for the backward pass
@@ -156,10 +159,7 @@ class Stage:
         self.live -= 1
 
     def _activation_buffer(self, i):
-        n = len(self.xs[i])  # micro-batches differ by at most one row: two shapes at most
-        if n not in self.in_shapes:
-            self.in_shapes[n] = activation_shape(self.before, self.xs[i])
-        shape, dtype = self.in_shapes[n]
+        shape, dtype = self.in_shapes[len(self.xs[i])]  # two lengths at most
         return torch.empty(shape, dtype=dtype, device=self.dev)
 
     def _receive(self, key, buffer, peer):
@@ -225,9 +225,9 @@ def run_pipeline(pieces, x, y, micro_batches: int, schedule: str = "1F1B", *,
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}: use one of {sorted(SCHEDULES)}")
     for _ in range(warmup_rounds + 1):
-        dist.barrier(group=group)  # every round starts together
         stage = Stage(pieces, x, y, micro_batches, forward_seconds=forward_seconds,
                       backward_seconds=backward_seconds, group=group)
+        dist.barrier(group=group)  # every round starts together, its stages built
         actions = SCHEDULES[schedule](stage.index, stage.stages, micro_batches)
         result = run_schedule(stage, actions)
     return result

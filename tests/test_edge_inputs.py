@@ -125,6 +125,28 @@ def test_interleaving_leaves_frozen_gradients_none_and_refuses_impossible_micro_
             il.check_micro_batches(4, m)
 
 
+def power_sgd_of_vectors_only(group=None):
+    out, n_bytes, _ = cm.PowerSGD(2).all_reduce([torch.ones(3), torch.ones(2, 0)], group)
+    return out, n_bytes
+
+
+def test_power_sgd_sends_vectors_alone_and_top_k_names_its_range():
+    out, n_bytes = launch(power_sgd_of_vectors_only, 2)[0]
+    torch.testing.assert_close(out[0], torch.ones(3))
+    assert out[1].shape == (2, 0) and n_bytes == 3 * 4
+    with pytest.raises(ValueError, match="fraction must be in"):
+        cm.compressor("top-k -5%")
+
+
+def test_fp8_counts_only_finite_values_as_saturated():
+    import numpy as np
+
+    from course_lib.fp8_training import DelayedScaling
+    scaler = DelayedScaling(margin=np.int64(0), scaled=False)
+    scaler.cast(torch.tensor([math.inf, 1e6, 1.0]))
+    assert scaler.saturated == 1  # 1e6 saturates; inf stays inf
+
+
 def power_sgd_in_half(group=None):
     g = torch.Generator().manual_seed(0)
     grads = [torch.randn(6, 4, generator=g).half(), torch.randn(3, generator=g).half(),

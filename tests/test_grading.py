@@ -849,7 +849,8 @@ def test_release_writes_only_a_new_folder_or_an_earlier_release(tmp_path):
     lessons = tmp_path / "lessons"
     lessons.mkdir()
     _tiny_lesson(lessons / "tiny.ipynb")
-    for target in (ROOT, ROOT / "notebooks", LIBRARY / "x", lessons, lessons / "out", tmp_path):
+    for target in (ROOT, ROOT / "notebooks", ROOT / "data" / "x", LIBRARY / "x", lessons,
+                   lessons / "out", tmp_path):
         with pytest.raises(ValueError, match="would overwrite the course or its lessons"):
             editions.check_release_target(lessons, target)  # only checks: nothing is written
     mine = tmp_path / "mine" / "course_lib" / "mine.py"

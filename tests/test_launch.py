@@ -292,8 +292,8 @@ def test_rank_stuck_in_a_collective_raises_launch_timeout_naming_ranks(tmp_path,
         launch(workers.stuck_in_collective, 2, args=(str(tmp_path),), timeout=TIMEOUT[start])
     err = info.value
     assert err.ranks == [0, 1]
-    assert ("rank 0 still in fn; rank 1 returned from fn and waited for the others in the "
-            "launcher's closing barrier.") in str(err)
+    assert ("rank 0 still in fn; rank 1 returned from fn and waited for the others (the "
+            "launcher's closing wait, not a collective).") in str(err)
     # rank 0's stack runs through the worker function into torch.distributed (on a loaded
     # machine gloo may be inside all_reduce's error path when the stack is taken)
     assert "in stuck_in_collective" in err.stacks[0] and "torch/distributed" in err.stacks[0]

@@ -267,8 +267,8 @@ def main(argv=None):
     parser.add_argument("--emulated", action="store_true",
                         help="on an emulated device, reference_system()'s ratio or less")
     args = parser.parse_args(argv)
-    if args.emulated and args.backend == "nccl":
-        parser.error("--emulated runs on CPU ranks (gloo): the device is emulated, not a GPU")
+    if args.world_size != 2 or (args.emulated and args.backend == "nccl"):
+        parser.error("the overlap benchmark runs on two ranks, and --emulated on CPU ranks (gloo)")
     check_backend(parser, args.backend, args.world_size)
     kwargs = dict(steps=args.steps)
     if args.emulated:

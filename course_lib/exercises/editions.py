@@ -259,7 +259,7 @@ def check_release_target(source: Path, target: Path) -> Path:
 
     root = Path(course_lib.__file__).resolve().parent.parent
     source, target = Path(source).resolve(), Path(target).resolve()
-    mine = [root / part for part in ("notebooks", "course_lib", ".git")] + [source]
+    mine = [root / part for part in ("notebooks", "course_lib", "data", ".git")] + [source]
     if target == root or root.is_relative_to(target) or source.is_relative_to(target) or any(
             target.is_relative_to(folder) for folder in mine):
         raise ValueError(f"{target} would overwrite the course or its lessons: release into a "

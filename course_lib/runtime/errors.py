@@ -146,7 +146,7 @@ def _main_thread_stack(dump: str) -> str:
 
 def timeout_error(timeout, running, returned, world_size, stacks):
     """The LaunchTimeout for ranks still ``running`` after ``timeout`` s (``returned``: those of
-    them that had returned from fn and wait for the others in the closing barrier)."""
+    them that had returned from fn and wait for the others in the launcher's closing wait)."""
     def names(ranks):
         return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
@@ -155,8 +155,8 @@ def timeout_error(timeout, running, returned, world_size, stacks):
     done = sorted(set(range(world_size)) - set(running))
     state = [f"{names(in_fn)} still in fn"] if in_fn else []
     if waiting:
-        state.append(f"{names(waiting)} returned from fn and waited for the others in the "
-                     f"launcher's closing barrier")
+        state.append(f"{names(waiting)} returned from fn and waited for the others (the "
+                     f"launcher's closing wait, not a collective)")
     if done:
         state.append(f"{names(done)} finished")
     where = "".join(f"\n\nWhere rank {r} was (most recent call first):\n{stacks[r]}"

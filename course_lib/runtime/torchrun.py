@@ -18,6 +18,7 @@ import importlib
 import math
 import os
 import sys
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -181,10 +182,12 @@ def run_command(fn, description: str, options, argv=None, *, world_size: int = 2
     try:
         return args, run_experiment(fn, world_size=args.world_size, kwargs=kwargs,
                                     backend=args.backend, timeout=args.timeout)
-    except WorkerError as error:  # a rank refused the arguments: say so as a usage error
-        if error.exc_type != "ValueError":
+    except WorkerError as error:  # a rank refused the arguments: a usage error, its traceback
+        if error.exc_type != "ValueError":  # above it (a bug may raise a ValueError too)
             raise
+        print(error.worker_traceback, file=sys.stderr)
         parser.error(f"rank {error.rank}: {error.exc_message}")
     except ValueError as why:  # under torchrun, this rank's own refusal
+        traceback.print_exc()
         parser.error(str(why))
 

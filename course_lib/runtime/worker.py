@@ -80,8 +80,7 @@ def main(jobdir: str, rank: int) -> None:
     jobdir = Path(jobdir)
     title = f"course_lib worker: rank {rank} of {os.environ.get('WORLD_SIZE', '?')}"
     set_title(title)  # forked or new, a worker shows what it is, not the fork server's title
-    watched = os.dup(sys.stdin.fileno())  # our own copy: a child's closing stdin leaves it open
-    os.set_inheritable(watched, False)
+    watched = os.dup(sys.stdin.fileno())  # our own: fn may close or reuse fd 0
     threading.Thread(target=_exit_when_parent_dies, args=(watched,), daemon=True).start()
     if hasattr(signal, "SIGUSR1"):  # the launcher asks "where are you?" before a timeout kill
         stack_file = open(jobdir / f"stack-{rank}.txt", "w")
