@@ -143,6 +143,8 @@ def batch_rows(shard: torch.Tensor, batch: int, seed: int, worker: int, step: in
     sequential reference all draw the same batches. A batch larger than the shard is the whole
     shard (as a DataLoader's last batch is what is left); one of 0 rows or fewer is refused."""
     check_whole("batch", batch)
+    if not len(shard):
+        raise ValueError(f"worker {worker}'s shard has no rows: there is no batch to draw")
     g = torch.Generator().manual_seed(batch_key(seed, worker, step))
     return shard[torch.randperm(len(shard), generator=g)[:batch].to(shard.device)]
 

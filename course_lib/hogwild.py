@@ -63,6 +63,10 @@ def sparse_logistic_problem(n: int = 20_000, d: int = 10_000, nnz: int = 10,
                             noise: float = 0.05, seed: int = 0) -> SparseProblem:
     """A synthetic sparse classification problem (in the spirit of text data, where each document
     has a few of many words): labels from a random w*, a fraction ``noise`` flipped."""
+    whole = all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (n, d, nnz))
+    if not (whole and 1 <= nnz <= d and n >= 1 and 0 <= noise <= 1):
+        raise ValueError(f"need whole numbers n >= 1 and 1 <= nnz <= d, and 0 <= noise <= 1, got "
+                         f"n={n!r}, d={d!r}, nnz={nnz!r}, noise={noise!r}")
     rng = np.random.default_rng(seed)
     indices = np.stack([rng.choice(d, nnz, replace=False) for _ in range(n)])
     values = rng.normal(size=(n, nnz)) / math.sqrt(nnz)

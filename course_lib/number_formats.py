@@ -65,6 +65,8 @@ def fraction_flushed(values: torch.Tensor, dtype, scale: float = 1.0) -> dict:
         value = math.nan
     if not 0 < value < math.inf:
         raise ValueError(f"scale must be a positive, finite number, got {scale!r}")
+    if values.isnan().any():
+        raise ValueError("values holds NaN, which has no fate to count: take it out first")
     values = values[values != 0].double() * scale
     if not values.numel():
         raise ValueError("values holds no non-zero number: there is nothing whose fate to count")

@@ -17,10 +17,12 @@ NVIDIA's specifications, not the papers'.
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, field, replace
 
 from course_lib.cost_models import ring_all_reduce_time
+from course_lib.model_shapes import check_positive
 from course_lib.plans import Cluster, Plan, Transformer
 
 NARAYANAN_2021 = ("Narayanan et al. 2021, Efficient large-scale language model training on GPU "
@@ -95,9 +97,14 @@ class Run:
     chosen: bool = True   # the team's configuration (False: the losing side of a comparison)
 
     def __post_init__(self):
-        if self.cluster not in CLUSTERS or self.convention not in CONVENTIONS:
-            raise ValueError(f"Run {self.name!r}: cluster must be one of {CLUSTERS} and convention "
-                             f"one of {CONVENTIONS}, got {self.cluster!r} and {self.convention!r}")
+        nodes_of_eight(self.gpus)  # a cluster of whole nodes, or refused by name
+        positive = all(isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 < v < math.inf
+                       for v in (self.tflops, 1.0 if self.seconds is None else self.seconds))
+        if self.cluster not in CLUSTERS or self.convention not in CONVENTIONS or not positive:
+            raise ValueError(f"Run {self.name!r}: cluster must be one of {CLUSTERS}, convention "
+                             f"one of {CONVENTIONS}, tflops and seconds positive and finite; got "
+                             f"{self.cluster!r}, {self.convention!r}, {self.tflops!r}, "
+                             f"{self.seconds!r}")
 
 
 OLD = dict(attention=("stored",), sequence_parallel=(False,))  # 2021: no SP, no FlashAttention
@@ -132,8 +139,7 @@ for _params, _zero3, _ptdp in (
          [(384, 1536, 1, 153), (768, 1536, 1, 149), (1536, 1536, 1, 141)]),
         ("529.6", [(640, 2560, 4, 138), (1120, 2240, 2, 98), (2240, 2240, 1, 48)],
          [(560, 2240, 1, 171), (1120, 2240, 1, 167), (2240, 2240, 1, 159)])):
-    _shape = (96, 12288, 96) if _params == "174.6" else (105, 20480, 128)
-    _pp = 12 if _params == "174.6" else 35
+    _shape, _pp = ((96, 12288, 96), 12) if _params == "174.6" else ((105, 20480, 128), 35)
     for (_g3, _b3, _mb3, _t3), (_gp, _bp, _mbp, _tp) in zip(_zero3, _ptdp, strict=True):
         _label = f"{_params}B on ~{_g3 if _g3 == _gp else _gp} GPUs"
         RUNS.append(Run(f"GPT {_params}B, ZeRO-3, {_g3} GPUs", NARAYANAN_2021 + ", Table 2",
@@ -156,17 +162,15 @@ for _name, _shape, _tp, _pp, _gpus, _batch, _mb, _full, _present, _chunks in (
         ("530B", (105, 20480, 128), 8, 35, 280, 280, 1, 49.05, 37.83, 3),
         ("1T", (128, 25600, 160), 8, 64, 512, 512, 1, 94.42, 71.49, None)):
     _model = gpt(*_shape, _batch)
-    _known = dict(dp=1, tp=_tp, pp=_pp, zero=0, micro_batches=_batch // _mb)
-    _known |= dict(chunks=_chunks) if _chunks else {}
+    _known = dict(dp=1, tp=_tp, pp=_pp, zero=0, micro_batches=_batch // _mb) | (
+        dict(chunks=_chunks) if _chunks else {})
     for _label, _how, _seconds in (("full recomputation", FULL, _full),
                                    ("selective + SP", SELECTIVE, _present)):
         _hw = _model.hardware_flops(_how["recompute"], _how["attention"])
         RUNS.append(Run(f"GPT {_name}, {_label}", KORTHIKANTI_2022 + ", Tables 3 and 5", _model,
                         "a100", _gpus, dict(_known, **_how), _hw / (_seconds * _gpus) / 1e12,
                         seconds=_seconds,
-                        options=dict(zero_stages=(0,), recompute=(_how["recompute"],),
-                                     attention=(_how["attention"],),
-                                     sequence_parallel=(_how["sequence_parallel"],))))
+                        options=dict(zero_stages=(0,), **{k: (v,) for k, v in _how.items()})))
 
 # Megatron-Turing NLG 530B (Smith et al. 2022): 105 layers, 20480 wide, 128 heads, batch 1920,
 # tp 8 x pp 35 on 280, 350 and 420 DGX A100 nodes: 60.1, 50.2, 44.4 s per iteration, 126, 121,
@@ -239,23 +243,19 @@ TEAMS = {NARAYANAN_2021: "NVIDIA (Megatron-LM)", KORTHIKANTI_2022: "NVIDIA (Mega
 
 def team_of(run: Run) -> str:
     """The team that published ``run``."""
-    for source, team in TEAMS.items():
-        if run.source.startswith(source):
-            return team
-    raise ValueError(f"no team is known for the source {run.source!r}: add it to TEAMS")
+    teams = [team for source, team in TEAMS.items() if run.source.startswith(source)]
+    if not teams:
+        raise ValueError(f"no team is known for the source {run.source!r}: add it to TEAMS")
+    return teams[0]
 
 # Memory: GB (10^9 bytes) per GPU. ZeRO's Table 1: the model states (16 bytes a parameter in
 # mixed precision) of a 7.5B model over 64 data-parallel GPUs at each stage; section 3.2: GPT-2's
 # 1.5B model, its states, and its activations at sequence 1K and batch 32, with and without
 # recomputation ("about 60 GB", "about 8 GB"). GPT-2 1.5B: 48 layers, 1600 wide, 25 heads.
 GPT2_XL = gpt(48, 1600, 25, 32, seq=1024, vocab=50_257)
-MEMORY = [
-    dict(name="7.5B, ZeRO-1 over 64", source=RAJBHANDARI_2020, psi=7.5e9, dp=64, zero=1,
-         term="state", gb=31.4),
-    dict(name="7.5B, ZeRO-2 over 64", source=RAJBHANDARI_2020, psi=7.5e9, dp=64, zero=2,
-         term="state", gb=16.6),
-    dict(name="7.5B, ZeRO-3 over 64", source=RAJBHANDARI_2020, psi=7.5e9, dp=64, zero=3,
-         term="state", gb=1.88),
+MEMORY = [dict(name=f"7.5B, ZeRO-{zero} over 64", source=RAJBHANDARI_2020, psi=7.5e9, dp=64,
+              zero=zero, term="state", gb=gb) for zero, gb in ((1, 31.4), (2, 16.6), (3, 1.88))]
+MEMORY += [
     dict(name="GPT-2 1.5B, states", source=RAJBHANDARI_2020, model=GPT2_XL,
          plan=Plan(dp=1, tp=1, pp=1), term="state", gb=24),
     dict(name="GPT-2 1.5B, activations", source=RAJBHANDARI_2020, model=GPT2_XL,
@@ -272,11 +272,10 @@ LAYER_22B = dict(source="Korthikanti et al. 2022, Table 4", model=gpt(48, 6144, 
 
 
 def measured_mfu(all_reduces_out: bool = True) -> float:
-    """The share of peak :data:`LAYER_22B` ran at. With ``all_reduces_out`` its four
-    tensor-parallel all-reduces, timed as the planner times them on NVLink, are taken out of the
-    measured time first -- the planner adds them back as a term of their own -- which gives the
-    MFU of the kernels alone, the planner's MFU for every cluster here (H100s included: an
-    assumption, as no layer of these runs was timed on its own on H100s)."""
+    """The share of peak :data:`LAYER_22B` ran at. With ``all_reduces_out`` its four tensor-parallel
+    all-reduces, timed as the planner times them on NVLink, are taken out of the measured time first
+    (the planner adds them back as a term of their own): the MFU of the kernels alone, the planner's
+    MFU for every cluster here (H100s too: an assumption, no layer was timed alone on H100s)."""
     layer, node = LAYER_22B, a100_cluster(8)
     model, seconds = layer["model"], layer["seconds"]
     if all_reduces_out:
@@ -289,6 +288,7 @@ def measured_mfu(all_reduces_out: bool = True) -> float:
 def layer_flops(model: Transformer, micro_batch: int) -> float:
     """Model FLOPs of one layer's forward and backward for one micro-batch (Korthikanti et al.
     2022, equation 7 without the head): 72 b s h^2 (1 + s / (6 h))."""
+    check_positive("layer_flops", micro_batch=micro_batch)
     s, h = model.seq, model.hidden
     return 72 * micro_batch * s * h * h * (1 + s / (6 * h))
 

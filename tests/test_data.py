@@ -161,3 +161,8 @@ def test_text_batches_are_next_token_windows_and_impossible_ones_are_refused():
     for batch, context in ((0, 4), (2, 0), (-1, 4)):
         with pytest.raises(ValueError, match="must be a whole number of at least 1"):
             data.text_batch(tokens, batch, context)
+
+
+def test_batch_rows_refuses_an_empty_shard_rather_than_an_empty_batch():
+    with pytest.raises(ValueError, match="worker 3's shard has no rows"):
+        data.batch_rows(torch.arange(0), 8, seed=0, worker=3, step=0)

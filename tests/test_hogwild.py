@@ -102,3 +102,11 @@ def test_a_process_that_cannot_start_raises_its_own_error_and_stops_the_others(p
 def test_bad_configurations_are_rejected_before_any_process_starts(problem, configs, epochs):
     with pytest.raises(ValueError):
         h.hogwild(problem, configs, epochs=epochs)
+
+
+@pytest.mark.parametrize("change", [dict(n=0), dict(nnz=0), dict(d=5, nnz=6), dict(noise=-0.1),
+                                    dict(noise=1.5), dict(n=10.0), dict(d=True)])
+def test_sparse_problem_refuses_impossible_sizes_by_name(change):
+    with pytest.raises(ValueError, match="need whole numbers n >= 1 and 1 <= nnz <= d"):
+        h.sparse_logistic_problem(**dict(dict(n=10, d=20, nnz=3), **change))
+    assert h.sparse_logistic_problem(n=10, d=3, nnz=3).indices.shape == (10, 3)

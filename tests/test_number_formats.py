@@ -78,3 +78,9 @@ def test_float64_and_fp8_formats_are_read_and_counted_too():
     e4m3 = nf.fraction_flushed(values, torch.float8_e4m3fn)  # it saturates at 448, has no inf
     assert e4m3 == pytest.approx(dict(zero=0.25, subnormal=0.0, overflow=0.5))
     assert nf.fraction_flushed(values, torch.float8_e5m2)["overflow"] == pytest.approx(0.25)
+
+
+def test_fraction_flushed_refuses_nan_which_has_no_fate():
+    with pytest.raises(ValueError, match="values holds NaN"):
+        nf.fraction_flushed(torch.tensor([1.0, float("nan")]), torch.float16)
+    assert nf.fraction_flushed(torch.tensor([1.0, float("inf")]), torch.float16)["overflow"] == 0.5

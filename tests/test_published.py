@@ -150,7 +150,7 @@ def _bloom(**change):
 def test_a_run_on_a_cluster_or_in_a_convention_nobody_knows_is_refused(change):
     # "H100" and "v100" used to build an A100 cluster; "hw" was taken
     with pytest.raises(ValueError, match=r"cluster must be one of \('a100', 'a100 omni-path', "
-                                         r"'h100', 'h800'\) and convention one of"):
+                                         r"'h100', 'h800'\), convention one of"):
         _bloom(**change)
     assert pub.cluster_of(_bloom(cluster="h100"), 0.5).peak_flops == pub.H100_PEAK
 
@@ -159,3 +159,26 @@ def test_the_team_of_an_unknown_source_is_a_clear_error():
     with pytest.raises(ValueError, match="no team is known for the source 'Somebody 2030'"):
         pub.team_of(_bloom(source="Somebody 2030"))  # was a bare StopIteration
     assert pub.team_of(_bloom()) == "BigScience"
+
+
+@pytest.mark.parametrize("change", [dict(tflops=0), dict(tflops=-149.77), dict(tflops=True),
+                                    dict(tflops="149.77"), dict(seconds=0.0),
+                                    dict(seconds=float("inf"))])
+def test_a_run_without_a_positive_throughput_or_time_is_refused(change):
+    with pytest.raises(ValueError, match="tflops and seconds positive and finite"):
+        _bloom(**change)
+    assert _bloom(seconds=None).seconds is None  # not published: allowed
+
+
+@pytest.mark.parametrize("gpus", [0, -8, 12, 2.5])
+def test_a_run_on_gpus_that_fill_no_whole_nodes_is_refused(gpus):
+    with pytest.raises(ValueError, match="gpus must be 1 to 8 or a multiple of 8"):
+        _bloom(gpus=gpus)
+
+
+@pytest.mark.parametrize("micro_batch", [0, -4, 1.5, True])
+def test_layer_flops_refuses_a_micro_batch_that_is_not_a_whole_number_from_1(micro_batch):
+    with pytest.raises(ValueError, match="layer_flops.micro_batch must be a positive whole number"):
+        pub.layer_flops(pub.LAYER_22B["model"], micro_batch)
+    assert pub.layer_flops(pub.LAYER_22B["model"], 2) == 2 * pub.layer_flops(
+        pub.LAYER_22B["model"], 1)
