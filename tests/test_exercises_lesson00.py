@@ -94,3 +94,18 @@ def test_the_student_edition_judges_the_prediction_against_the_run(monkeypatch):
         judge({"values": values, "prediction": [9.0, 9.0], "ran": [6.0, 11.0]})
     with pytest.raises(common.ExerciseFailed, match="not a number per rank"):
         judge({"values": values, "prediction": [6.0, 11.0], "ran": "[6.0, 11.0]"})
+
+
+def test_a_graded_prediction_must_be_for_the_runs_own_values(monkeypatch):
+    monkeypatch.setenv(common.GRADING_SEED, "7")  # the grader seeds the draw, kernel and judge
+    values = common.drawn("lesson00.values", ex.draw_values)
+    assert values == common.drawn("lesson00.values", ex.draw_values)
+    assert len(values) == 2 and all(v == int(v) and -9 <= v <= 9 for v in values)
+    judge = common.JUDGES["lesson00.prediction"]
+    right = [max(values) * 3 - v for v in values]  # max on both, x1 and x2, summed, less own
+    assert judge({"values": values, "prediction": right, "ran": right}).startswith("correct")
+    # values of the student's choosing, with the prediction that fits them
+    chosen = [0.0, 0.0] if values != [0.0, 0.0] else [1.0, 1.0]
+    fits = [max(chosen) * 3 - v for v in chosen]
+    with pytest.raises(common.ExerciseFailed, match="drawn values were changed"):
+        judge({"values": chosen, "prediction": fits, "ran": fits})

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from course_lib import partitions as pt
+from course_lib.data import load_digits
 from course_lib.exercises import common
 from course_lib.exercises import lesson08 as ex
 
@@ -98,16 +99,21 @@ def test_uniform_mix_in_a_graded_run_must_be_for_the_runs_own_draw(monkeypatch):
     alpha, seed = common.drawn("lesson08.partition", ex.draw_partition)
     assert (alpha, seed) == common.drawn("lesson08.partition", ex.draw_partition)
     assert 0.25 <= alpha <= 1 and 0 <= seed < 10**6
-    tv = uniform_tv(LABELS, pt.dirichlet_per_class(LABELS, 20, alpha=alpha, min_size=5,
+    labels = load_digits().y_train.numpy()  # the notebook's labels and K
+    tv = uniform_tv(labels, pt.dirichlet_per_class(labels, 50, alpha=alpha, min_size=5,
                                                    seed=seed))
-    assert "correct" in ex.check_uniform_mix(tv, LABELS, 20, float(alpha), int(seed))
+    assert "correct" in ex.check_uniform_mix(tv, labels, 50, float(alpha), int(seed))
     # a classmate's alpha and seed copied over the drawn ones, with their (right) answer
     other_alpha, other_seed = ex.draw_partition(np.random.default_rng(1))
     assert (other_alpha, other_seed) != (alpha, seed)
-    copied = uniform_tv(LABELS, pt.dirichlet_per_class(LABELS, 20, alpha=other_alpha,
+    copied = uniform_tv(labels, pt.dirichlet_per_class(labels, 50, alpha=other_alpha,
                                                        min_size=5, seed=other_seed))
     with pytest.raises(common.ExerciseFailed, match="drawn values were changed"):
-        ex.check_uniform_mix(copied, LABELS, 20, other_alpha, other_seed)
+        ex.check_uniform_mix(copied, labels, 50, other_alpha, other_seed)
+    # labels or K of the student's own making (all one label: a distance of 0 with any K)
+    for fake_labels, k in ((np.zeros_like(labels), 2), (labels, 20), (labels[:-1], 50)):
+        with pytest.raises(common.ExerciseFailed, match="pass the notebook's labels"):
+            ex.check_uniform_mix(0.0, fake_labels, k, float(alpha), int(seed))
 
 
 def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):

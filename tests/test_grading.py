@@ -607,6 +607,14 @@ GREEDY = {  # issue 31's review: each hung the grader, grew its memory or crashe
         "for i in range(24):\n"
         "    create_comm(target_name='nothing', data={'state': {}, 'buffer_paths': [['b']]},\n"
         "                buffers=[big])\n"),
+    # raw frames just under the cap on a message, queued faster than the grader reads them
+    # (zero-copy: the sandbox holds one buffer; zmq queued up to 1,000 of them in the grader)
+    "raw frames on iopub": (
+        "import time\n"
+        "_t = get_ipython().kernel.iopub_thread\n"
+        "_buf = b'x' * (60 << 20)\n"
+        "_t.schedule(lambda: [_t.socket.send(_buf, copy=False) for _ in range(60)])\n"
+        "time.sleep(8)\n"),
     # a prompt number of 300 MB
     "a huge execute_input": (
         "_k = get_ipython().kernel\n"
@@ -649,8 +657,8 @@ GREEDY = {  # issue 31's review: each hung the grader, grew its memory or crashe
 @pytest.mark.parametrize("attack", list(GREEDY), ids=list(GREEDY))
 def test_no_submission_hangs_the_grader_grows_its_memory_or_crashes_it(tmp_path, lesson, attack,
                                                                       monkeypatch):
-    removed = []
-    monkeypatch.setattr(sandbox, "remove_groups", lambda pid: removed.append(pid))
+    removed, remove = [], sandbox.remove_groups  # counted, and removed: none left behind
+    monkeypatch.setattr(sandbox, "remove_groups", lambda pid: (removed.append(pid), remove(pid)))
     limit = short_limit()  # what honest cells need on this machine, at least 6 s
     started = time.monotonic()
     # 100,000 files take longer than 5 s on a busy machine: that cell gets 30 to reach the guard
@@ -1025,3 +1033,53 @@ def test_feedback_names_no_path_of_the_graders(tmp_path, lesson):
     report = hw.grade(path, lesson, cell_timeout=60)
     text = json.dumps(report["exercises"], ensure_ascii=False)
     assert str(tmp_path) not in text and "/tmp/" not in text and "…" in text, text
+
+
+def test_the_graders_environment_is_not_readable_in_the_sandbox(tmp_path, lesson, monkeypatch):
+    # bubblewrap is process 1 in the sandbox: its environment was the grader's, tokens included
+    monkeypatch.setenv("COURSE_TEST_TOKEN", "hunter2-" + uuid.uuid4().hex)
+    path = _submission(lesson, tmp_path / "tiny.ipynb", c2=(
+        "import os\n"
+        "seen = {p: open(f'/proc/{p}/environ').read() for p in os.listdir('/proc')\n"
+        "        if p.isdigit() and os.access(f'/proc/{p}/environ', os.R_OK)}\n"
+        "raise ValueError(str(sorted(seen)) + ' ' + repr(seen.get('1')))"))
+    report = hw.grade(path, lesson, cell_timeout=60)
+    said = report["exercises"][0]["feedback"]
+    assert "ValueError: [" in said and "'1'" in said, said  # it read process 1's environment
+    assert os.environ["COURSE_TEST_TOKEN"] not in said and "COURSE_TEST_TOKEN" not in said
+
+
+def test_text_a_kernel_sends_that_is_not_utf8_is_written_and_the_class_goes_on(tmp_path, lesson):
+    # a check record holding a lone surrogate, sent with an ASCII packer: it reached the
+    # feedback, the report's text file failed to write and the class's grading stopped
+    forged = (
+        "import json\n"
+        "from jupyter_client.session import json_default\n"
+        "from IPython.display import display\n"
+        "_s = get_ipython().kernel.session\n"
+        "_real = _s.pack\n"
+        "_s.pack = lambda o: json.dumps(o, default=json_default).encode()\n"
+        "display({'application/vnd.course-lib.check-data+json': {\n"
+        "    'name': 'lesson07.fp16_stochastic_round', 'data': {'__failed__': 'x\\ud800y'}}},\n"
+        "    raw=True)\n"
+        "_s.pack = _real\n")
+    source = tmp_path / "source"
+    source.mkdir()
+    shutil.copy(lesson, source / "tiny.ipynb")
+    folder = tmp_path / "alice"
+    folder.mkdir()
+    _submission(lesson, folder / "tiny.ipynb", c4=WRONG + forged)
+    report = subs.grade_one(folder / "tiny.ipynb", source, tmp_path / "out", cell_timeout=60)
+    assert report["status"] == "graded", report
+    text = (tmp_path / "out" / "tiny.txt").read_text()
+    assert "\ud800" not in text and "exercise" in text, text
+    kept = (tmp_path / "out" / "tiny.executed.ipynb").read_text(encoding="utf-8")
+    assert "\ud800" not in kept
+
+
+def test_code_nested_deeper_than_the_analysis_runs_the_whole_lesson(tmp_path, lesson):
+    deep = "x = " + "+".join(["1"] * 800) + "\n"  # valid Python; the def-use analysis recursed
+    path = _submission(lesson, tmp_path / "tiny.ipynb", c2="k = 7\n" + deep)
+    report = hw.grade(path, lesson, cell_timeout=60)
+    assert _scores(report)[0] == 1, hw.summary(report)
+    assert "whole lesson" in json.dumps(report), hw.summary(report)

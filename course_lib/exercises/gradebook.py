@@ -199,7 +199,7 @@ def inert(value):
 
 
 def _write(path: Path, head: list[str], rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
+    with open(path, "w", newline="", errors="replace") as f:  # a kernel's text may not be UTF-8
         writer = csv.DictWriter(f, fieldnames=head, restval="")
         writer.writeheader()
         writer.writerows({k: inert(v) for k, v in row.items()} for row in rows)

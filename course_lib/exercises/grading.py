@@ -144,8 +144,9 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
             if wrong and result["score"] < result["points"]:
                 result["feedback"] += f" ({wrong})"
         seconds = round(time.monotonic() - start, 1)
-        text = json.dumps([[r["feedback"] for r in results.values()],
-                           [f["error"] for f in failed]])
+        text = json.dumps([[r["feedback"] for r in results.values()], [f["error"] for f in
+                                                                     failed]], ensure_ascii=False)
+        text = text.encode("utf-8", "replace").decode()  # what a kernel sent may not be UTF-8
         for private in (str(tmp), str(source.resolve().parent), str(Path.home())):
             text = text.replace(private, "…")  # feedback names no path of the grader's
         feedback, errors = json.loads(text)
@@ -158,7 +159,7 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
             nb.cells[i].metadata["course_lib"] = {"ran": "skipped" if original is None
                                                   else "in part: " + nb.cells[i].source}
             nb.cells[i].source = original if original is not None else nb.cells[i].source
-        nbformat.write(nb, keep)
+        Path(keep).write_text(nbformat.writes(nb), encoding="utf-8", errors="replace")
     return dict(submission=str(submission), lesson=source.name, exercises=list(results.values()),
                 ungraded_errors=failed, score=sum(r["score"] for r in results.values()),
                 points=sum(r["points"] for r in results.values()), seconds=seconds, ran=ran,

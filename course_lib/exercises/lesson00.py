@@ -20,6 +20,7 @@ from course_lib.exercises.cases import merged
 from course_lib.exercises.common import (
     ExerciseFailed,
     HiddenTestFailed,
+    check_drawn,
     checked,
     hidden_seed,
     is_number,
@@ -120,6 +121,12 @@ of all ranks' numbers."""
 # -- exercise 2: predict what each rank holds ----------------------------------------------------
 
 
+def draw_values(rng) -> list[float]:
+    """Exercise 2's ``values``, one whole number from -9 to 9 per rank:
+    ``common.drawn("lesson00.values", draw_values)`` in the notebook (the grader draws its own)."""
+    return [float(v) for v in rng.integers(-9, 10, WORLD_SIZE)]
+
+
 def _probe_prediction(prediction, sequence, values, timeout: float = 30) -> dict:
     """``prediction``: the student's list, one number per rank, made before the run;
     ``sequence``: the notebook's ``collective_sequence``; ``values``: this run's inputs."""
@@ -145,6 +152,7 @@ def _simulate(values) -> list[float]:
 
 def _judge_prediction(data) -> str:
     values, prediction = data["values"], data["prediction"]
+    check_drawn("lesson00.values", draw_values, values)  # not values the student chose
     if len(values) != WORLD_SIZE or not all(isinstance(v, (int, float)) for v in values):
         raise ExerciseFailed(f"values must hold {WORLD_SIZE} numbers, one per rank")
     ran = data["ran"]

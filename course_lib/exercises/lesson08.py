@@ -21,6 +21,7 @@ from course_lib.exercises.common import (
     ExerciseFailed,
     check_drawn,
     checked,
+    grading_seed,
     hidden_seed,
     is_number,
     judge_cases,
@@ -205,6 +206,10 @@ def _rebuild(data) -> list[np.ndarray]:
 
 def _judge_uniform_mix(data) -> str:
     check_drawn("lesson08.partition", draw_partition, [data["alpha"], data["seed"]])
+    if grading_seed() is not None and (data["clients"] != LESSON_CLIENTS or not isinstance(
+            data["labels"], list) or digest(data["labels"]) != digest(_lesson_labels())):
+        raise ExerciseFailed(f"pass the notebook's labels (the digits' training labels) and its "
+                             f"K = {LESSON_CLIENTS}")
     tv, labels = data["tv"], np.asarray(data["labels"], dtype=np.int64)
     if not is_number(tv):
         raise ExerciseFailed(f"give the distance as a number, not {tv!r}")

@@ -154,7 +154,8 @@ if not grouped:  # no group: memory per process, and the process count of this u
     resource.setrlimit(resource.RLIMIT_NPROC, (limits["processes"],) * 2)
 resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_bytes"],) * 2)
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-os.execv(sys.argv[2], sys.argv[2:])
+# bubblewrap is process 1 in the sandbox, its environment readable there: it gets none of ours
+os.execve(sys.argv[2], sys.argv[2:], {"PATH": "/usr/bin:/bin"})
 """
 
 
