@@ -105,7 +105,7 @@ def test_bad_configurations_are_rejected_before_any_process_starts(problem, conf
 
 
 @pytest.mark.parametrize("change", [dict(n=0), dict(nnz=0), dict(d=5, nnz=6), dict(noise=-0.1),
-                                    dict(noise=1.5), dict(n=10.0), dict(d=True)])
+                                    dict(noise=1.5), dict(n=10.0), dict(d=True, nnz=1)])
 def test_sparse_problem_refuses_impossible_sizes_by_name(change):
     with pytest.raises(ValueError, match="need whole numbers n >= 1 and 1 <= nnz <= d"):
         h.sparse_logistic_problem(**dict(dict(n=10, d=20, nnz=3), **change))

@@ -199,7 +199,8 @@ def inert(value):
 
 
 def _write(path: Path, head: list[str], rows: list[dict]) -> None:
-    with open(path, "w", newline="", errors="replace") as f:  # a kernel's text may not be UTF-8
+    # UTF-8 on every locale; a kernel's text that is not valid UTF-8 is replaced
+    with open(path, "w", newline="", encoding="utf-8", errors="replace") as f:
         writer = csv.DictWriter(f, fieldnames=head, restval="")
         writer.writeheader()
         writer.writerows({k: inert(v) for k, v in row.items()} for row in rows)

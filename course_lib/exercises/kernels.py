@@ -26,7 +26,7 @@ MAX_OUTPUT_BYTES = 1_000_000  # per cell, counted over what is kept: few huge pr
 MAX_DATA_BYTES = 20_000_000  # what one check cell may send in all; more and its data is not judged
 TOO_MUCH = {"name": None, "too much": True}  # a cell's data when it sent more
 MAX_MESSAGE_BYTES = 64_000_000  # one message from the kernel, at most (prints come batched)
-# received, not yet read, per socket: at most about 1 GB held here; more waits in the kernel
+# received, not yet read, per socket: at most about 1 GB held here; more wait in the kernel
 MAX_QUEUED_MESSAGES = 16
 
 
@@ -195,8 +195,9 @@ def capped_kernel_client():
             self._created_context = True
             context = zmq.asyncio.Context()
             context.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)  # for every socket it makes
-            # and so few queued that their worst case stays small (zmq's default: 1,000); the
-            # rest waits in the kernel's own queue, in the sandbox's memory
+            # and so few queued that their worst case stays small (zmq's default: 1,000); more
+            # wait in the kernel's queue, in the sandbox's memory, and past its 1,000 the kernel
+            # drops them: a cell that floods loses messages (its check's data among them)
             context.setsockopt(zmq.RCVHWM, MAX_QUEUED_MESSAGES)
             return context
 

@@ -157,13 +157,14 @@ def to_run(sources, targets) -> list[str | None] | None:
     (None: skip the cell). None when the analysis cannot decide: run everything."""
     targets = set(targets)
     pieces, owner = [], []
-    try:  # valid Python can nest deeper than the analysis recurses (1 + 1 + ... 800 times)
+    try:  # code can nest deeper than the analysis recurses (1 + 1 + ... 800 times) or than the
+        # parser holds (3,000 nested lambdas: MemoryError); then everything runs
         for c, source in enumerate(sources):
             parts = [source] if c in targets else statements(source)
             pieces += parts
             owner += [c] * len(parts)
         keep = needed(lesson(pieces), [k for k, c in enumerate(owner) if c in targets])
-    except RecursionError:
+    except (RecursionError, MemoryError):
         return None
     if keep is None:
         return None

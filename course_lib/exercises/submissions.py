@@ -128,14 +128,14 @@ def grade_one(path: Path, source: Path, out: Path, *, stop: bool = False, **limi
         first = (str(error).strip().splitlines() or [""])[0][:300]
         (out / f"{stem}.error.txt").write_text(f"{name}: the grader failed: "
                                                f"{type(error).__name__}: {first}\n",
-                                               errors="replace")
+                                               encoding="utf-8", errors="replace")
         report = dict(submission=str(path), status="grader failed", exercises=[], score=0,
                       points=0, error=f"{type(error).__name__}: {first}")
     own = {str(executed), str(out / f"{stem}.error.txt")}  # what this grading itself writes
     changed = [p for p in changes(before, fingerprint(*watched)) if p not in own]
     if changed:
         evidence = out / f"{stem}.TAMPERED.txt"
-        evidence.write_text("\n".join(changed) + "\n", errors="replace")
+        evidence.write_text("\n".join(changed) + "\n", encoding="utf-8", errors="replace")
         if stop:
             raise Tampered(f"grading {name} changed {len(changed)} file(s) the grader relies "
                            f"on, e.g. {changed[0]}: grading stopped. Restore them (listed in "
@@ -147,7 +147,7 @@ def grade_one(path: Path, source: Path, out: Path, *, stop: bool = False, **limi
     (out / f"{stem}.json").write_text(json.dumps(report, indent=2))  # ASCII: \u escapes
     line = summary(report) if report["status"] == "graded" else \
         f"{name}: {report['status'].upper()}: {report['error']}"
-    (out / f"{stem}.txt").write_text(line + "\n", errors="replace")
+    (out / f"{stem}.txt").write_text(line + "\n", encoding="utf-8", errors="replace")
     print(line)
     return report
 
