@@ -71,7 +71,8 @@ ALLOWED = {
             "20%": "exercise 2's illustration of a prediction off by one share for every plan, "
                    "a made-up number"},
     "10": {"2x": "the threshold the bucket-size cell's own check asserts (the issue's acceptance)",
-           "30%": "the thresholds the bucket-size and event-model cells' own checks assert"},
+           "30%": "the threshold the event-model cell's own check asserts",
+           "40%": "the threshold the bucket-size cell's own check asserts"},
     "11": {"40%": "the bound on step times the five-schedule cell's own check asserts"},
     "09": {"30%": "the attacker shares, parameters (10-30%)",
            "20%": "the trimmed mean's trim, a parameter",
