@@ -200,3 +200,15 @@ def test_a_made_up_curve_is_refused_not_judged():
     losses = q_losses(q, after)
     with pytest.raises(ex.ExerciseFailed, match="is not what FedAvg"):
         ex.check_rounds_to_match(1, losses[:-1] + [losses[-1] * (1 + 1e-6)], q, 0.1, after)
+
+
+def test_in_a_graded_run_the_learning_rate_must_be_the_notebooks(monkeypatch):
+    """lr = 0 leaves every loss at w = 0's, so any curve of it is matched by one round."""
+    monkeypatch.setenv(common.GRADING_SEED, "7")
+    q, after = common.drawn("lesson02.q_after", ex.draw_q_after)
+    problem = diabetes_problem()
+    flat = [problem.loss(torch.zeros(problem.d, dtype=torch.float64))] * after
+    with pytest.raises(common.ExerciseFailed, match="the notebook's learning rate, FED_LR = 0.1"):
+        ex.check_rounds_to_match(1, flat, q, 0.0, after)
+    monkeypatch.delenv(common.GRADING_SEED)  # outside a graded run: the values as given
+    assert "correct" in ex.check_rounds_to_match(1, flat, q, 0.0, after)

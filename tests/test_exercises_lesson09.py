@@ -150,3 +150,12 @@ def test_hidden_cases_are_judged_only_in_a_graded_run(monkeypatch, tmp_path):
     data = common.from_plain(json.loads(written[0].read_text()))
     with pytest.raises(common.HiddenTestFailed):
         common.JUDGES["lesson09.unmask_sum"](data)
+
+
+def test_breakdown_in_a_graded_run_must_use_section_5s_rounds_and_seeds(monkeypatch):
+    monkeypatch.setenv(common.GRADING_SEED, "7")
+    draw = common.drawn("lesson09.federation", ex.draw_federation)
+    for rounds, seeds in ((1, (0,)), (12, (0,)), (11, (0, 1, 2))):  # a count one can guess
+        with pytest.raises(common.ExerciseFailed, match="ROUNDS and SEEDS"):
+            ex.check_breakdown(right(*draw, rounds, seeds), *draw, rounds, seeds)
+    assert "correct" in ex.check_breakdown(right(*draw), *draw, 12, (0, 1, 2))

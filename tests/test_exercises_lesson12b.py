@@ -113,3 +113,17 @@ def test_pairs_in_order_judges_hidden_rankings_in_a_graded_run_and_digests_witho
     assert ex.check_pairs_in_order(pairs_in_order).startswith("correct for the visible rankings")
     with pytest.raises(common.ExerciseFailed, match="share: 0.904.* is not right"):
         ex.check_pairs_in_order(ties_as_wrong)
+
+
+def test_stages_refuse_measured_bytes_that_are_not_positive_numbers(monkeypatch, tmp_path):
+    # NaN made "off by more than 2%" false: any prediction passed the run's comparison
+    for name, value in ((common.GRADING_SEED, "8"), (common.HIDDEN_SEED, "8"),
+                        (common.GRADING_OUT, str(tmp_path))):
+        monkeypatch.setenv(name, value)
+    ex.check_stages(stages, common.drawn("lesson12b.pipeline", ex.draw_pipeline))  # recorded
+    data = common.from_plain(json.loads(sorted(tmp_path.iterdir())[-1].read_text()))
+    judge = common.JUDGES["lesson12b.stages"]
+    for measured in ([float("nan")] * 2, [0.0, 1.0], [-5.0, 1.0], "many"):
+        with pytest.raises(common.ExerciseFailed, match="the bytes the run measured"):
+            judge(dict(data, measured=measured, predicted=[1.0, 2.0]))
+    assert judge(data).startswith("correct")

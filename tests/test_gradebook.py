@@ -289,3 +289,25 @@ def test_cells_a_spreadsheet_would_run_as_formulas_are_written_as_text(tmp_path)
         ["'+1", "'-2+3", "'@SUM(A1)", "'\tx"]
     assert gradebook.inert("wrong\nsecond line") == "wrong second line"
     assert gradebook.inert("Anna Lee") == "Anna Lee" and gradebook.inert(2.5) == 2.5
+
+
+def test_a_file_named_like_a_lesson_keeps_its_own_report_and_a_rerun_gives_the_same_gradebook(
+        tmp_path):
+    # "tiny x.ipynb" and "tiny_x.ipynb" wrote their reports to one path: the refused file's
+    # report replaced the lesson's, and a second run showed the lesson as missing
+    lessons, submissions = tmp_path / "lessons", tmp_path / "class"
+    lessons.mkdir()
+    _tiny_lesson(lessons / "tiny_x.ipynb")
+    (submissions / "alice").mkdir(parents=True)
+    shutil.copy(lessons / "tiny_x.ipynb", submissions / "alice" / "tiny_x.ipynb")  # right
+    shutil.copy(lessons / "tiny_x.ipynb", submissions / "alice" / "tiny x.ipynb")  # no lesson
+    shutil.copy(lessons / "tiny_x.ipynb", submissions / "alice" / "tiny~x.ipynb")  # no lesson
+    assert len({roster.report_stem(p.name) for p in (submissions / "alice").iterdir()}) == 3
+    out = tmp_path / "reports"
+    books = []
+    for _ in range(2):
+        gradebook.grade_class(submissions, lessons, out, cell_timeout=60, sandboxed=False)
+        with open(out / "gradebook.csv", newline="") as f:
+            books.append([(r["tiny_x"], r["total"], r["notes"]) for r in csv.DictReader(f)])
+    assert books[0] == books[1] and books[0][0][:2] == ("2", "2"), books
+    assert "tiny x.ipynb: not graded" in books[0][0][2] and "missing" not in books[0][0][2]

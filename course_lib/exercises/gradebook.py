@@ -40,7 +40,7 @@ def _unchanged(entry: roster.Entry, source: Path, out: Path) -> bool:
     """Whether ``entry`` has a report from a run with the same submission and lesson bytes."""
     if entry.path is None:
         return True  # nothing submitted: nothing to grade
-    report = out / entry.student / f"{roster.safe_name(entry.path.stem)}.json"
+    report = out / entry.student / f"{roster.report_stem(entry.path.name)}.json"
     lesson = Path(source) / entry.path.name
     if not (report.is_file() and entry.path.is_file() and lesson.is_file()):
         return False

@@ -25,6 +25,7 @@ from course_lib.exercises.common import (
     HiddenTestFailed,
     check_drawn,
     checked,
+    grading_seed,
     hidden_seed,
     is_whole,
 )
@@ -34,8 +35,8 @@ MAX_ROUNDS = 20_000  # more than GD needs for any target of the lesson's curves
 
 # -- Exercise 1: rounds of plain gradient descent that q local steps are worth ------------------
 
-# A graded run draws q and AFTER in these ranges (41 to 143 rounds); others a practice draw.
-# q >= 4, AFTER >= 8 keep "q x AFTER" wrong; q x AFTER <= 160 local steps keep it fast.
+# A graded run draws q and AFTER in these ranges (41 to 143 rounds), others a practice draw; q >=
+# 4, AFTER >= 8 keep "q x AFTER" wrong; q x AFTER <= 160 local steps keep it fast.
 Q_RANGE, AFTER_RANGE = (4, 8), (8, 20)
 LESSON_LR, LESSON_CLIENTS = 0.1, 4  # the notebook's FED_LR and clients (the practice cases')
 
@@ -75,6 +76,8 @@ def _gd_losses_until(target: float, lr: float) -> list[float]:
 def _judge_rounds(data) -> str:
     """Recount: the target is the run's q-curve after ``after`` rounds, the count GD's."""
     check_drawn("lesson02.q_after", draw_q_after, [data["q"], data["after"]])
+    if grading_seed() is not None and data["lr"] != LESSON_LR:  # lr = 0: every count is 1
+        raise ExerciseFailed(f"pass the notebook's learning rate, FED_LR = {LESSON_LR}")
     answer, curve, after, q = data["answer"], data["curve"], data["after"], data["q"]
     if not is_whole(answer):
         raise ExerciseFailed(f"give the number of rounds as a whole number, not {answer!r}")
@@ -95,10 +98,7 @@ def _judge_rounds(data) -> str:
         raise ExerciseFailed(f"even {MAX_ROUNDS} rounds of q = 1 stay above {target:.6g}: pass "
                              f"this run's losses and learning rate")
     right, answer = len(gd), int(answer)
-
-    def at(r):  # GD's objective after r rounds
-        return gd[r - 1] if r <= len(gd) else gd[-1]
-
+    at = lambda r: gd[r - 1] if r <= len(gd) else gd[-1]  # noqa: E731  GD's objective after r
     # exact, up to a tie at the threshold that rounding alone could decide
     if answer == right or (abs(answer - right) == 1 and 1 <= answer
                            and abs(at(answer) - target) <= 1e-12 * abs(target)):

@@ -23,6 +23,7 @@ from course_lib.exercises.common import (
     ExerciseFailed,
     check_drawn,
     checked,
+    grading_seed,
     hidden_seed,
     is_number,
     is_whole,
@@ -165,6 +166,9 @@ def _judge_breakdown(data) -> str:
     if not is_whole(rounds) or not 1 <= rounds <= 1000 or not 1 <= len(seeds) <= 100 or \
             not all(is_whole(s) for s in seeds):
         raise ExerciseFailed("pass section 5's ROUNDS and SEEDS")
+    if grading_seed() is not None and (rounds, list(seeds)) != (LESSON_ROUNDS, LESSON_SEEDS):
+        raise ExerciseFailed("pass section 5's ROUNDS and SEEDS (one round and one seed make "
+                             "the count a guess)")
     if not (is_whole(m) and 2 <= m <= CLIENTS and is_number(trim) and 0 <= trim < 0.5 and
             2 * int(trim * m) < m and is_number(share) and 0 < share < 1 and
             is_whole(attack_seed) and attack_seed >= 0):

@@ -110,8 +110,10 @@ def _judge_stages(data) -> str:
     if not are_numbers(predicted, 2):
         raise ExerciseFailed(f"return a list of 2 numbers of bytes, one per stage, not "
                              f"{predicted!r}")
+    if not (are_numbers(measured, 2) and all(m > 0 for m in measured)):  # NaN passed below
+        raise ExerciseFailed("pass the bytes the run measured, a positive number per stage")
     off = [p / m - 1 for p, m in zip(predicted, measured, strict=True)]
-    if max(abs(x) for x in off) > 0.02:
+    if not max(abs(x) for x in off) <= 0.02:
         worse = max(range(2), key=lambda s: abs(off[s]))
         hint = (" (which stage keeps the head's activations, and how many micro-batches does "
                 "each stage hold at once under 1F1B?)")

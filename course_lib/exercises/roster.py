@@ -48,6 +48,16 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", text).lstrip(".") or "unnamed"
 
 
+def report_stem(filename: str) -> str:
+    """The stem of a submitted file's reports: its own where that is a plain name, else the plain
+    name and a digest of the whole name, so that two files never share reports ("02 x.ipynb"
+    beside "02_x.ipynb", a lesson's name, overwrote its report with "not graded")."""
+    stem = Path(filename).stem
+    plain = safe_name(stem)
+    digest = hashlib.sha256(filename.encode()).hexdigest()[:8]
+    return plain if plain == stem else f"{plain}-{digest}"
+
+
 RESERVED = {"unpacked", "gradebook.csv", "gradebook-moodle.csv", "exercises.csv"}  # in --out
 
 

@@ -21,7 +21,7 @@ import nbformat
 import course_lib
 from course_lib.exercises.editions import lessons_in
 from course_lib.exercises.grading import grade, summary
-from course_lib.exercises.roster import safe_name
+from course_lib.exercises.roster import report_stem
 
 
 class Tampered(RuntimeError):
@@ -90,7 +90,7 @@ def grade_all(submissions: Path, source: Path, out: Path, **limits) -> list[dict
         raise ValueError(f"{submissions} is empty: nothing to grade")
     out.mkdir(parents=True, exist_ok=True)
     for path in paths:  # before any grading: never a report over another submission's
-        old = out / f"{safe_name(path.stem)}.json"
+        old = out / f"{report_stem(path.name)}.json"
         theirs = None
         if old.is_file() and not old.is_symlink():
             with contextlib.suppress(ValueError, AttributeError):  # not a report: not ours
@@ -110,7 +110,7 @@ def grade_one(path: Path, source: Path, out: Path, *, stop: bool = False, **limi
     failed" (the grader itself raised: the error is kept). Its ``sha256`` fingerprints the
     submission and the lesson (a later run with both unchanged need not grade it again)."""
     path, out = Path(path), Path(out)
-    name, stem = path.name, safe_name(path.stem)
+    name, stem = path.name, report_stem(path.name)
     out.mkdir(parents=True, exist_ok=True)
     why = _refusal(path, source) or _unreadable(path)
     if why is not None:
@@ -156,11 +156,11 @@ def not_graded(path: Path, out: Path, why: str) -> dict:
     """Report ``path`` as not graded, for the reason ``why``, in ``out``; return the report."""
     path, out = Path(path), Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{safe_name(path.stem)}.error.txt").write_text(f"{path.name}: {why}\n")
+    (out / f"{report_stem(path.name)}.error.txt").write_text(f"{path.name}: {why}\n")
     print(f"{path.name}: NOT GRADED: {why}")
     report = dict(submission=str(path), status="not graded", error=why, exercises=[], score=0,
                   points=0)
-    (out / f"{safe_name(path.stem)}.json").write_text(json.dumps(report, indent=2))
+    (out / f"{report_stem(path.name)}.json").write_text(json.dumps(report, indent=2))
     return report
 
 
