@@ -4,6 +4,7 @@ the class, parallel and sharded runs giving the same gradebook, and regrading on
 """
 
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -311,3 +312,21 @@ def test_a_file_named_like_a_lesson_keeps_its_own_report_and_a_rerun_gives_the_s
             books.append([(r["tiny_x"], r["total"], r["notes"]) for r in csv.DictReader(f)])
     assert books[0] == books[1] and books[0][0][:2] == ("2", "2"), books
     assert "tiny x.ipynb: not graded" in books[0][0][2] and "missing" not in books[0][0][2]
+
+
+def test_a_timed_out_note_comes_from_the_grader_not_from_a_students_message(tmp_path):
+    lessons, out = tmp_path / "lessons", tmp_path / "reports"
+    lessons.mkdir()
+    _tiny_lesson(lessons / "tiny.ipynb")
+    for student, feedback in (("ann", "your code raised ValueError: past my 5 s limit"),
+                              ("ben", "not run: the notebook passed its 300 s limit")):
+        (out / student).mkdir(parents=True)
+        report = dict(submission=str(tmp_path / student / "tiny.ipynb"), status="graded",
+                      score=0, points=2, exercises=[
+                          dict(grade_id=g, score=0, points=1, feedback=feedback)
+                          for g in ("exercise-1", "exercise-2")])
+        (out / student / "tiny.json").write_text(json.dumps(report))
+    gradebook.write_gradebook(out, lessons)
+    notes = {r["student"]: r["notes"] for r in csv.DictReader(open(out / "gradebook.csv"))}
+    assert notes == {"ann": "",
+                     "ben": "tiny: timed out (the exercises after the limit did not run)"}

@@ -29,6 +29,7 @@ import nbformat
 
 from course_lib.exercises import editions, roster
 from course_lib.exercises.editions import exercises
+from course_lib.exercises.grading import PAST_LIMIT
 from course_lib.exercises.submissions import grade_one, not_graded, sha256_of
 
 NAME = ".student"  # in a student's reports folder: their name as the submissions give it
@@ -161,7 +162,7 @@ def write_gradebook(out: Path, source: Path) -> Path:
             total += report.get("score", 0)
             if report.get("status") != "graded":
                 notes.append(f"{lesson}: {report.get('status')}: {report.get('error', '')}")
-            elif any("s limit" in e["feedback"] for e in scores.values()):
+            elif any(e["feedback"].startswith(PAST_LIMIT) for e in scores.values()):
                 notes.append(f"{lesson}: timed out (the exercises after the limit did not run)")
         notes += [f"{Path(r['submission']).name}: {r.get('status')}: {r.get('error', '')}"
                   for name, r in by_student[student].items() if name not in lessons]
