@@ -26,7 +26,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 import course_lib
-from course_lib.exercises import editions, judging, sandbox
+from course_lib.exercises import editions, judging, roster, sandbox
 from course_lib.exercises import grading as hw
 from course_lib.exercises import submissions as subs
 
@@ -817,7 +817,9 @@ def test_bad_files_are_reported_and_the_rest_of_the_folder_is_graded(tmp_path):
     assert "no lesson of that name" in errors["Tiny.ipynb"]
     assert "symbolic link" in errors["link.ipynb"] and "not a file" in errors["folder.ipynb"]
     written = sorted(p.name for p in out.iterdir())
-    assert "tiny.json" in written and "weird_name__rm_-rf.error.txt" in written
+    weird = roster.report_stem("weird name; rm -rf.ipynb")  # plain, and a digest of the name
+    assert weird.startswith("weird_name__rm_-rf-") and len(weird) == len("weird_name__rm_-rf-") + 8
+    assert "tiny.json" in written and f"{weird}.error.txt" in written
     assert all(p.parent == out for p in out.iterdir())
 
 
