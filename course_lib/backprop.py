@@ -86,12 +86,10 @@ def softmax_cross_entropy_backward(Z, y):
 
 
 def conv2d_forward(X, K, b=None, stride=1, padding=0):
-    """Convolution (cross-correlation, as in PyTorch) by unfold + one matrix product.
-
-    X: (batch, C_in, H, W); K: (C_out, C_in, kh, kw). ``unfold`` (im2col) lays every kh x kw
-    patch out as a column, so the convolution is K flattened to (C_out, C_in kh kw) times the
-    columns. Returns (batch, C_out, H_out, W_out).
-    """
+    """Convolution (cross-correlation, as in PyTorch) of X (batch, C_in, H, W) with K (C_out, C_in,
+    kh, kw): ``unfold`` (im2col) lays every kh x kw patch out as a column, and K flattened to
+    (C_out, C_in kh kw) times the columns is the output, (batch, C_out, H_out, W_out)."""
+    check_conv_input(X, K, stride, padding)
     batch, _, H, W = X.shape
     c_out, _, kh, kw = K.shape
     cols = F.unfold(X, (kh, kw), padding=padding, stride=stride)  # (batch, C_in kh kw, L)
@@ -102,13 +100,20 @@ def conv2d_forward(X, K, b=None, stride=1, padding=0):
     return out if b is None else out + b.reshape(1, -1, 1, 1)
 
 
-def conv2d_backward(dOut, X, K, stride=1, padding=0):
-    """Given dQ/dOut, return (dQ/dX, dQ/dK, dQ/db).
+def check_conv_input(X, K, stride, padding) -> None:
+    """X must be (batch, K's C_in, H, W), the padded image at least the kernel's size."""
+    if (X.dim() != 4 or K.dim() != 4 or X.shape[1] != K.shape[1] or stride <= 0 or padding < 0
+            or any(X.shape[i] + 2 * padding < K.shape[i] for i in (2, 3))):
+        raise ValueError(f"conv2d needs X (batch, C_in, H, W) for a kernel (C_out, C_in, kh, kw) "
+                         f"with H, W + 2 padding >= kh, kw, stride > 0, padding >= 0; got X "
+                         f"{tuple(X.shape)}, kernel {tuple(K.shape)}, stride {stride}, padding "
+                         f"{padding}")
 
-    The kernel's gradient is a product with the unfolded input (the same columns as forward);
-    the input's gradient is K^T times dQ/dOut, in column form, sent back through ``fold`` —
-    the adjoint of ``unfold``, which adds up the overlapping patches.
-    """
+
+def conv2d_backward(dOut, X, K, stride=1, padding=0):
+    """Given dQ/dOut, return (dQ/dX, dQ/dK, dQ/db). dQ/dK is a product with the unfolded input (the
+    columns of forward); dQ/dX is K^T times dQ/dOut, in column form, sent back through ``fold``,
+    the adjoint of ``unfold``, which adds up the overlapping patches."""
     batch, _, H, W = X.shape
     c_out, _, kh, kw = K.shape
     cols = F.unfold(X, (kh, kw), padding=padding, stride=stride)  # (batch, C_in kh kw, L)
@@ -123,11 +128,8 @@ def conv2d_backward(dOut, X, K, stride=1, padding=0):
 
 
 def finite_difference_gradient(f, x, eps: float = 1e-6):
-    """Central differences (f(x + eps e_i) - f(x - eps e_i)) / 2 eps for every entry of x.
-
-    Costs two evaluations of the scalar function f per entry: fine for checking small layers,
-    hopeless for training — which is why backpropagation exists. f gets a contiguous copy of x.
-    """
+    """Central differences (f(x + eps e_i) - f(x - eps e_i)) / 2 eps for every entry of x: two
+    calls of f per entry, fine to check small layers, hopeless for training. f gets a copy of x."""
     if not (x.is_floating_point() and 0 < eps < float("inf")):
         raise ValueError(f"need a floating-point x and eps > 0, finite; got {x.dtype}, eps={eps!r}")
     x = x.detach().clone(memory_format=torch.contiguous_format)  # the copy f sees, nudged here
@@ -148,7 +150,7 @@ def finite_difference_gradient(f, x, eps: float = 1e-6):
 
 def _uniform(shape, fan_in, generator, dtype):
     """PyTorch's default initialisation: uniform on [-1/sqrt(fan_in), 1/sqrt(fan_in)]."""
-    bound = 1.0 / fan_in**0.5
+    bound = 1.0 / fan_in**0.5 if fan_in > 0 else 0.0  # no inputs: zeros, as torch.nn.Linear(0, n)
     return (torch.rand(shape, generator=generator, dtype=dtype) * 2 - 1) * bound
 
 
@@ -264,8 +266,7 @@ class Network:
 
 
 def to_torch_module(net: Network) -> torch.nn.Sequential:
-    """The same network built from torch.nn layers with the same weights (copied), for
-    training with autograd side by side."""
+    """The same network of torch.nn layers with the same weights (copied), to check autograd."""
     modules = []
     for layer in net.layers:
         if isinstance(layer, Linear):
@@ -286,8 +287,7 @@ def to_torch_module(net: Network) -> torch.nn.Sequential:
 
 
 def small_cnn(seed: int = 0, channels: int = 8, hidden: int = 32, dtype=torch.float64) -> Network:
-    """Lesson 1's network of the layers above, for 8x8 digits: conv 3x3 (padding 1) -> ReLU ->
-    flatten -> linear -> tanh -> linear to 10 classes."""
+    """For 8x8 digits: conv 3x3 (padding 1), ReLU, flatten, linear, tanh, linear to 10 classes."""
     g = torch.Generator().manual_seed(seed)
     return Network([Conv2d(1, channels, 3, padding=1, generator=g, dtype=dtype),
                     Activation("relu"), Flatten(),

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from course_lib import backprop as bp
 from course_lib.data import load_digits
@@ -197,3 +198,33 @@ def test_finite_differences_refuse_integer_x_and_a_step_that_is_not_positive(x, 
     # an integer x gave garbage, eps = 0 a ZeroDivisionError
     with pytest.raises(ValueError, match="need a floating-point x and eps > 0, finite"):
         bp.finite_difference_gradient(lambda v: (v**2).sum(), x, eps)
+
+
+def test_a_layer_with_no_inputs_starts_at_zero_as_torchs_does():
+    layer, theirs = bp.Linear(0, 3), torch.nn.Linear(0, 3, dtype=torch.float64)
+    X = torch.zeros(2, 0, dtype=torch.float64)
+    torch.testing.assert_close(layer.forward(X), theirs(X))
+    assert layer.W.shape == (3, 0) and not layer.b.any()
+
+
+@pytest.mark.parametrize("shape, kernel, stride, padding, problem", [
+    ((1, 1, 5, 5), (2, 3, 3, 3), 1, 0, "channels"),
+    ((1, 1, 5, 5), (2, 1, 7, 7), 1, 0, "kernel larger than the image"),
+    ((1, 1, 5, 5), (2, 1, 8, 8), 1, 1, "kernel larger than the padded image"),
+    ((1, 1, 5, 5), (2, 1, 3, 3), 0, 0, "stride 0"),
+    ((1, 1, 5, 5), (2, 1, 3, 3), 1, -1, "negative padding"),
+    ((1, 5, 5), (2, 1, 3, 3), 1, 0, "no batch dimension (torch takes it unbatched)"),
+])
+def test_conv2d_refuses_bad_shapes_and_names_them(shape, kernel, stride, padding, problem):
+    X, K = torch.zeros(shape, dtype=torch.float64), torch.zeros(kernel, dtype=torch.float64)
+    if len(shape) == 4:
+        with pytest.raises(RuntimeError):
+            F.conv2d(X, K, stride=stride, padding=padding)
+    with pytest.raises(ValueError, match=r"conv2d needs X .* got X \(.*kernel \(.*stride"):
+        bp.conv2d_forward(X, K, stride=stride, padding=padding)
+
+
+def test_conv2d_takes_a_kernel_the_size_of_the_padded_image():
+    X = torch.randn(2, 1, 3, 3, dtype=torch.float64)
+    K = torch.randn(4, 1, 5, 5, dtype=torch.float64)
+    torch.testing.assert_close(bp.conv2d_forward(X, K, padding=1), F.conv2d(X, K, padding=1))
