@@ -17,6 +17,7 @@ import pytest
 from test_grading import WRONG, _tiny_lesson, short_limit
 
 from course_lib.exercises import editions, gradebook, roster
+from course_lib.exercises.submissions import grade_all, renamed_lesson
 
 HEAD = ["student", "name", "tiny:exercise-1", "tiny:exercise-2", "tiny2:exercise-1",
         "tiny2:exercise-2", "tiny", "tiny2", "total", "points", "notes"]
@@ -146,7 +147,8 @@ def test_names_that_look_alike_an_empty_folder_and_a_stray_notebook_each_get_the
     assert rows["李明"]["notes"] == "tiny: missing" and rows["李明"]["student"] == "李明"
     assert "tiny2.ipynb: not graded: beside the student folders" in rows["tiny2 (stray)"]["notes"]
     moodle = list(csv.DictReader(open(out / "gradebook-moodle.csv", newline="")))
-    assert sorted(r["username"] for r in moodle) == sorted(rows)  # the names, as given
+    assert sorted(r["username"] for r in moodle) == sorted(  # the names, as given; a stray
+        n for n in rows if n != "tiny2 (stray)")  # file is no one's: not in the LMS's file
     # a name file that does not give its folder (a submission wrote it) is not believed
     (out / "Anna_Lee" / gradebook.NAME).write_text("Anna Lee")
     gradebook.write_gradebook(out, lessons)
@@ -330,3 +332,118 @@ def test_a_timed_out_note_comes_from_the_grader_not_from_a_students_message(tmp_
     notes = {r["student"]: r["notes"] for r in csv.DictReader(open(out / "gradebook.csv"))}
     assert notes == {"ann": "",
                      "ben": "tiny: timed out (the exercises after the limit did not run)"}
+
+
+def test_the_gradebook_follows_the_roster_and_another_file_never_replaces_a_notebooks_grade(
+        tmp_path):
+    # alice's PDF export beside her notebook gave the notebook's report name: the PDF's "not
+    # graded" replaced her full marks in the gradebook and the LMS file, on every rerun
+    lessons, submissions = tmp_path / "lessons", tmp_path / "class"
+    lessons.mkdir()
+    _tiny_lesson(lessons / "tiny.ipynb")
+    (submissions / "alice").mkdir(parents=True)
+    shutil.copy(lessons / "tiny.ipynb", submissions / "alice" / "tiny.ipynb")  # right
+    for other in ("tiny.pdf", "tiny.txt", "tiny.py"):
+        (submissions / "alice" / other).write_text("an export")
+    (submissions / "bob").mkdir()
+    shutil.copy(lessons / "tiny.ipynb", submissions / "bob" / "Copy of tiny.ipynb")
+    shutil.copy(lessons / "tiny.ipynb", submissions / "tiny.ipynb")  # a stray notebook
+    assert len({roster.report_stem(p.name) for p in (submissions / "alice").iterdir()}) == 4
+    out = tmp_path / "reports"
+
+    def book():
+        gradebook.grade_class(submissions, lessons, out, cell_timeout=60, sandboxed=False)
+        moodle = {r["username"]: r["tiny"] for r in csv.DictReader(open(
+            out / "gradebook-moodle.csv", newline=""))}
+        return {r["name"]: (r["tiny"], r["notes"]) for r in csv.DictReader(open(
+            out / "gradebook.csv", newline=""))}, moodle
+
+    for _ in range(2):  # the rerun grades nothing and gives the same gradebook
+        rows, moodle = book()
+        assert rows["alice"][0] == "2" and moodle == {"alice": "2", "bob": ""}, (rows, moodle)
+        assert "tiny.pdf: not graded: not a notebook" in rows["alice"][1]
+        assert "rename it to tiny.ipynb" in rows["bob"][1] and "tiny (stray)" in rows
+    (submissions / "alice" / "tiny.pdf").unlink()  # removed: its note goes
+    (submissions / "bob" / "Copy of tiny.ipynb").rename(submissions / "bob" / "tiny.ipynb")
+    (submissions / "tiny.ipynb").unlink()  # the stray moved away: its row goes
+    rows, moodle = book()
+    assert rows == {"alice": ("2", "tiny.py: not graded: not a notebook (.ipynb); "
+                              "tiny.txt: not graded: not a notebook (.ipynb)"),
+                    "bob": ("2", "")}, rows
+    (submissions / "bob" / "tiny.ipynb").unlink()  # bob's notebook is gone: so is its grade
+    rows, _ = book()
+    assert rows["bob"] == ("", "tiny: missing")
+    with pytest.raises(ValueError, match="inside the submissions"):  # its reports: graded next
+        gradebook.grade_class(submissions, lessons, submissions / "reports")
+
+
+def test_what_a_class_folder_holds_is_read_per_student(tmp_path):
+    tree = tmp_path / "submitted"  # nbgrader's tree, one student also has a notebook at the top
+    for student in ("alice", "bob"):
+        (tree / student / "hw1").mkdir(parents=True)
+        (tree / student / "hw1" / "tiny.ipynb").write_text("{}")
+        (tree / student / "hw1" / "timestamp.txt").write_text("2026-12-01 10:00:00")  # nbgrader's
+    (tree / "bob" / "tiny2.ipynb").write_text("{}")
+    found = [(e.student, e.path.relative_to(tree).as_posix())
+             for e in roster.entries(tree, tmp_path / "u")]
+    assert found == [("alice", "alice/hw1/tiny.ipynb"), ("bob", "bob/hw1"),
+                     ("bob", "bob/tiny2.ipynb")]
+    archive = tmp_path / "canvas.zip"  # Canvas writes "late" in small letters too
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("doejane_late_12_34_tiny.ipynb", "{}")
+    assert [e.student for e in roster.entries(archive, tmp_path / "unpacked")] == ["doejane_12"]
+
+
+def test_a_renamed_lesson_gets_a_hint_and_one_students_folder_skips_hidden_files(tmp_path,
+                                                                                 monkeypatch):
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    _tiny_lesson(lessons / "tiny_x.ipynb")
+    for name in ("Copy of tiny_x.ipynb", "tiny_x (1).ipynb", "tiny_x__1_.ipynb", "Tiny_X.ipynb",
+                 "tiny_x-2.ipynb"):
+        assert renamed_lesson(name, lessons) == "tiny_x.ipynb", name
+    assert renamed_lesson("tiny_x.pdf", lessons) is None
+    assert renamed_lesson("tiny_y.ipynb", lessons) is None
+    one = tmp_path / "alice"
+    one.mkdir()
+    (one / ".DS_Store").write_text("x")
+    (one / "doe_12_34_tiny_x.ipynb").write_text("{}")  # unpacked from a Canvas zip by hand
+    out = tmp_path / "reports"
+    reports = grade_all(one, lessons, out)
+    assert [r["error"][:40] for r in reports] == ["a file of an unpacked Canvas download: g"]
+    monkeypatch.chdir(tmp_path)  # the same folder, named another way: its own reports again
+    assert len(grade_all(Path("alice"), lessons, out)) == 1
+    with pytest.raises(ValueError, match="inside the submissions"):
+        grade_all(one, lessons, one / "reports")
+
+
+def test_an_empty_shard_and_an_empty_folder_of_reports(tmp_path, capsys):
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    _tiny_lesson(lessons / "tiny.ipynb")
+    (tmp_path / "class" / "alice").mkdir(parents=True)
+    out = tmp_path / "reports"  # not made yet: the first shard to run may have no one
+    assert gradebook.grade_class(tmp_path / "class", lessons, out, shard=(1, 2)) == []
+    assert "no gradebook written" in capsys.readouterr().out and out.is_dir()
+    with pytest.raises(ValueError, match="holds no student's reports"):
+        gradebook.write_gradebook(out, lessons)
+
+
+def test_the_class_summary_counts_a_reason_once_whatever_numbers_it_names(tmp_path):
+    lessons, out = tmp_path / "lessons", tmp_path / "reports"
+    lessons.mkdir()
+    _tiny_lesson(lessons / "tiny.ipynb")
+    for student, count in (("ann", "3,134,336"), ("ben", "1,024,380.5")):
+        (out / student).mkdir(parents=True)
+        (out / student / gradebook.NAME).write_text(student)
+        feedback = f"your backward count {count} is not the formula's {count}9 " + "x" * 90
+        report = dict(submission=str(tmp_path / student / "tiny.ipynb"), status="graded",
+                      score=0, points=2, exercises=[
+                          dict(grade_id=g, score=0, points=1, feedback=feedback)
+                          for g in ("exercise-1", "exercise-2")])
+        (out / student / "tiny.json").write_text(json.dumps(report))
+    gradebook.write_gradebook(out, lessons)
+    rows = list(csv.DictReader(open(out / "exercises.csv", newline="")))
+    reason = rows[0]["most common reasons"]
+    assert reason.startswith("your backward count N is not the formula's N ") and \
+        reason.endswith(" ... (2)") and len(reason) <= 90, reason

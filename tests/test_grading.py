@@ -798,7 +798,7 @@ def test_bad_files_are_reported_and_the_rest_of_the_folder_is_graded(tmp_path):
     folder.mkdir()
     shutil.copy(lessons / "tiny.ipynb", folder / "tiny.ipynb")  # the one good submission
     (folder / "other.ipynb").write_text("{ not json")
-    (folder / "Tiny.ipynb").write_text("{}")                           # no such lesson
+    (folder / "Tiny.ipynb").write_text("{}")                           # tiny, other capitals
     (folder / "tiny (1).ipynb").write_text("{}")                       # a second download
     (folder / "notes.txt").write_text("hello")
     (folder / "folder.ipynb").mkdir()
@@ -814,7 +814,8 @@ def test_bad_files_are_reported_and_the_rest_of_the_folder_is_graded(tmp_path):
                            "link.ipynb", "weird name; rm -rf.ipynb", "tiny (1).ipynb"}
     assert errors["tiny (1).ipynb"].endswith("rename it to tiny.ipynb and grade again")
     assert "not a valid notebook" in errors["other.ipynb"]
-    assert "no lesson of that name" in errors["Tiny.ipynb"]
+    assert errors["Tiny.ipynb"].endswith("rename it to tiny.ipynb and grade again")
+    assert "no lesson of that name" in errors["weird name; rm -rf.ipynb"]
     assert "symbolic link" in errors["link.ipynb"] and "not a file" in errors["folder.ipynb"]
     written = sorted(p.name for p in out.iterdir())
     weird = roster.report_stem("weird name; rm -rf.ipynb")  # plain, and a digest of the name

@@ -105,11 +105,14 @@ def main(argv=None) -> int:
     r.add_argument("notebooks", type=Path)
     r.add_argument("target", type=Path)
     g = sub.add_parser("grade", help="grade a submitted notebook or a folder of them")
-    g.add_argument("submissions", type=Path)
-    g.add_argument("--source", type=Path, default=Path("notebooks"))
-    g.add_argument("--out", type=Path, default=Path("reports"))
-    g.add_argument("--cell-timeout", type=float, default=120)
-    g.add_argument("--timeout", type=float, default=900)
+    g.add_argument("submissions", type=Path, help="a notebook, one student's folder, a class's "
+                   "folder of student folders, an nbgrader submitted/ tree or a Canvas zip")
+    g.add_argument("--source", type=Path, default=Path("notebooks"),
+                   help="the instructor's lessons to grade against (default: notebooks)")
+    g.add_argument("--out", type=Path, default=Path("reports"),
+                   help="where reports and the gradebook go (default: reports)")
+    g.add_argument("--cell-timeout", type=float, default=120, help="seconds a cell may run")
+    g.add_argument("--timeout", type=float, default=900, help="seconds a notebook may run")
     g.add_argument("--whole", action="store_true",
                    help="run every cell of the lesson, not only what the exercises need")
     g.add_argument("--no-sandbox", action="store_true",
@@ -117,8 +120,9 @@ def main(argv=None) -> int:
     g.add_argument("--jobs", type=int, default=1, help="a class: grade this many at a time")
     g.add_argument("--shard", default="0/1", help="a class: grade the i-th of n slices (i/n)")
     b = sub.add_parser("gradebook", help="write a class's gradebook from the reports in a folder")
-    b.add_argument("out", type=Path)
-    b.add_argument("--source", type=Path, default=Path("notebooks"))
+    b.add_argument("out", type=Path, help="the folder of reports that grade wrote")
+    b.add_argument("--source", type=Path, default=Path("notebooks"),
+                   help="the instructor's lessons (default: notebooks)")
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, lab_args = split_student_args(argv) if argv[:1] == ["student"] else (argv, [])
     args = parser.parse_args(ours)

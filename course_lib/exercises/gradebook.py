@@ -20,6 +20,8 @@ import csv
 import functools
 import json
 import multiprocessing
+import re
+import shutil
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -74,17 +76,20 @@ def grade_class(submissions: Path, source: Path, out: Path, *, jobs: int = 1,
         raise ValueError(f"jobs must be a whole number of at least 1, got {jobs!r}")
     out = Path(out)
     editions.lessons_in(source)  # before any file is unpacked or graded
+    roster.check_out(submissions, out)
     by_student = collections.defaultdict(list)
     for entry in roster.entries(submissions, out / "unpacked"):
         by_student[entry.student].append(entry)
     mine = sorted(by_student)[index::count]
+    out.mkdir(parents=True, exist_ok=True)  # an empty shard too: the merge finds the folder
+    forget_removed(out, by_student, mine)
     for student in mine:  # who each folder is, for the gradebook, with or without a file
         (out / student).mkdir(parents=True, exist_ok=True)
         (out / student / NAME).write_text(by_student[student][0].name or student)
     todo = {s: [e for e in by_student[s] if not _unchanged(e, source, out)] for s in mine}
     todo = {s: files for s, files in todo.items() if files}
     files = sum(e.path is not None for s in mine for e in by_student[s])
-    print(f"{len(mine)} students, {files} files in this shard; "
+    print(f"{sum(not by_student[s][0].stray for s in mine)} students, {files} files in this shard; "
           f"{files - sum(map(len, todo.values()))} unchanged since their reports; grading "
           f"{len(todo)} students, {jobs} at a time")
     reports = []
@@ -102,8 +107,38 @@ def grade_class(submissions: Path, source: Path, out: Path, *, jobs: int = 1,
     finally:
         if jobs != 1:
             pool.shutdown(cancel_futures=True)
-    write_gradebook(out, source)
+    if any(out.glob(f"*/{NAME}")):
+        write_gradebook(out, source)
+    else:
+        print(f"no students in this shard and no reports in {out} yet: no gradebook written")
     return reports
+
+
+def forget_removed(out: Path, by_student: dict, mine: list[str]) -> None:
+    """Delete the reports in ``out`` of what the roster no longer holds, so that the gradebook
+    follows it: a file of a student in ``mine`` that was removed or renamed, a stray file moved
+    away. A student folder that is gone keeps its reports, with a warning."""
+    for student in mine:
+        stems = {roster.report_stem(e.path.name) for e in by_student[student] if e.path}
+        for report in (out / student).glob("*.json"):
+            stem = report.name.removesuffix(".json")
+            if stem not in stems:
+                for kind in (".json", ".txt", ".error.txt", ".executed.ipynb", ".TAMPERED.txt"):
+                    (out / student / f"{stem}{kind}").unlink(missing_ok=True)
+                print(f"{student}/{stem}: no longer submitted: its reports are removed")
+    for folder in sorted(p.parent for p in out.glob(f"*/{NAME}")):
+        if folder.name not in by_student:
+            if _is_stray(folder):
+                shutil.rmtree(folder, ignore_errors=True)  # a stray file moved away
+            else:
+                print(f"warning: {folder} holds the reports of a student not in these "
+                      f"submissions: their row stays in the gradebook until it is deleted",
+                      file=sys.stderr)
+
+
+def _is_stray(folder: Path) -> bool:
+    name = (folder / NAME).read_text(encoding="utf-8", errors="replace")
+    return name.endswith(roster.STRAY_SUFFIX) and roster.student_folder(name) == folder.name
 
 
 def columns(source: Path) -> dict[str, dict[str, float]]:
@@ -124,7 +159,8 @@ def _reports(out: Path) -> dict[str, dict[str, dict]]:
         except ValueError:
             continue
         if isinstance(report, dict) and "status" in report:
-            found[path.parent.name][Path(report["submission"]).stem] = report
+            file = Path(str(report.get("submission")))  # a lesson's by its stem, else whole
+            found[path.parent.name][file.stem if file.suffix == ".ipynb" else file.name] = report
     return found
 
 
@@ -135,6 +171,9 @@ def write_gradebook(out: Path, source: Path) -> Path:
         raise FileNotFoundError(f"{out}: no such folder of reports")
     editions.lessons_in(source)  # a mistyped --source would zero every student
     out, lessons, by_student = Path(out), columns(source), _reports(out)
+    if not by_student:
+        raise ValueError(f"{out} holds no student's reports (folders with a {NAME} file): "
+                         f"grade a class into it first")
     submitted = {lesson for reports in by_student.values() for lesson, report in reports.items()
                  if report.get("status") == "graded"}
     lessons = {k: v for k, v in lessons.items() if k in submitted} or lessons  # this homework's
@@ -168,8 +207,9 @@ def write_gradebook(out: Path, source: Path) -> Path:
                   for name, r in by_student[student].items() if name not in lessons]
         row.update(total=f"{total:g}", points=f"{points:g}", notes="; ".join(notes))
         rows.append(row)
-        moodle.append({"username": name, **{lesson: row.get(lesson, "") for lesson in lessons},
-                       "total": row["total"]})
+        if not name.endswith(roster.STRAY_SUFFIX):  # a file beside the student folders: no one's
+            moodle.append({"username": name, "total": row["total"],
+                           **{lesson: row.get(lesson, "") for lesson in lessons}})
     path = out / "gradebook.csv"
     _write(path, head, rows)
     _write(out / "gradebook-moodle.csv", ["username", *lessons, "total"], moodle)
@@ -182,11 +222,18 @@ def write_gradebook(out: Path, source: Path) -> Path:
 
 def _exercise_row(lesson: str, gid: str, rows: list[dict], lost: list[str]) -> dict:
     scores = [float(r[f"{lesson}:{gid}"]) for r in rows if f"{lesson}:{gid}" in r]
-    reasons = collections.Counter(f.split(" (")[0][:80] for f in lost).most_common(3)
+    reasons = collections.Counter(map(_reason, lost)).most_common(3)
     return {"lesson": lesson, "exercise": gid, "graded": len(scores),
             "mean": f"{statistics.mean(scores):.2f}" if scores else "",
             "lost points": len(lost),
             "most common reasons": "; ".join(f"{r} ({n})" for r, n in reasons)}
+
+
+def _reason(feedback: str) -> str:
+    """A lost point's reason, for counting: its first clause, each number written N (a drawn
+    value differs from student to student), at most 80 characters, cut between words."""
+    text = re.sub(r"\d[\d,.]*", "N", feedback.split(" (")[0]).strip()
+    return text if len(text) <= 80 else text[:80].rsplit(" ", 1)[0] + " ..."
 
 
 def inert(value):

@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MAX_MEMBER_BYTES = 50_000_000  # a notebook in a zip larger than this is not unpacked
-CANVAS = re.compile(r"^(?P<name>[^_/]+?)(?:_LATE)?_(?P<user>\d+)_(?P<sub>\d+)_(?P<file>.+)$")
+CANVAS = re.compile(r"^(?P<name>[^_/]+?)(?:_(?i:late))?_(?P<user>\d+)_(?P<sub>\d+)_(?P<file>.+)$")
+STRAY_SUFFIX = " (stray)"  # ends the row name of a file beside the student folders: not a student
+NBGRADER_FILES = {"timestamp.txt"}  # nbgrader writes one into each submitted assignment folder
 
 
 @dataclass(frozen=True)
@@ -49,13 +51,15 @@ def safe_name(text: str) -> str:
 
 
 def report_stem(filename: str) -> str:
-    """The stem of a submitted file's reports: its own where that is a plain name, else the plain
-    name and a digest of the whole name, so that two files never share reports ("02 x.ipynb"
-    beside "02_x.ipynb", a lesson's name, overwrote its report with "not graded")."""
-    stem = Path(filename).stem
-    plain = safe_name(stem)
-    digest = hashlib.sha256(filename.encode()).hexdigest()[:8]
-    return plain if plain == stem else f"{plain}-{digest}"
+    """The stem of a submitted file's reports: a notebook's own stem where that is a plain name,
+    else the plain name (with its suffix, for a file that is not a notebook) and a digest of the
+    whole name, so that two files never share reports ("02 x.ipynb" or "02_x.pdf" beside
+    "02_x.ipynb", a lesson's name, overwrote its report with "not graded")."""
+    path = Path(filename)
+    plain = safe_name(path.stem if path.suffix == ".ipynb" else path.name)
+    if path.suffix == ".ipynb" and plain == path.stem and not re.search(r"-[0-9a-f]{8}$", plain):
+        return plain
+    return f"{plain}-{hashlib.sha256(filename.encode()).hexdigest()[:8]}"
 
 
 RESERVED = {"unpacked", "gradebook.csv", "gradebook-moodle.csv", "exercises.csv"}  # in --out
@@ -116,14 +120,34 @@ def entries(path: Path, unpack_to: Path) -> list[Entry]:
     found = []
     for student in visible(path):
         if not student.is_dir() or student.is_symlink():
-            stray = f"{student.stem} (stray)"  # a row of its own, never a student's
+            stray = f"{student.stem}{STRAY_SUFFIX}"  # a row of its own, never a student's
             found.append(Entry(student_folder(stray), student, stray, True))
             continue
-        places = visible(student) if kind == "students" else \
-            [f for a in visible(student) for f in
-             (visible(a) if a.is_dir() and not a.is_symlink() else [a])]
-        found += [_entry(student.name, f) for f in places] or [_entry(student.name, None)]
+        found += [_entry(student.name, f) for f in submitted(student)] or \
+            [_entry(student.name, None)]
     return found
+
+
+def check_out(submissions: Path, out: Path) -> None:
+    """Refuse an ``out`` inside the folder of ``submissions``: a later run would grade the
+    reports as submissions."""
+    inside, folder = Path(out).resolve(), Path(submissions).resolve()
+    if Path(submissions).is_dir() and (inside == folder or folder in inside.parents):
+        raise ValueError(f"--out {out} is inside the submissions {submissions}: a later run "
+                         f"would grade its reports as submissions; write them elsewhere")
+
+
+def submitted(student: Path) -> list[Path]:
+    """The files of one student's folder: its own, or, where it holds folders and no notebook
+    (nbgrader's ``<assignment>/``), theirs without nbgrader's ``timestamp.txt``. Decided per
+    student: one stray notebook does not change how the rest of the class is read."""
+    own = visible(student)
+    if any(p.suffix == ".ipynb" for p in own) or not any(
+            p.is_dir() and not p.is_symlink() for p in own):
+        return own
+    return [f for a in own for f in (
+        [g for g in visible(a) if g.name not in NBGRADER_FILES]
+        if a.is_dir() and not a.is_symlink() else [a])]
 
 
 def unpack_canvas(archive: Path, folder: Path) -> Path:

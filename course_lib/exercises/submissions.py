@@ -21,7 +21,7 @@ import nbformat
 import course_lib
 from course_lib.exercises.editions import lessons_in
 from course_lib.exercises.grading import grade, summary
-from course_lib.exercises.roster import report_stem
+from course_lib.exercises.roster import CANVAS, check_out, report_stem, visible
 
 
 class Tampered(RuntimeError):
@@ -53,12 +53,26 @@ def _refusal(path: Path, source: Path) -> str | None:
     if path.suffix != ".ipynb":
         return "not a notebook (.ipynb)"
     if not (Path(source) / path.name).is_file():
-        copy = re.sub(r"\s*\(\d+\)$", "", path.stem) + path.suffix  # a browser's "name (1)"
-        if copy != path.name and (Path(source) / copy).is_file():
-            return f"a second download's name: rename it to {copy} and grade again"
+        copy = renamed_lesson(path.name, source)
+        if copy is not None:
+            return f"a renamed copy of a lesson's notebook: rename it to {copy} and grade again"
+        canvas = CANVAS.match(path.name)
+        if canvas and renamed_lesson(canvas["file"], source):
+            return ("a file of an unpacked Canvas download: grade the zip itself, whose names "
+                    "say whose each file is")
         lessons = ", ".join(sorted(p.name for p in Path(source).glob("*.ipynb")))
         return f"no lesson of that name to grade it against (lessons: {lessons})"
     return None
+
+
+def renamed_lesson(name: str, source: Path) -> str | None:
+    """The lesson in ``source`` a notebook named ``name`` is a renamed copy of, or None: a
+    browser's "X (1)", Canvas's "X__1_", a resubmission's "X-1", Google's "Copy of X", or X in
+    other capitals."""
+    stem = re.sub(r"^(copy of\s+)+", "", Path(name).stem, flags=re.IGNORECASE)
+    stem = re.sub(r"(\s*\(\d+\)|__\d+_|-\d+)$", "", stem).lower()
+    lessons = {p.stem.lower(): p.name for p in Path(source).glob("*.ipynb")}
+    return lessons.get(stem) if Path(name).suffix.lower() == ".ipynb" else None
 
 
 def _unreadable(path: Path) -> str | None:
@@ -85,9 +99,10 @@ def grade_all(submissions: Path, source: Path, out: Path, **limits) -> list[dict
     lessons_in(source)  # a mistyped --source would report every file as "no lesson"
     if not submissions.exists():
         raise FileNotFoundError(f"{submissions}: no such file or folder of submissions")
-    paths = [submissions] if not submissions.is_dir() else sorted(submissions.iterdir())
+    paths = [submissions] if not submissions.is_dir() else visible(submissions)
     if not paths:
         raise ValueError(f"{submissions} is empty: nothing to grade")
+    check_out(submissions, out)
     out.mkdir(parents=True, exist_ok=True)
     for path in paths:  # before any grading: never a report over another submission's
         old = out / f"{report_stem(path.name)}.json"
@@ -95,7 +110,7 @@ def grade_all(submissions: Path, source: Path, out: Path, **limits) -> list[dict
         if old.is_file() and not old.is_symlink():
             with contextlib.suppress(ValueError, AttributeError):  # not a report: not ours
                 theirs = json.loads(old.read_text()).get("submission")
-        if theirs not in (None, str(path)):
+        if theirs is not None and Path(str(theirs)).resolve() != path.resolve():
             raise ValueError(f"{old} is the report of another submission ({theirs}): give "
                              f"each student's folder an --out of its own (e.g. --out "
                              f"{out / 'STUDENT'}), or remove {old} to regrade")
