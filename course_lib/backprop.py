@@ -1,7 +1,7 @@
 """Backpropagation by hand: each layer's forward pass with its backward pass right beneath it.
 
 Lecture note "BackPropagation for fully-connected and convolutional networks", sections 1-6, in
-its notation and PyTorch's convention: a batch X is b x d_in, a weight W is d_out x d_in,
+its notation and PyTorch's convention: a batch X is B x d_in, a weight W is d_out x d_in,
 Z = X W^T, X' = sigma(Z). A backward function takes dQ/d(output) and returns dQ/d(input) (and
 the parameters' gradients), for a scalar loss Q.
 """
@@ -75,7 +75,7 @@ def softmax_cross_entropy_forward(Z, y):
 
 
 def softmax_cross_entropy_backward(Z, y):
-    """dQ/dZ = (softmax(Z) - onehot(y)) / b: the famous 'prediction minus target'."""
+    """dQ/dZ = (softmax(Z) - onehot(y)) / B: the famous 'prediction minus target'."""
     check_labels(Z, y)
     probs = torch.softmax(Z, dim=1)
     probs[torch.arange(len(y)), y] -= 1.0
