@@ -16,7 +16,7 @@ import nbformat
 import pytest
 from test_grading import WRONG, _tiny_lesson, short_limit
 
-from course_lib.exercises import editions, gradebook, roster
+from course_lib.exercises import editions, gradebook, roster, submissions
 from course_lib.exercises.submissions import grade_all, renamed_lesson
 
 HEAD = ["student", "name", "tiny:exercise-1", "tiny:exercise-2", "tiny2:exercise-1",
@@ -447,3 +447,85 @@ def test_the_class_summary_counts_a_reason_once_whatever_numbers_it_names(tmp_pa
     reason = rows[0]["most common reasons"]
     assert reason.startswith("your backward count N is not the formula's N ") and \
         reason.endswith(" ... (2)") and len(reason) <= 90, reason
+
+
+def test_what_a_student_names_or_links_never_costs_another_file_its_report(tmp_path):
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    _tiny_lesson(lessons / "tiny.ipynb")
+    # a link to alice's file is not alice's file: her report is not replaced through it
+    (tmp_path / "alice").mkdir()
+    (tmp_path / "alice" / "notes.txt").write_text("hers")
+    (tmp_path / "bob").mkdir()
+    (tmp_path / "bob" / "notes.txt").symlink_to(tmp_path / "alice" / "notes.txt")
+    grade_all(tmp_path / "alice", lessons, tmp_path / "one")
+    with pytest.raises(ValueError, match="report of another submission"):
+        grade_all(tmp_path / "bob", lessons, tmp_path / "one")
+    # a decoy "tiny.TAMPERED.ipynb" removed later takes tiny's evidence with it
+    out, carol = tmp_path / "reports", tmp_path / "class" / "carol"
+    carol.mkdir(parents=True)
+    shutil.copy(lessons / "tiny.ipynb", carol / "tiny.ipynb")
+    (out / "carol").mkdir(parents=True)
+    for stem, status in (("tiny", "tampered"), ("tiny.TAMPERED", "graded")):
+        (out / "carol" / f"{stem}.json").write_text(json.dumps(
+            dict(submission=str(carol / f"{stem}.ipynb"), status=status)))
+        (out / "carol" / f"{stem}.txt").write_text(status)
+    (out / "carol" / "config.json").write_text("{}")  # not a report: not the grader's to delete
+    gradebook.forget_removed(out, {"carol": [roster.Entry("carol", carol / "tiny.ipynb")]},
+                             ["carol"])
+    assert sorted(p.name for p in (out / "carol").iterdir()) == [
+        "config.json", "tiny.TAMPERED.txt", "tiny.json", "tiny.txt"]
+    # a notebook replaced by a link to the same bytes is graded again (a link: not graded)
+    (out / "carol" / "tiny.TAMPERED.txt").unlink()
+    (out / "carol" / "tiny.json").write_text(json.dumps(dict(
+        submission=str(carol / "tiny.ipynb"), status="graded", score=2, points=2, exercises=[],
+        sha256={"submission": submissions.sha256_of(carol / "tiny.ipynb"),
+                "lesson": submissions.sha256_of(lessons / "tiny.ipynb")})))
+    shutil.copy(carol / "tiny.ipynb", tmp_path / "copy.ipynb")
+    (carol / "tiny.ipynb").unlink()
+    (carol / "tiny.ipynb").symlink_to(tmp_path / "copy.ipynb")
+    gradebook.grade_class(tmp_path / "class", lessons, out)
+    assert json.loads((out / "carol" / "tiny.json").read_text())["status"] == "not graded"
+
+
+def test_a_reports_folder_never_holds_the_class_or_the_lessons(tmp_path):
+    lessons, roster_ = tmp_path / "lessons", tmp_path / "class"
+    lessons.mkdir()
+    _tiny_lesson(lessons / "tiny.ipynb")
+    (roster_ / "alice").mkdir(parents=True)
+    for out in (tmp_path, roster_, roster_ / "alice" / "reports"):
+        with pytest.raises(ValueError, match="--out"):
+            gradebook.grade_class(roster_, lessons, out)
+    shutil.copy(lessons / "tiny.ipynb", roster_ / "alice" / "tiny.ipynb")
+    with pytest.raises(ValueError, match="inside the submissions' folder"):  # one notebook too
+        grade_all(roster_ / "alice" / "tiny.ipynb", lessons, roster_ / "alice")
+
+
+def test_odd_names_a_second_zip_and_shards_that_stay_put(tmp_path):
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    _tiny_lesson(lessons / "tiny.ipynb")
+    class_ = tmp_path / "class"  # a name that is not UTF-8 (a zip from another system)
+    (class_ / "bob").mkdir(parents=True)
+    open(os.fsencode(class_ / "bob") + b"/\xdcbung.ipynb", "w").write("{}")
+    gradebook.grade_class(class_, lessons, tmp_path / "reports")
+    notes = [r["notes"] for r in csv.DictReader(open(tmp_path / "reports" / "gradebook.csv"))]
+    assert len(notes) == 1 and "bung.ipynb: not graded: no lesson of that name" in notes[0]
+    tree = tmp_path / "twice"  # the same lesson in two of a student's folders: neither is taken
+    for version in ("v1", "v2"):
+        (tree / "dave" / version).mkdir(parents=True)
+        (tree / "dave" / version / "tiny.ipynb").write_text("{}")
+    assert [e.path.name for e in roster.entries(tree, tmp_path / "u")] == ["v1", "v2"]
+    unpacked = tmp_path / "unpacked"  # a newer zip: what it no longer holds is not graded
+    for members in (["doejane_12_34_tiny.ipynb", "smithjon_13_35_tiny.ipynb"],
+                    ["doejane_12_40_tiny.pdf", "roedan_77_80_tiny.ipynb"]):
+        with zipfile.ZipFile(tmp_path / "canvas.zip", "w") as z:
+            for member in members:
+                z.writestr(member, "{}")
+        found = roster.entries(tmp_path / "canvas.zip", unpacked)
+    assert [e.student for e in found] == ["roedan_77"]
+    assert sorted(p.name for p in unpacked.iterdir()) == ["roedan_77"]
+    names = [f"student{i}" for i in range(40)]  # a student more moves no one to another shard
+    before = {n: gradebook.shard_of(n, 4) for n in names}
+    assert set(before.values()) == {0, 1, 2, 3}
+    assert all(gradebook.shard_of(n, 4) == s for n, s in before.items())

@@ -9,8 +9,8 @@ shape Moodle's grade import takes (``username``: the name, a column per lesson);
 ``out/exercises.csv`` says, per exercise, how the class did and the most common reasons points
 were lost. A submission that tampers, crashes the grader or times out is recorded as such and
 grading goes on. A file whose bytes and lesson are unchanged since its report is not graded
-again; ``shard=(i, n)`` grades every n-th file from the i-th, so that a job system's array can
-split a class, and :func:`write_gradebook` merges whatever reports are in ``out``.
+again; ``shard=(i, n)`` grades the students whose names' digests are i modulo n, so that a job
+system's array can split a class, and :func:`write_gradebook` merges the reports in ``out``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from __future__ import annotations
 import collections
 import csv
 import functools
+import hashlib
 import json
 import multiprocessing
+import os
 import re
 import shutil
 import statistics
@@ -45,7 +47,8 @@ def _unchanged(entry: roster.Entry, source: Path, out: Path) -> bool:
         return True  # nothing submitted: nothing to grade
     report = out / entry.student / f"{roster.report_stem(entry.path.name)}.json"
     lesson = Path(source) / entry.path.name
-    if not (report.is_file() and entry.path.is_file() and lesson.is_file()):
+    if entry.path.is_symlink() or not (report.is_file() and entry.path.is_file()
+                                       and lesson.is_file()):
         return False
     try:
         old = json.loads(report.read_text()).get("sha256", {})
@@ -65,8 +68,8 @@ def _grade_student(entries: list, source: Path, out: Path, limits: dict) -> list
 def grade_class(submissions: Path, source: Path, out: Path, *, jobs: int = 1,
                 shard: tuple[int, int] = (0, 1), **limits) -> list[dict]:
     """Grade every file of the roster ``submissions`` (any :mod:`roster` layout) against the
-    lessons in ``source``, ``jobs`` students at a time, the students of this ``shard`` (every
-    n-th from the i-th); write each student's reports and then the gradebook of every report in
+    lessons in ``source``, ``jobs`` students at a time, the students of this ``shard``
+    (:func:`shard_of`); write each student's reports and then the gradebook of every report in
     ``out``. Returns the reports made now."""
     index, count = shard
     if not (isinstance(count, int) and count >= 1 and isinstance(index, int)
@@ -76,16 +79,17 @@ def grade_class(submissions: Path, source: Path, out: Path, *, jobs: int = 1,
         raise ValueError(f"jobs must be a whole number of at least 1, got {jobs!r}")
     out = Path(out)
     editions.lessons_in(source)  # before any file is unpacked or graded
-    roster.check_out(submissions, out)
+    roster.check_out(submissions, out, source)
     by_student = collections.defaultdict(list)
     for entry in roster.entries(submissions, out / "unpacked"):
         by_student[entry.student].append(entry)
-    mine = sorted(by_student)[index::count]
+    mine = [s for s in sorted(by_student) if shard_of(s, count) == index]
     out.mkdir(parents=True, exist_ok=True)  # an empty shard too: the merge finds the folder
     forget_removed(out, by_student, mine)
     for student in mine:  # who each folder is, for the gradebook, with or without a file
         (out / student).mkdir(parents=True, exist_ok=True)
-        (out / student / NAME).write_text(by_student[student][0].name or student)
+        (out / student / NAME).write_text(by_student[student][0].name or student,
+                                          encoding="utf-8", errors="surrogateescape")
     todo = {s: [e for e in by_student[s] if not _unchanged(e, source, out)] for s in mine}
     todo = {s: files for s, files in todo.items() if files}
     files = sum(e.path is not None for s in mine for e in by_student[s])
@@ -118,13 +122,16 @@ def forget_removed(out: Path, by_student: dict, mine: list[str]) -> None:
     """Delete the reports in ``out`` of what the roster no longer holds, so that the gradebook
     follows it: a file of a student in ``mine`` that was removed or renamed, a stray file moved
     away. A student folder that is gone keeps its reports, with a warning."""
+    kinds = (".json", ".txt", ".error.txt", ".executed.ipynb", ".TAMPERED.txt")
     for student in mine:
         stems = {roster.report_stem(e.path.name) for e in by_student[student] if e.path}
-        for report in (out / student).glob("*.json"):
+        kept = {f"{stem}{kind}" for stem in stems for kind in kinds}  # "x.TAMPERED.ipynb"'s
+        for report in (out / student).glob("*.json"):  # .txt is x's evidence: it stays
             stem = report.name.removesuffix(".json")
-            if stem not in stems:
-                for kind in (".json", ".txt", ".error.txt", ".executed.ipynb", ".TAMPERED.txt"):
-                    (out / student / f"{stem}{kind}").unlink(missing_ok=True)
+            if stem not in stems and _is_report(report):
+                for kind in kinds:
+                    if f"{stem}{kind}" not in kept:
+                        (out / student / f"{stem}{kind}").unlink(missing_ok=True)
                 print(f"{student}/{stem}: no longer submitted: its reports are removed")
     for folder in sorted(p.parent for p in out.glob(f"*/{NAME}")):
         if folder.name not in by_student:
@@ -136,8 +143,22 @@ def forget_removed(out: Path, by_student: dict, mine: list[str]) -> None:
                       file=sys.stderr)
 
 
+def _is_report(path: Path) -> bool:
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(report, dict) and "status" in report and "submission" in report
+
+
+def shard_of(student: str, count: int) -> int:
+    """Which of ``count`` shards grades ``student``: from a digest of the folder's name, so that
+    a student added or removed between two shards' starts moves no one else."""
+    return int(hashlib.sha256(os.fsencode(student)).hexdigest(), 16) % count
+
+
 def _is_stray(folder: Path) -> bool:
-    name = (folder / NAME).read_text(encoding="utf-8", errors="replace")
+    name = (folder / NAME).read_text(encoding="utf-8", errors="surrogateescape")
     return name.endswith(roster.STRAY_SUFFIX) and roster.student_folder(name) == folder.name
 
 
@@ -182,7 +203,7 @@ def write_gradebook(out: Path, source: Path) -> Path:
     rows, moodle, lost = [], [], collections.defaultdict(list)
     for student in sorted(by_student):
         name = out / student / NAME  # trusted only where it gives this folder
-        name = name.read_text() if name.is_file() else student
+        name = name.read_text("utf-8", "surrogateescape") if name.is_file() else student
         name = name if roster.student_folder(name) == student else student
         row, notes, total = {"student": student, "name": name}, [], 0.0
         points = sum(sum(ids.values()) for ids in lessons.values())  # what every student can get

@@ -19,6 +19,7 @@ Each student's reports go to a folder of their own (:func:`student_folder`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -59,7 +60,7 @@ def report_stem(filename: str) -> str:
     plain = safe_name(path.stem if path.suffix == ".ipynb" else path.name)
     if path.suffix == ".ipynb" and plain == path.stem and not re.search(r"-[0-9a-f]{8}$", plain):
         return plain
-    return f"{plain}-{hashlib.sha256(filename.encode()).hexdigest()[:8]}"
+    return f"{plain}-{hashlib.sha256(os.fsencode(filename)).hexdigest()[:8]}"
 
 
 RESERVED = {"unpacked", "gradebook.csv", "gradebook-moodle.csv", "exercises.csv"}  # in --out
@@ -72,7 +73,7 @@ def student_folder(name: str) -> str:
     plain = re.sub(r"[^\w.-]", "_", name).lstrip(".") or "unnamed"
     if plain == name and name not in RESERVED and not re.search(r"-[0-9a-f]{8}$", name):
         return name
-    return f"{plain}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return f"{plain}-{hashlib.sha256(os.fsencode(name)).hexdigest()[:8]}"
 
 
 def visible(folder: Path) -> list[Path]:
@@ -128,13 +129,20 @@ def entries(path: Path, unpack_to: Path) -> list[Entry]:
     return found
 
 
-def check_out(submissions: Path, out: Path) -> None:
-    """Refuse an ``out`` inside the folder of ``submissions``: a later run would grade the
-    reports as submissions."""
-    inside, folder = Path(out).resolve(), Path(submissions).resolve()
-    if Path(submissions).is_dir() and (inside == folder or folder in inside.parents):
-        raise ValueError(f"--out {out} is inside the submissions {submissions}: a later run "
+def check_out(submissions: Path, out: Path, source: Path) -> None:
+    """Refuse an ``out`` inside the folder of ``submissions`` (a later run would grade the
+    reports as submissions) or holding it or the lessons (a student's reports folder could be
+    one of them)."""
+    out = Path(out).resolve()
+    folder = Path(submissions).resolve()
+    folder = folder if folder.is_dir() else folder.parent
+    if out == folder or folder in out.parents:
+        raise ValueError(f"--out {out} is inside the submissions' folder {folder}: a later run "
                          f"would grade its reports as submissions; write them elsewhere")
+    for inner in (folder, Path(source).resolve()):
+        if out in inner.parents:
+            raise ValueError(f"--out {out} holds {inner}: a student's reports folder could be "
+                             f"it; write the reports into a folder of their own")
 
 
 def submitted(student: Path) -> list[Path]:
@@ -145,9 +153,11 @@ def submitted(student: Path) -> list[Path]:
     if any(p.suffix == ".ipynb" for p in own) or not any(
             p.is_dir() and not p.is_symlink() for p in own):
         return own
-    return [f for a in own for f in (
+    inner = [f for a in own for f in (
         [g for g in visible(a) if g.name not in NBGRADER_FILES]
         if a.is_dir() and not a.is_symlink() else [a])]
+    names = [f.name for f in inner]  # the same lesson in two folders: neither is taken
+    return inner if len(set(names)) == len(names) else own
 
 
 def unpack_canvas(archive: Path, folder: Path) -> Path:
@@ -172,6 +182,13 @@ def unpack_canvas(archive: Path, folder: Path) -> Path:
             order = int(match["sub"])
             if target not in latest or latest[target][0] < order:
                 latest[target] = (order, info)
+        for old in folder.glob("*/*.ipynb"):  # unpacked from an earlier zip, not in this one
+            if old not in latest:
+                old.unlink(missing_ok=True)
+        kept = {target.parent for target in latest}
+        for empty in set(folder.glob("*/")) - kept:
+            with contextlib.suppress(OSError):
+                empty.rmdir()  # only if empty: a student no longer in the zip
         for target, (_, info) in latest.items():
             target.parent.mkdir(parents=True, exist_ok=True)
             with z.open(info) as member:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -102,7 +103,7 @@ def grade_all(submissions: Path, source: Path, out: Path, **limits) -> list[dict
     paths = [submissions] if not submissions.is_dir() else visible(submissions)
     if not paths:
         raise ValueError(f"{submissions} is empty: nothing to grade")
-    check_out(submissions, out)
+    check_out(submissions, out, source)
     out.mkdir(parents=True, exist_ok=True)
     for path in paths:  # before any grading: never a report over another submission's
         old = out / f"{report_stem(path.name)}.json"
@@ -110,7 +111,7 @@ def grade_all(submissions: Path, source: Path, out: Path, **limits) -> list[dict
         if old.is_file() and not old.is_symlink():
             with contextlib.suppress(ValueError, AttributeError):  # not a report: not ours
                 theirs = json.loads(old.read_text()).get("submission")
-        if theirs is not None and Path(str(theirs)).resolve() != path.resolve():
+        if theirs is not None and os.path.abspath(theirs) != os.path.abspath(path):
             raise ValueError(f"{old} is the report of another submission ({theirs}): give "
                              f"each student's folder an --out of its own (e.g. --out "
                              f"{out / 'STUDENT'}), or remove {old} to regrade")
@@ -163,7 +164,7 @@ def grade_one(path: Path, source: Path, out: Path, *, stop: bool = False, **limi
     line = summary(report) if report["status"] == "graded" else \
         f"{name}: {report['status'].upper()}: {report['error']}"
     (out / f"{stem}.txt").write_text(line + "\n", encoding="utf-8", errors="replace")
-    print(line)
+    print(printable(line))
     return report
 
 
@@ -171,12 +172,19 @@ def not_graded(path: Path, out: Path, why: str) -> dict:
     """Report ``path`` as not graded, for the reason ``why``, in ``out``; return the report."""
     path, out = Path(path), Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{report_stem(path.name)}.error.txt").write_text(f"{path.name}: {why}\n")
-    print(f"{path.name}: NOT GRADED: {why}")
+    (out / f"{report_stem(path.name)}.error.txt").write_text(f"{path.name}: {why}\n",
+                                                             encoding="utf-8", errors="replace")
+    print(printable(f"{path.name}: NOT GRADED: {why}"))
     report = dict(submission=str(path), status="not graded", error=why, exercises=[], score=0,
                   points=0)
     (out / f"{report_stem(path.name)}.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def printable(text: str) -> str:
+    """``text`` as UTF-8 can write it: a file name that is not valid UTF-8 (a zip made on
+    another system) gets a replacement character instead of stopping the class."""
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def sha256_of(path: Path) -> str:
