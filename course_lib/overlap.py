@@ -42,6 +42,25 @@ SYNCS = ("after backward", "per parameter", "buckets", "DDP")
 all_reduce_after_backward = average_gradients
 
 
+class OneBackwardPerWait:
+    """Refuses a second backward pass before ``wait()``: (b) and (c) start a gradient's all-reduce
+    during backward, so a second pass would add into a gradient being sent. Its hooks run before
+    theirs (registered first)."""
+
+    def __init__(self, params):
+        self.seen = set()
+        self.handles = [p.register_post_accumulate_grad_hook(self.check) for p in params]
+
+    def check(self, p):
+        if id(p) in self.seen:
+            raise RuntimeError("a second backward() before wait(): this synchronisation starts "
+                               "each gradient's all-reduce during backward, so gradients can't "
+                               "accumulate over micro-batches; call wait() after each backward, "
+                               "or start the all-reduces on the last one only (lesson 10, "
+                               "exercise 1)")
+        self.seen.add(id(p))
+
+
 class PerParameterAllReduce:
     """(b) One asynchronous all-reduce per parameter, started by
     ``register_post_accumulate_grad_hook`` as soon as autograd has written its gradient.
@@ -51,7 +70,7 @@ class PerParameterAllReduce:
         self.group, self.world_size = group, dist.get_world_size(group)
         self.names, self.params = trainable(model)
         self.find_unused = find_unused
-        self.pending = []
+        self.pending, self.once = [], OneBackwardPerWait(self.params)
         self.handles = [p.register_post_accumulate_grad_hook(self._ready) for p in self.params]
 
     def _ready(self, p):
@@ -59,6 +78,7 @@ class PerParameterAllReduce:
         self.pending.append((p, dist.all_reduce(p.grad, group=self.group, async_op=True)))
 
     def wait(self) -> None:
+        self.once.seen.clear()
         started = {id(p) for p, _ in self.pending}
         for _, work in self.pending:
             work.wait()
@@ -76,7 +96,7 @@ class PerParameterAllReduce:
                                f"pass find_unused=True")
 
     def remove(self) -> None:
-        for h in self.handles:
+        for h in self.handles + self.once.handles:
             h.remove()
 
 
@@ -149,7 +169,7 @@ class BucketedAllReduce:
         self.bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket}
         self.index = {id(p): i for i, p in enumerate(self.params)}
         self.ready = [0] * len(self.buckets)
-        self.pending = []
+        self.pending, self.once = [], OneBackwardPerWait(self.params)
         self.handles = [p.register_post_accumulate_grad_hook(self._ready) for p in self.params]
 
     def _ready(self, p):
@@ -160,6 +180,7 @@ class BucketedAllReduce:
                                                    for i in self.buckets[b]], self.group)))
 
     def wait(self) -> None:
+        self.once.seen.clear()
         unsent = sorted(set(range(len(self.buckets))) - {b for b, _, _ in self.pending})
         if self.find_unused:  # every step, on every rank: then send what the ranks have of the
             # buckets that never filled, in bucket order
@@ -189,7 +210,7 @@ class BucketedAllReduce:
                                f"it, pass find_unused=True")
 
     def remove(self) -> None:
-        for h in self.handles:
+        for h in self.handles + self.once.handles:
             h.remove()
 
 

@@ -40,12 +40,9 @@ def run_torch_pipeline(pieces, x, y, micro_batches: int, schedule: str = "1F1B",
     pipe_stage = PipelineStage(module, stage, stages, dev, group=group)
     runner = kinds[schedule](pipe_stage, micro_batches, loss_fn=torch.nn.functional.cross_entropy)
     losses = []
-    if stage == 0:
-        runner.step(x.to(dev))
-    elif stage == stages - 1:
-        runner.step(target=y.to(dev), losses=losses)
-    else:
-        runner.step()
+    inputs = (x.to(dev),) if stage == 0 else ()
+    labels = dict(target=y.to(dev), losses=losses) if stage == stages - 1 else {}
+    runner.step(*inputs, **labels)  # one stage (p = 1) takes both
     return dict(stage=stage, micro_losses=[loss.item() for loss in losses],
                 grads=[None if p.grad is None else p.grad.detach().clone()  # None: frozen
                        for p in module.parameters()])

@@ -263,3 +263,26 @@ def test_a_bad_argument_is_named_in_megatron_bytes_and_the_overlap_model():
         M.megatron_bytes(-128, 64, 4)
     with pytest.raises(ValueError, match="2 ready times for 1 messages"):
         M.overlapped_messages([0.0, 1.0], [10], 1.0, 1.0)
+
+
+@pytest.mark.parametrize("call", [
+    lambda n: M.ring_attention_time(n, 2, 1e-6, 1e-9, 1e-6),
+    lambda n: M.context_parallel_bytes(n, 3, "ring"),
+    lambda n: M.context_parallel_bytes(n, 4, "ulysses"),
+    lambda n: M.parameter_server_words(3, n, "star"),
+    lambda n: M.federated_bytes_per_round(2, n),
+    lambda n: M.async_staleness(3, n),
+    lambda n: M.all_to_all_time(n, 4, 1e-6, 1e-9),
+    lambda n: M.ulysses_time(n, 4, 1e-6, 1e-9),
+    lambda n: M.expert_parallel_time(n, 4, 1e-6, 1e-9),
+    lambda n: M.all_reduce_bytes("naive ring", n, 3),
+    lambda n: M.all_reduce_bytes("efficient ring", n, 4),
+    lambda n: M.zero_bytes_per_rank(n, 4, 1),
+    lambda n: M.megatron_bytes(n, 8, 2),
+    lambda n: M.bus_bandwidth(n, [1e-3, 2e-3], 2),
+], ids=lambda _: "")
+def test_a_list_of_sizes_gives_what_an_array_gives(call):
+    # 2 * [a, b] is [a, b, a, b]: a list must not reach the arithmetic as it is
+    listed, array = call([100.0, 200.0]), call(np.array([100.0, 200.0]))
+    np.testing.assert_allclose(np.asarray(listed, dtype=float), np.asarray(array, dtype=float))
+    assert np.shape(listed) == (2,)

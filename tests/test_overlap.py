@@ -127,3 +127,33 @@ def test_pack_bucket_refuses_no_gradients_or_no_ranks(grads, world_size):
     # world_size 0 used to give a buffer of inf, [] a torch error
     with pytest.raises(ValueError, match="a bucket needs gradients and a world_size >= 1"):
         ov.pack_bucket(grads, world_size)
+
+
+def _two_backwards_then_one(sync):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
+    _, wait = ov.synchronizer(model, sync, bucket_mb=1e-6)
+    x = torch.ones(2, 3) * (1 + torch.distributed.get_rank())
+    model(x).sum().backward()
+    try:
+        model(x).sum().backward()  # accumulating: a second pass into gradients being sent
+        message = None
+    except RuntimeError as e:
+        message = str(e)
+    wait()  # the first pass's all-reduces: every rank started the same ones
+    model.zero_grad()
+    model(x).sum().backward()  # after wait() the next step works
+    wait()
+    return message, [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("sync", ["per parameter", "buckets"])
+def test_a_second_backward_before_wait_is_refused_not_summed_wrong(sync):
+    results = launch(_two_backwards_then_one, 2, args=(sync,), timeout=60)
+    assert all(m and "second backward() before wait()" in m for m, _ in results), results
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
+    for rank in (0, 1):
+        model(torch.ones(2, 3) * (1 + rank)).sum().backward()
+    for mine, theirs in zip(results[0][1], model.parameters(), strict=True):
+        torch.testing.assert_close(mine, theirs.grad / 2)

@@ -243,3 +243,13 @@ def test_micro_batch_counts_that_cannot_work_are_refused_clearly(batch):
 def test_peak_live_activations_refuses_what_is_not_a_schedule(schedule):
     with pytest.raises(ValueError, match="each micro-batch's forward before its backward"):
         pp.peak_live_activations(schedule)
+
+
+def test_torch_pipelining_on_one_stage_is_the_baseline(batch):
+    x, y = batch  # p = 1: the one stage takes the inputs and the targets
+    pieces = mlp_stages(1, width=16)
+    loss, grads = pp.reference_gradients(pieces, x, y)
+    (result,) = launch(pp.run_torch_pipeline, 1, args=(pieces, x, y, 4, "1F1B"))
+    assert sum(result["micro_losses"]) / 4 == pytest.approx(loss, abs=1e-10)
+    for got, want in zip(result["grads"], grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=0)

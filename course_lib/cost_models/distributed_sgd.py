@@ -13,7 +13,7 @@ def parameter_server_words(p: int, d: int, topology: str) -> int:
     """Words through the server in one synchronous iteration, both ways (lecture note, section
     2): O(dp) on a star, 2 d (p - 1); O(d log p) on a binomial tree, 2 d ceil(log2 p)."""
     check_processes(p)
-    check_sizes("d", d)
+    d = check_sizes("d", d)
     if topology == "star":
         return 2 * d * (p - 1)
     if topology == "tree":
@@ -53,8 +53,8 @@ def federated_bytes_per_round(clients: int, d: int, messages: int = 1,
                               bytes_per_number: int = 4) -> int:
     """A federated round: the model to each of ``clients`` and back, ``messages`` vectors of d
     numbers each way (SCAFFOLD: 2, the model and a control variate)."""
-    for name, value in (("d", d), ("messages", messages), ("bytes_per_number", bytes_per_number)):
-        check_sizes(name, value)
+    d, messages, bytes_per_number = (check_sizes(name, value) for name, value in (
+        ("d", d), ("messages", messages), ("bytes_per_number", bytes_per_number)))
     return 2 * check_processes(clients, "clients") * d * messages * bytes_per_number
 
 

@@ -28,7 +28,8 @@ def check_count(name: str, value) -> int:
 
 def check_sizes(name: str, value):
     """``value`` itself, if it is (or every entry of it is) a size, a time or a rate: zero or
-    more, not NaN (infinity allowed: a link that never delivers)."""
+    more, not NaN (infinity allowed: a link that never delivers). A list or a tuple comes back as
+    a float64 array: arithmetic on a list repeats it (2 * [a, b] is [a, b, a, b])."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         ok = value >= 0  # the planner's many scalars: no tensor made for them
     else:
@@ -36,7 +37,7 @@ def check_sizes(name: str, value):
             (torch.as_tensor(value, dtype=torch.float64).detach().cpu() >= 0).all())
     if not ok:
         raise ValueError(f"{name} must be zero or more (not NaN), got {value!r}")
-    return value
+    return np.asarray(value, dtype=float) if isinstance(value, list | tuple) else value
 
 
 def check_share(name: str, value):

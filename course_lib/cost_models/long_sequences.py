@@ -16,6 +16,7 @@ CONTEXT_PARALLEL = ("ring", "ulysses")
 def all_to_all_time(n_bytes, p: int, alpha: float, beta: float):
     """An all-to-all in which each rank holds ``n_bytes``, a slice of n / p for every rank, sent
     one after the other: (p - 1) (alpha + beta n / p)."""
+    n_bytes = check_sizes("n_bytes", n_bytes)
     return (check_processes(p) - 1) * alpha_beta_time(n_bytes / p, alpha, beta)
 
 
@@ -23,7 +24,7 @@ def ring_attention_time(n_bytes, p: int, alpha: float, beta: float, block_second
     """One attention layer's forward by ring attention: a rank's k and v (2 n bytes, one message)
     travel p - 1 steps while one block computes (``block_seconds``): the first block, then p - 1
     steps of max(block, alpha + 2 beta n). With no compute, the messages alone."""
-    step = alpha_beta_time(2 * n_bytes, alpha, beta)
+    step = alpha_beta_time(2 * check_sizes("n_bytes", n_bytes), alpha, beta)
     check_sizes("block_seconds", block_seconds)
     longer = step.clamp(min=block_seconds) if step.ndim else max(block_seconds, step)  # arrays too
     return block_seconds + (check_processes(p) - 1) * longer
@@ -40,7 +41,7 @@ def context_parallel_bytes(n_bytes, p: int, kind: str) -> float:
     4 (p - 1) n / p. The ring sends p / 2 times Ulysses' bytes."""
     if kind not in CONTEXT_PARALLEL:
         raise ValueError(f"kind must be one of {CONTEXT_PARALLEL}, got {kind!r}")
-    p, _ = check_processes(p), check_sizes("n_bytes", n_bytes)
+    p, n_bytes = check_processes(p), check_sizes("n_bytes", n_bytes)
     return 2 * (p - 1) * n_bytes if kind == "ring" else 4 * (p - 1) * n_bytes / p
 
 

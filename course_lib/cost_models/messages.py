@@ -73,7 +73,7 @@ def all_reduce_bytes(algorithm: str, n_bytes: float, p: int) -> float:
     ring 2 (p - 1) / p n, almost independent of p."""
     if algorithm not in ALL_REDUCE_ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}: use one of {ALL_REDUCE_ALGORITHMS}")
-    check_sizes("n_bytes", n_bytes)
+    n_bytes = check_sizes("n_bytes", n_bytes)
     if check_processes(p) == 1:
         return 0
     return {"reduce + broadcast": (p - 1) * n_bytes, "all-to-all": (p - 1) * n_bytes,
@@ -98,7 +98,7 @@ def bus_bandwidth(n_bytes: float, seconds: float, p: int, op: str = "all_reduce"
               "reduce_scatter": (p - 1) / p}
     if op not in factor:
         raise ValueError(f"unknown op {op!r}: use one of {sorted(factor)}")
-    check_sizes("n_bytes", n_bytes)
+    n_bytes = check_sizes("n_bytes", n_bytes)
     if not np.all(np.asarray(seconds, dtype=float) > 0):
         raise ValueError(f"seconds must be above 0, got {seconds!r}")
-    return n_bytes / seconds * factor[op]
+    return n_bytes / check_sizes("seconds", seconds) * factor[op]

@@ -103,8 +103,7 @@ def megatron_bytes(tokens: int, d_model: int, p: int, blocks: int = 1,
                    bytes_per_number: int = 4) -> float:
     """Bytes each rank sends per step: every all-reduce carries a tokens x d_model activation
     (or its gradient) on the efficient ring."""
-    for name, value in (("tokens", tokens), ("d_model", d_model)):
-        check_sizes(name, value)
+    tokens, d_model = check_sizes("tokens", tokens), check_sizes("d_model", d_model)
     n = tokens * d_model * bytes_per_number
     calls = sum(megatron_all_reduces(blocks).values())
     return calls * all_reduce_bytes("efficient ring", n, p)
@@ -118,6 +117,6 @@ def zero_bytes_per_rank(psi: float, p: int, stage: int) -> float:
     state (4 Psi + 12 Psi / p), 2 the gradients (2 Psi + 14 Psi / p), 3 all (16 Psi / p)."""
     if isinstance(stage, bool) or stage not in ZERO_STAGES:
         raise ValueError(f"ZeRO stage must be one of {ZERO_STAGES}, got {stage!r}")
-    check_sizes("psi", psi)
+    psi = check_sizes("psi", psi)
     return {0: 16 * psi, 1: 4 * psi + 12 * psi / check_processes(p), 2: 2 * psi + 14 * psi / p,
             3: 16 * psi / p}[stage]
