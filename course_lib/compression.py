@@ -18,6 +18,8 @@ threads, so the ranks' order of collectives depends on timing.)
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 import torch.distributed as dist
 
@@ -57,8 +59,9 @@ class TopK:
     (value, int32 index) pairs to every other (all-gather: the ranks keep different entries)."""
 
     def __init__(self, fraction: float):
-        if not 0 < fraction <= 1:
-            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) \
+                or not 0 < fraction <= 1:
+            raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
         self.fraction, self.name = fraction, f"top-k {100 * fraction:g}%"  # 1%, 0.5%
 
     def kept(self, flat):

@@ -150,13 +150,13 @@ def batch_rows(shard: torch.Tensor, batch: int, seed: int, worker: int, step: in
 
 
 def batch_key(seed: int, worker: int, step: int) -> int:
-    """The generator seed of (seed, worker, step). Below 99 workers and 10,007 steps it is
-    ``seed * 1_000_003 + worker * 10_007 + step``, a different one for each triple; beyond, that
-    sum would repeat another triple's (worker 0's step 10,007 is worker 1's step 0), so a 56-bit
-    hash of the three numbers is used instead (a repeat as unlikely as two random 56-bit
-    numbers meeting)."""
+    """The generator seed of (seed, worker, step). For a seed from 0 below 2**40, below 99 workers
+    and 10,007 steps it is ``seed * 1_000_003 + worker * 10_007 + step``, a different one for
+    each triple; beyond, that sum would repeat another triple's (worker 0's step 10,007 is worker
+    1's step 0) or leave the generator's range, so a 56-bit hash of the three numbers is used
+    instead (a repeat as unlikely as two random 56-bit numbers meeting)."""
     seed, worker, step = (operator.index(v) for v in (seed, worker, step))  # whole numbers only
-    if 0 <= worker < 99 and 0 <= step < 10_007:
+    if 0 <= seed < 2**40 and 0 <= worker < 99 and 0 <= step < 10_007:  # a seed torch takes
         return seed * 1_000_003 + worker * 10_007 + step
     digest = hashlib.blake2b(f"{seed},{worker},{step}".encode(), digest_size=7).digest()
     return 2**62 + int.from_bytes(digest, "big")  # above every sum the formula gives in practice

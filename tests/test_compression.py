@@ -136,3 +136,9 @@ def test_compressor_names_keep_their_digits_and_ranks_are_whole():
             cp.PowerSGD(rank)
     with pytest.raises(ValueError, match="unknown compressor 'PowerSGD rank 2.5'"):
         cp.compressor("PowerSGD rank 2.5")
+
+
+@pytest.mark.parametrize("fraction", ["0.5", True, None])
+def test_top_k_refuses_a_fraction_that_is_no_number(fraction):
+    with pytest.raises(ValueError, match="fraction must be a number in"):
+        cp.TopK(fraction)

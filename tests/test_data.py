@@ -166,3 +166,12 @@ def test_text_batches_are_next_token_windows_and_impossible_ones_are_refused():
 def test_batch_rows_refuses_an_empty_shard_rather_than_an_empty_batch():
     with pytest.raises(ValueError, match="worker 3's shard has no rows"):
         data.batch_rows(torch.arange(0), 8, seed=0, worker=3, step=0)
+
+
+def test_any_whole_seed_draws_a_batch():
+    shard = torch.arange(10)
+    for seed in (2**64, -2**62, -1, 2**40):  # beyond what torch's generator takes as it is
+        rows = data.batch_rows(shard, 4, seed, 0, 0)
+        assert len(set(rows.tolist())) == 4
+        torch.testing.assert_close(rows, data.batch_rows(shard, 4, seed, 0, 0))
+    assert data.batch_key(5, 1, 2) == 5 * 1_000_003 + 10_007 + 2  # the usual seeds as before
