@@ -48,6 +48,26 @@ def _class(tmp_path) -> tuple[Path, Path]:
     return lessons, roster_
 
 
+def _one_lesson(tmp_path, name: str = "tiny") -> tuple[Path, Path]:
+    """The tiny lesson ``name`` and a class whose alice handed it in right."""
+    lessons, submissions = tmp_path / "lessons", tmp_path / "class"
+    lessons.mkdir()
+    _tiny_lesson(lessons / f"{name}.ipynb")
+    (submissions / "alice").mkdir(parents=True)
+    shutil.copy(lessons / f"{name}.ipynb", submissions / "alice" / f"{name}.ipynb")  # right
+    return lessons, submissions
+
+
+def _lost_both(out: Path, student: str, feedback: str, lesson_folder: Path) -> None:
+    """A report of ``student``'s tiny.ipynb that lost both exercises' points, for ``feedback``."""
+    (out / student).mkdir(parents=True)
+    report = dict(submission=str(lesson_folder / student / "tiny.ipynb"), status="graded",
+                  score=0, points=2, exercises=[
+                      dict(grade_id=g, score=0, points=1, feedback=feedback)
+                      for g in ("exercise-1", "exercise-2")])
+    (out / student / "tiny.json").write_text(json.dumps(report))
+
+
 def _rows(out: Path) -> list[dict]:
     with open(out / "gradebook.csv", newline="") as f:
         reader = csv.DictReader(f)
@@ -298,11 +318,7 @@ def test_a_file_named_like_a_lesson_keeps_its_own_report_and_a_rerun_gives_the_s
         tmp_path):
     # "tiny x.ipynb" and "tiny_x.ipynb" wrote their reports to one path: the refused file's
     # report replaced the lesson's, and a second run showed the lesson as missing
-    lessons, submissions = tmp_path / "lessons", tmp_path / "class"
-    lessons.mkdir()
-    _tiny_lesson(lessons / "tiny_x.ipynb")
-    (submissions / "alice").mkdir(parents=True)
-    shutil.copy(lessons / "tiny_x.ipynb", submissions / "alice" / "tiny_x.ipynb")  # right
+    lessons, submissions = _one_lesson(tmp_path, "tiny_x")
     shutil.copy(lessons / "tiny_x.ipynb", submissions / "alice" / "tiny x.ipynb")  # no lesson
     shutil.copy(lessons / "tiny_x.ipynb", submissions / "alice" / "tiny~x.ipynb")  # no lesson
     assert len({roster.report_stem(p.name) for p in (submissions / "alice").iterdir()}) == 3
@@ -322,12 +338,7 @@ def test_a_timed_out_note_comes_from_the_grader_not_from_a_students_message(tmp_
     _tiny_lesson(lessons / "tiny.ipynb")
     for student, feedback in (("ann", "your code raised ValueError: past my 5 s limit"),
                               ("ben", "not run: the notebook passed its 300 s limit")):
-        (out / student).mkdir(parents=True)
-        report = dict(submission=str(tmp_path / student / "tiny.ipynb"), status="graded",
-                      score=0, points=2, exercises=[
-                          dict(grade_id=g, score=0, points=1, feedback=feedback)
-                          for g in ("exercise-1", "exercise-2")])
-        (out / student / "tiny.json").write_text(json.dumps(report))
+        _lost_both(out, student, feedback, tmp_path)
     gradebook.write_gradebook(out, lessons)
     notes = {r["student"]: r["notes"] for r in csv.DictReader(open(out / "gradebook.csv"))}
     assert notes == {"ann": "",
@@ -338,11 +349,7 @@ def test_the_gradebook_follows_the_roster_and_another_file_never_replaces_a_note
         tmp_path):
     # alice's PDF export beside her notebook gave the notebook's report name: the PDF's "not
     # graded" replaced her full marks in the gradebook and the LMS file, on every rerun
-    lessons, submissions = tmp_path / "lessons", tmp_path / "class"
-    lessons.mkdir()
-    _tiny_lesson(lessons / "tiny.ipynb")
-    (submissions / "alice").mkdir(parents=True)
-    shutil.copy(lessons / "tiny.ipynb", submissions / "alice" / "tiny.ipynb")  # right
+    lessons, submissions = _one_lesson(tmp_path, "tiny")
     for other in ("tiny.pdf", "tiny.txt", "tiny.py"):
         (submissions / "alice" / other).write_text("an export")
     (submissions / "bob").mkdir()
@@ -434,14 +441,9 @@ def test_the_class_summary_counts_a_reason_once_whatever_numbers_it_names(tmp_pa
     lessons.mkdir()
     _tiny_lesson(lessons / "tiny.ipynb")
     for student, count in (("ann", "3,134,336"), ("ben", "1,024,380.5")):
-        (out / student).mkdir(parents=True)
+        _lost_both(out, student, f"your backward count {count} is not the formula's {count}9 "
+                   + "x" * 90, tmp_path)
         (out / student / gradebook.NAME).write_text(student)
-        feedback = f"your backward count {count} is not the formula's {count}9 " + "x" * 90
-        report = dict(submission=str(tmp_path / student / "tiny.ipynb"), status="graded",
-                      score=0, points=2, exercises=[
-                          dict(grade_id=g, score=0, points=1, feedback=feedback)
-                          for g in ("exercise-1", "exercise-2")])
-        (out / student / "tiny.json").write_text(json.dumps(report))
     gradebook.write_gradebook(out, lessons)
     rows = list(csv.DictReader(open(out / "exercises.csv", newline="")))
     reason = rows[0]["most common reasons"]
