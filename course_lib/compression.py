@@ -18,8 +18,6 @@ threads, so the ranks' order of collectives depends on timing.)
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 import torch.distributed as dist
 
@@ -59,9 +57,13 @@ class TopK:
     (value, int32 index) pairs to every other (all-gather: the ranks keep different entries)."""
 
     def __init__(self, fraction: float):
-        if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) \
-                or not 0 < fraction <= 1:
+        try:  # a number: a float, a Fraction, a 0-d tensor; not a string or a bool
+            value = None if isinstance(fraction, str | bytes | bool) else float(fraction)
+        except (TypeError, ValueError):
+            value = None
+        if value is None or not 0 < value <= 1:
             raise ValueError(f"fraction must be a number in (0, 1], got {fraction!r}")
+        fraction = value
         self.fraction, self.name = fraction, f"top-k {100 * fraction:g}%"  # 1%, 0.5%
 
     def kept(self, flat):

@@ -18,6 +18,7 @@ batch would compute it. :func:`train` runs any of them (or DDP itself) on ``grou
 
 from __future__ import annotations
 
+import functools
 import numbers
 
 import torch
@@ -44,14 +45,14 @@ all_reduce_after_backward = average_gradients
 
 class OneBackwardPerWait:
     """Refuses a second backward pass before ``wait()``: (b) and (c) start a gradient's all-reduce
-    during backward, so a second pass would add into a gradient being sent. Its hooks run before
-    theirs (registered first)."""
+    during backward, so a second pass would add into a gradient being sent. Its hooks see each
+    gradient before autograd adds it into ``.grad``, so nothing is added."""
 
     def __init__(self, params):
         self.seen = set()
-        self.handles = [p.register_post_accumulate_grad_hook(self.check) for p in params]
+        self.handles = [p.register_hook(functools.partial(self.check, p)) for p in params]
 
-    def check(self, p):
+    def check(self, p, grad=None):
         if id(p) in self.seen:
             raise RuntimeError("a second backward() before wait(): this synchronisation starts "
                                "each gradient's all-reduce during backward, so gradients can't "

@@ -142,3 +142,8 @@ def test_compressor_names_keep_their_digits_and_ranks_are_whole():
 def test_top_k_refuses_a_fraction_that_is_no_number(fraction):
     with pytest.raises(ValueError, match="fraction must be a number in"):
         cp.TopK(fraction)
+
+
+def test_top_k_takes_any_number():
+    from fractions import Fraction
+    assert cp.TopK(Fraction(1, 100)).name == cp.TopK(torch.tensor(0.01)).name == "top-k 1%"

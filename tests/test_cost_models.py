@@ -280,6 +280,9 @@ def test_a_bad_argument_is_named_in_megatron_bytes_and_the_overlap_model():
     lambda n: M.zero_bytes_per_rank(n, 4, 1),
     lambda n: M.megatron_bytes(n, 8, 2),
     lambda n: M.bus_bandwidth(n, [1e-3, 2e-3], 2),
+    lambda n: M.federated_bytes_per_round([2, 3], 100),
+    lambda n: M.quantized_sum_error_bound([2, 3], 0.5),
+    lambda n: M.megatron_bytes(128, 64, 4, bytes_per_number=[2, 4]),
 ], ids=lambda _: "")
 def test_a_list_of_sizes_gives_what_an_array_gives(call):
     # 2 * [a, b] is [a, b, a, b]: a list must not reach the arithmetic as it is

@@ -365,7 +365,7 @@ def test_the_gradebook_follows_the_roster_and_another_file_never_replaces_a_note
         return {r["name"]: (r["tiny"], r["notes"]) for r in csv.DictReader(open(
             out / "gradebook.csv", newline=""))}, moodle
 
-    for _ in range(2):  # the rerun grades nothing and gives the same gradebook
+    for _ in range(2):  # the rerun grades no notebook again and gives the same gradebook
         rows, moodle = book()
         assert rows["alice"][0] == "2" and moodle == {"alice": "2", "bob": ""}, (rows, moodle)
         assert "tiny.pdf: not graded: not a notebook" in rows["alice"][1]
@@ -474,7 +474,7 @@ def test_what_a_student_names_or_links_never_costs_another_file_its_report(tmp_p
         (out / "carol" / f"{stem}.txt").write_text(status)
     (out / "carol" / "config.json").write_text("{}")  # not a report: not the grader's to delete
     gradebook.forget_removed(out, {"carol": [roster.Entry("carol", carol / "tiny.ipynb")]},
-                             ["carol"])
+                             ["carol"], tmp_path / "class")
     assert sorted(p.name for p in (out / "carol").iterdir()) == [
         "config.json", "tiny.TAMPERED.txt", "tiny.json", "tiny.txt"]
     # a notebook replaced by a link to the same bytes is graded again (a link: not graded)
@@ -499,7 +499,7 @@ def test_a_reports_folder_never_holds_the_class_or_the_lessons(tmp_path):
         with pytest.raises(ValueError, match="--out"):
             gradebook.grade_class(roster_, lessons, out)
     shutil.copy(lessons / "tiny.ipynb", roster_ / "alice" / "tiny.ipynb")
-    with pytest.raises(ValueError, match="inside the submissions' folder"):  # one notebook too
+    with pytest.raises(ValueError, match="inside the submissions"):  # one notebook's folder too
         grade_all(roster_ / "alice" / "tiny.ipynb", lessons, roster_ / "alice")
 
 
@@ -527,7 +527,49 @@ def test_odd_names_a_second_zip_and_shards_that_stay_put(tmp_path):
         found = roster.entries(tmp_path / "canvas.zip", unpacked)
     assert [e.student for e in found] == ["roedan_77"]
     assert sorted(p.name for p in unpacked.iterdir()) == ["roedan_77"]
-    names = [f"student{i}" for i in range(40)]  # a student more moves no one to another shard
-    before = {n: gradebook.shard_of(n, 4) for n in names}
-    assert set(before.values()) == {0, 1, 2, 3}
-    assert all(gradebook.shard_of(n, 4) == s for n, s in before.items())
+    shards = tmp_path / "shards"  # a student more, sorted first, moves no one to another shard
+    for name in [f"s{i}" for i in range(8)]:
+        (shards / name).mkdir(parents=True)
+
+    def who(out):  # which students each of two shards took (empty folders: nothing to grade)
+        taken = {}
+        for i in (0, 1):
+            gradebook.grade_class(shards, lessons, out, shard=(i, 2))
+            for p in out.glob(f"*/{gradebook.NAME}"):
+                taken.setdefault(p.parent.name, i)
+        return taken
+    before = who(tmp_path / "r1")
+    assert len(before) == 8 and set(before.values()) == {0, 1}
+    (shards / "a0").mkdir()
+    after = who(tmp_path / "r2")
+    assert {n: after[n] for n in before} == before and "a0" in after
+
+
+def test_two_assignments_and_a_zip_share_a_reports_folder(tmp_path):
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    _tiny_lesson(lessons / "tiny.ipynb")
+    out = tmp_path / "reports"
+    for week, note in (("hw1", "notes.txt"), ("hw2", "other.txt")):
+        (tmp_path / week / "alice").mkdir(parents=True)
+        (tmp_path / week / "alice" / note).write_text("x")
+        gradebook.grade_class(tmp_path / week, lessons, out)
+    assert sorted(p.name.split("-")[0] for p in (out / "alice").glob("*.json")) == [
+        "notes.txt", "other.txt"]  # week 2 did not delete week 1's reports
+    for week in ("hw1", "hw2"):  # Canvas names every download submissions.zip
+        with zipfile.ZipFile(tmp_path / week / "submissions.zip", "w") as z:
+            z.writestr(f"doejane_12_3{week[-1]}_{week}.ipynb", "{}")
+        gradebook.grade_class(tmp_path / week / "submissions.zip", lessons,
+                              tmp_path / week / "reports")  # a zip's folder may hold them
+        gradebook.grade_class(tmp_path / week / "submissions.zip", lessons, out)
+    assert sorted(p.name for p in (out / "doejane_12").glob("*.json")) == [
+        "hw1.json", "hw2.json"]
+    tree = tmp_path / "submitted"  # nbgrader's assignments often share a helper file
+    for week, lesson in (("hw1", "tiny"), ("hw2", "tiny2")):
+        (tree / "bob" / week).mkdir(parents=True)
+        (tree / "bob" / week / f"{lesson}.ipynb").write_text("{}")
+        (tree / "bob" / week / "utils.py").write_text("")
+    assert [e.path.name for e in roster.entries(tree, tmp_path / "u")] == [
+        "tiny.ipynb", "utils.py", "tiny2.ipynb", "utils.py"]
+    with pytest.raises(ValueError, match="inside the lessons"):
+        gradebook.grade_class(tmp_path / "hw1", lessons, lessons)

@@ -16,7 +16,7 @@ def check_processes(p, name: str = "p"):
             np.size(p) and np.isfinite(values := np.asarray(p, dtype=float)).all()
             and (values >= 1).all())):
         raise ValueError(f"{name} (the number of processes) must be at least 1, got {p!r}")
-    return p
+    return np.asarray(p, dtype=float) if isinstance(p, list | tuple) else p  # as check_sizes
 
 
 def check_count(name: str, value) -> int:

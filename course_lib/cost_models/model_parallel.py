@@ -104,7 +104,7 @@ def megatron_bytes(tokens: int, d_model: int, p: int, blocks: int = 1,
     """Bytes each rank sends per step: every all-reduce carries a tokens x d_model activation
     (or its gradient) on the efficient ring."""
     tokens, d_model = check_sizes("tokens", tokens), check_sizes("d_model", d_model)
-    n = tokens * d_model * bytes_per_number
+    n = tokens * d_model * check_sizes("bytes_per_number", bytes_per_number)
     calls = sum(megatron_all_reduces(blocks).values())
     return calls * all_reduce_bytes("efficient ring", n, p)
 

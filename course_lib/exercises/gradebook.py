@@ -81,11 +81,13 @@ def grade_class(submissions: Path, source: Path, out: Path, *, jobs: int = 1,
     editions.lessons_in(source)  # before any file is unpacked or graded
     roster.check_out(submissions, out, source)
     by_student = collections.defaultdict(list)
-    for entry in roster.entries(submissions, out / "unpacked"):
+    zipped = Path(submissions).is_file() and roster.layout(submissions) == "canvas zip"
+    root = unpack_folder(submissions, out) if zipped else Path(submissions)
+    for entry in roster.entries(submissions, root):
         by_student[entry.student].append(entry)
     mine = [s for s in sorted(by_student) if shard_of(s, count) == index]
     out.mkdir(parents=True, exist_ok=True)  # an empty shard too: the merge finds the folder
-    forget_removed(out, by_student, mine)
+    forget_removed(out, by_student, mine, root)
     for student in mine:  # who each folder is, for the gradebook, with or without a file
         (out / student).mkdir(parents=True, exist_ok=True)
         (out / student / NAME).write_text(by_student[student][0].name or student,
@@ -118,37 +120,53 @@ def grade_class(submissions: Path, source: Path, out: Path, *, jobs: int = 1,
     return reports
 
 
-def forget_removed(out: Path, by_student: dict, mine: list[str]) -> None:
-    """Delete the reports in ``out`` of what the roster no longer holds, so that the gradebook
-    follows it: a file of a student in ``mine`` that was removed or renamed, a stray file moved
-    away. A student folder that is gone keeps its reports, with a warning."""
+def unpack_folder(archive: Path, out: Path) -> Path:
+    """Where a zip of submissions is unpacked: a folder of its own under ``out/unpacked`` (its
+    name and a digest of its path), so that two assignments' zips, both "submissions.zip",
+    never replace each other's files, and a zip downloaded again replaces its own."""
+    digest = hashlib.sha256(os.fsencode(os.path.abspath(archive))).hexdigest()[:8]
+    return out / "unpacked" / f"{roster.safe_name(Path(archive).stem)}-{digest}"
+
+
+def forget_removed(out: Path, by_student: dict, mine: list[str], root: Path) -> None:
+    """Delete the reports in ``out`` of files under ``root`` (these submissions) that it no
+    longer holds, so that the gradebook follows it: a file of a student in ``mine`` removed or
+    renamed, a stray file moved away. Reports of other submissions (another assignment graded
+    into the same ``out``) stay; a student folder gone from ``root`` keeps its row, warned."""
     kinds = (".json", ".txt", ".error.txt", ".executed.ipynb", ".TAMPERED.txt")
     for student in mine:
         stems = {roster.report_stem(e.path.name) for e in by_student[student] if e.path}
         kept = {f"{stem}{kind}" for stem in stems for kind in kinds}  # "x.TAMPERED.ipynb"'s
         for report in (out / student).glob("*.json"):  # .txt is x's evidence: it stays
             stem = report.name.removesuffix(".json")
-            if stem not in stems and _is_report(report):
+            if stem not in stems and _is_report(report, root):
                 for kind in kinds:
                     if f"{stem}{kind}" not in kept:
                         (out / student / f"{stem}{kind}").unlink(missing_ok=True)
                 print(f"{student}/{stem}: no longer submitted: its reports are removed")
     for folder in sorted(p.parent for p in out.glob(f"*/{NAME}")):
-        if folder.name not in by_student:
-            if _is_stray(folder):
-                shutil.rmtree(folder, ignore_errors=True)  # a stray file moved away
-            else:
-                print(f"warning: {folder} holds the reports of a student not in these "
-                      f"submissions: their row stays in the gradebook until it is deleted",
-                      file=sys.stderr)
+        if folder.name in by_student or not any(_is_report(r, root) for r in folder.glob("*.json")):
+            continue
+        if _is_stray(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            print(f"{folder.name}: the stray file is no longer there: its row is removed")
+        else:
+            print(f"warning: {folder} holds the reports of a student no longer in these "
+                  f"submissions: their row stays in the gradebook until it is deleted",
+                  file=sys.stderr)
 
 
-def _is_report(path: Path) -> bool:
+def _is_report(path: Path, root: Path) -> bool:
+    """Whether ``path`` is a report of a file under ``root`` (as the path was given)."""
     try:
         report = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(report, dict) and "status" in report and "submission" in report
+    if not (isinstance(report, dict) and isinstance(report.get("submission"), str)
+            and "status" in report):
+        return False
+    file, folder = os.path.abspath(report["submission"]), os.path.abspath(root)
+    return file.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def shard_of(student: str, count: int) -> int:
@@ -158,7 +176,10 @@ def shard_of(student: str, count: int) -> int:
 
 
 def _is_stray(folder: Path) -> bool:
-    name = (folder / NAME).read_text(encoding="utf-8", errors="surrogateescape")
+    try:  # another shard may have removed it meanwhile
+        name = (folder / NAME).read_text(encoding="utf-8", errors="surrogateescape")
+    except OSError:
+        return False
     return name.endswith(roster.STRAY_SUFFIX) and roster.student_folder(name) == folder.name
 
 
@@ -253,7 +274,7 @@ def _exercise_row(lesson: str, gid: str, rows: list[dict], lost: list[str]) -> d
 def _reason(feedback: str) -> str:
     """A lost point's reason, for counting: its first clause, each number written N (a drawn
     value differs from student to student), at most 80 characters, cut between words."""
-    text = re.sub(r"\d[\d,.]*", "N", feedback.split(" (")[0]).strip()
+    text = re.sub(r"\b\d[\d,.]*", "N", feedback.split(" (")[0]).strip()
     return text if len(text) <= 80 else text[:80].rsplit(" ", 1)[0] + " ..."
 
 

@@ -130,16 +130,18 @@ def entries(path: Path, unpack_to: Path) -> list[Entry]:
 
 
 def check_out(submissions: Path, out: Path, source: Path) -> None:
-    """Refuse an ``out`` inside the folder of ``submissions`` (a later run would grade the
-    reports as submissions) or holding it or the lessons (a student's reports folder could be
-    one of them)."""
-    out = Path(out).resolve()
-    folder = Path(submissions).resolve()
-    folder = folder if folder.is_dir() else folder.parent
-    if out == folder or folder in out.parents:
-        raise ValueError(f"--out {out} is inside the submissions' folder {folder}: a later run "
-                         f"would grade its reports as submissions; write them elsewhere")
-    for inner in (folder, Path(source).resolve()):
+    """Refuse an ``out`` inside a folder of ``submissions`` or in a notebook's own folder (a
+    later run would grade the reports as submissions), in the lessons, or holding either (a
+    student's reports folder could be one of them). A zip's folder may hold the reports."""
+    out, given, lessons = (Path(p).resolve() for p in (out, submissions, source))
+    if (given.is_dir() and (out == given or given in out.parents)) or (
+            given.is_file() and not zipfile.is_zipfile(given) and out == given.parent):
+        raise ValueError(f"--out {out} is inside the submissions {given}: a later run would "
+                         f"grade its reports as submissions; write them elsewhere")
+    if out == lessons or lessons in out.parents:
+        raise ValueError(f"--out {out} is inside the lessons {lessons}: its reports would be "
+                         f"taken for lessons; write them elsewhere")
+    for inner in ([given] if given.is_dir() else []) + [lessons]:
         if out in inner.parents:
             raise ValueError(f"--out {out} holds {inner}: a student's reports folder could be "
                              f"it; write the reports into a folder of their own")
@@ -156,14 +158,16 @@ def submitted(student: Path) -> list[Path]:
     inner = [f for a in own for f in (
         [g for g in visible(a) if g.name not in NBGRADER_FILES]
         if a.is_dir() and not a.is_symlink() else [a])]
-    names = [f.name for f in inner]  # the same lesson in two folders: neither is taken
-    return inner if len(set(names)) == len(names) else own
+    names = [f.name for f in inner if f.suffix == ".ipynb"]  # a lesson in two folders:
+    return inner if len(set(names)) == len(names) else own   # neither is taken
 
 
 def unpack_canvas(archive: Path, folder: Path) -> Path:
     """Unpack a Canvas submissions zip into ``folder/<name>_<user id>/<file name>``: regular
     ``.ipynb`` members only, by base name, at most :data:`MAX_MEMBER_BYTES` each; the latest
-    submission of a file wins (Canvas numbers resubmissions ``-1``, ``-2``). Returns ``folder``."""
+    submission of a file wins (Canvas numbers resubmissions ``-1``, ``-2``). What ``folder``
+    holds from an earlier zip and this one lacks is removed (give each zip a folder of its
+    own). Returns ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     latest: dict[Path, tuple[int, zipfile.ZipInfo]] = {}
     skipped = []
