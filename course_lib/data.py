@@ -132,6 +132,7 @@ def shard_rows(n: int, p: int, seed: int | None = None) -> list[torch.Tensor]:
                          f"n={n!r}")
     if seed is not None and not is_whole(seed):
         raise ValueError(f"seed must be None (rows in order) or a whole number, got {seed!r}")
+    seed = seed if seed is None or 0 <= seed < 2**63 else batch_key(seed, 99, 0)  # in range
     order = (torch.arange(n) if seed is None
              else torch.randperm(n, generator=torch.Generator().manual_seed(seed)))
     return list(order.tensor_split(p))

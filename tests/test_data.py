@@ -175,3 +175,12 @@ def test_any_whole_seed_draws_a_batch():
         assert len(set(rows.tolist())) == 4
         torch.testing.assert_close(rows, data.batch_rows(shard, 4, seed, 0, 0))
     assert data.batch_key(5, 1, 2) == 5 * 1_000_003 + 10_007 + 2  # the usual seeds as before
+
+
+def test_any_whole_seed_shards_the_rows():
+    for seed in (2**64, -2**62, -1):  # beyond what torch's generator takes as it is
+        shards = data.shard_rows(10, 2, seed=seed)
+        assert sorted(torch.cat(shards).tolist()) == list(range(10))
+        assert [s.tolist() for s in shards] == [s.tolist() for s in data.shard_rows(10, 2, seed)]
+    assert [s.tolist() for s in data.shard_rows(10, 2, seed=3)] == [  # the usual seeds as before
+        s.tolist() for s in torch.randperm(10, generator=torch.Generator().manual_seed(3)).chunk(2)]
