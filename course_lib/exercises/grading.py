@@ -69,6 +69,12 @@ from course_lib.exercises.kernels import (  # noqa: F401 - the limits, here too
 )
 
 
+def printable(text: str) -> str:
+    """``text`` as UTF-8 can write it: a kernel's bytes or a file name that are not valid UTF-8
+    (a zip made on another system) gets a replacement character instead of stopping the class."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def _first_line(error) -> str:
     ename, evalue = getattr(error, "ename", type(error).__name__), getattr(error, "evalue", "")
     return f"{ename}: {evalue}".strip().splitlines()[0][:300] if (ename or evalue) else str(error)
@@ -146,7 +152,7 @@ def grade(submission, source, *, cell_timeout: float = 120, timeout: float = 900
         seconds = round(time.monotonic() - start, 1)
         text = json.dumps([[r["feedback"] for r in results.values()], [f["error"] for f in
                                                                      failed]], ensure_ascii=False)
-        text = text.encode("utf-8", "replace").decode()  # what a kernel sent may not be UTF-8
+        text = printable(text)  # what a kernel sent may not be UTF-8
         for private in (str(tmp), str(source.resolve().parent), str(Path.home())):
             text = text.replace(private, "…")  # feedback names no path of the grader's
         feedback, errors = json.loads(text)

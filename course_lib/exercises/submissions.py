@@ -21,7 +21,7 @@ import nbformat
 
 import course_lib
 from course_lib.exercises.editions import lessons_in
-from course_lib.exercises.grading import grade, summary
+from course_lib.exercises.grading import grade, printable, summary
 from course_lib.exercises.roster import CANVAS, check_out, report_stem, visible
 
 
@@ -179,12 +179,6 @@ def not_graded(path: Path, out: Path, why: str) -> dict:
                   points=0)
     (out / f"{report_stem(path.name)}.json").write_text(json.dumps(report, indent=2))
     return report
-
-
-def printable(text: str) -> str:
-    """``text`` as UTF-8 can write it: a file name that is not valid UTF-8 (a zip made on
-    another system) gets a replacement character instead of stopping the class."""
-    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def sha256_of(path: Path) -> str:
